@@ -1,0 +1,24 @@
+// The compute interface a backend (CPU or GPU) implements for one validated layer.
+#pragma once
+
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "kernels/layer.h"
+#include "kernels/policy_spec.h"
+
+namespace kvtrim {
+
+/// A compute backend. Inputs are already validated by PolicyEngine; implementations only
+/// compute. Must be safe to call from several threads at once.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// "cpu" or "gpu".
+  virtual std::string_view name() const = 0;
+  /// Scores, allocates and selects one layer; fills `out` (all fields but compute_seconds).
+  virtual absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                     const LayerBudget& budget, LayerDecision* out) = 0;
+};
+
+}  // namespace kvtrim

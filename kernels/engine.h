@@ -1,0 +1,51 @@
+// PolicyEngine: the one validated entry point from requests to a backend.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/registry.h"
+
+namespace kvtrim {
+
+/// Limits on request sizes checked during validation.
+struct EngineLimits {
+  int64_t max_tokens = int64_t{1} << 22;       // n per layer
+  int64_t max_heads = 1024;                    // H_q and H_kv
+  int64_t max_head_dim = 1024;                 // d
+  int64_t max_window_rows = 4096;              // w
+};
+
+/// Validates requests once (non-virtual) and hands validated layers to the backend.
+class PolicyEngine {
+ public:
+  PolicyEngine(const PolicyRegistry& registry, Backend& backend, EngineLimits limits = {});
+
+  /// Resolves the policy and checks the settings that do not depend on a layer (budget
+  /// range, protected counts, num_layers). `field_prefix` is the message field holding the
+  /// settings, e.g. "settings" or "begin"; errors name sub-fields of it.
+  absl::StatusOr<ResolvedPolicy> Prepare(const CompressionSettings& settings,
+                                         const std::string& field_prefix) const;
+
+  /// Validates one layer against the policy (ranks, matching dims, GQA divisibility,
+  /// inputs the policy needs, NaN/Inf, budget vs n) and compresses it. Errors are
+  /// INVALID_ARGUMENT naming `field_prefix` (e.g. "layers[2]") and the sub-field.
+  absl::StatusOr<LayerDecision> CompressLayer(const ResolvedPolicy& policy,
+                                              const LayerRequest& layer,
+                                              const std::string& field_prefix) const;
+
+  /// Validation alone (used by CompressLayer and by tests).
+  absl::StatusOr<ValidatedLayer> Validate(const ResolvedPolicy& policy, const LayerRequest& layer,
+                                          const std::string& field_prefix) const;
+
+  const PolicyRegistry& registry() const { return registry_; }
+  std::string_view backend_name() const { return backend_.name(); }
+
+ private:
+  const PolicyRegistry& registry_;
+  Backend& backend_;
+  EngineLimits limits_;
+};
+
+}  // namespace kvtrim

@@ -1,0 +1,83 @@
+// What one layer request carries into a backend, and what a backend answers.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/budget.h"
+#include "kernels/params.h"
+#include "kernels/tensor.h"
+
+namespace kvtrim {
+
+/// Shape of the answer for one layer.
+enum class OutputShape { kPerHead, kShared };
+
+/// Settings shared by every layer of a request or session (proto CompressionSettings).
+struct CompressionSettings {
+  std::string policy;                          // preset or "SCORER+ALLOCATOR"
+  std::map<std::string, ParamValue> params;    // parameter overrides
+  Budget budget;
+  std::optional<int64_t> sink_tokens;          // unset = policy default
+  std::optional<int64_t> recent_tokens;        // unset = policy default
+  OutputShape output_shape = OutputShape::kPerHead;
+  int32_t num_layers = 0;                      // 0 = unknown (max layer id + 1)
+  uint64_t seed = 0;
+};
+
+/// The raw tensors of one layer, as received (any dtype, not yet validated).
+struct LayerRequest {
+  int32_t layer_id = 0;
+  TensorView keys;     // [H_kv, n, d]
+  TensorView values;   // [H_kv, n, d] or absent
+  TensorView queries;  // [H_q, w, d] or absent
+  float softmax_scale = 0;  // 0 = 1/sqrt(d)
+};
+
+/// Dimensions of a validated layer.
+struct LayerShape {
+  int64_t num_kv_heads = 0;     // H_kv
+  int64_t num_tokens = 0;       // n
+  int64_t head_dim = 0;         // d
+  int64_t num_query_heads = 0;  // H_q (0 without queries)
+  int64_t window_rows = 0;      // w (0 without queries)
+  bool has_values = false;
+  bool has_queries = false;
+  /// G = H_q / H_kv (0 without queries).
+  int64_t group_size() const { return num_kv_heads ? num_query_heads / num_kv_heads : 0; }
+};
+
+/// A validated layer handed to a backend: raw views plus the derived shape and scalars.
+struct ValidatedLayer {
+  int32_t layer_id = 0;
+  int32_t num_layers = 1;   // L, >= layer_id + 1
+  LayerShape shape;
+  TensorView keys;          // [H_kv, n, d]
+  TensorView values;        // [H_kv, n, d] or absent
+  TensorView queries;       // [H_q, w, d] or absent
+  float softmax_scale = 0;  // resolved (never 0)
+  uint64_t seed = 0;
+};
+
+/// The per-head budget of a layer after rules 2 and 3.
+struct LayerBudget {
+  int64_t kept_per_head = 0;   // uniform k before any allocator
+  Protection protection;       // clamped protected counts (identical for every head)
+};
+
+/// The decision for one layer: kept indices in CSR form plus per-head statistics.
+struct LayerDecision {
+  int32_t layer_id = 0;
+  int64_t num_tokens = 0;
+  OutputShape output_shape = OutputShape::kPerHead;
+  std::vector<int64_t> offsets;       // [H_kv + 1] per head, or [2] shared
+  std::vector<int32_t> indices;       // ascending within each list
+  std::vector<int32_t> kept_per_head; // [H_kv]
+  std::vector<double> perturbation;   // [H_kv], empty when values or queries are absent
+  double compute_seconds = 0;
+};
+
+}  // namespace kvtrim

@@ -1,0 +1,130 @@
+#include "kernels/params.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvtrim {
+
+ParamSpec ParamSpec::Int(std::string name, double def, double lo, double hi, std::string doc) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.kind = Kind::kInt;
+  s.default_number = def;
+  s.min = lo;
+  s.max = hi;
+  s.description = std::move(doc);
+  return s;
+}
+
+ParamSpec ParamSpec::Float(std::string name, double def, double lo, double hi, std::string doc) {
+  ParamSpec s = Int(std::move(name), def, lo, hi, std::move(doc));
+  s.kind = Kind::kFloat;
+  return s;
+}
+
+ParamSpec ParamSpec::Bool(std::string name, bool def, std::string doc) {
+  ParamSpec s = Int(std::move(name), def ? 1 : 0, 0, 1, std::move(doc));
+  s.kind = Kind::kBool;
+  return s;
+}
+
+ParamSpec ParamSpec::Enum(std::string name, std::string def, std::vector<std::string> choices,
+                          std::string doc) {
+  ParamSpec s;
+  s.name = std::move(name);
+  s.kind = Kind::kEnum;
+  s.default_text = std::move(def);
+  s.choices = std::move(choices);
+  s.description = std::move(doc);
+  return s;
+}
+
+namespace {
+
+absl::Status CheckValue(const ParamSpec& spec, const ParamValue& value, const std::string& field) {
+  if (spec.kind == ParamSpec::Kind::kEnum) {
+    if (!value.is_text) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": expects one of {",
+                                                     absl::StrJoin(spec.choices, ", "),
+                                                     "}, got a number"));
+    }
+    for (const auto& c : spec.choices) {
+      if (c == value.text) return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(field, ": '", value.text, "' is not one of {",
+                                                   absl::StrJoin(spec.choices, ", "), "}"));
+  }
+  if (value.is_text) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expects a number, got text '",
+                                                   value.text, "'"));
+  }
+  const double v = value.number;
+  if (std::isnan(v)) return absl::InvalidArgumentError(absl::StrCat(field, ": is NaN"));
+  if (spec.kind == ParamSpec::Kind::kBool) {
+    if (v != 0 && v != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": expects a boolean (0 or 1), got ", v));
+    }
+    return absl::OkStatus();
+  }
+  if (spec.kind == ParamSpec::Kind::kInt && v != std::floor(v)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expects an integer, got ", v));
+  }
+  if (v < spec.min || v > spec.max) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", v, " is out of range [", spec.min,
+                                                   ", ", spec.max, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedParams> ResolvedParams::Resolve(
+    const std::vector<ParamSpec>& specs, const std::map<std::string, ParamValue>& overrides,
+    const std::string& field_prefix) {
+  ResolvedParams out;
+  for (const auto& spec : specs) {
+    out.values_[spec.name] = spec.kind == ParamSpec::Kind::kEnum
+                                 ? ParamValue::Text(spec.default_text)
+                                 : ParamValue::Number(spec.default_number);
+  }
+  for (const auto& [name, value] : overrides) {
+    const std::string field = absl::StrCat(field_prefix, ".", name);
+    const ParamSpec* spec = nullptr;
+    for (const auto& s : specs) {
+      if (s.name == name) spec = &s;
+    }
+    if (spec == nullptr) {
+      std::vector<std::string> known;
+      for (const auto& s : specs) known.push_back(s.name);
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": unknown parameter; this policy takes {", absl::StrJoin(known, ", "), "}"));
+    }
+    if (auto st = CheckValue(*spec, value, field); !st.ok()) return st;
+    out.values_[name] = value;
+  }
+  return out;
+}
+
+double ResolvedParams::Number(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end() || it->second.is_text) {
+    std::cerr << "kvtrim: internal error: numeric parameter '" << name << "' not declared\n";
+    std::abort();
+  }
+  return it->second.number;
+}
+
+const std::string& ResolvedParams::Text(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end() || !it->second.is_text) {
+    std::cerr << "kvtrim: internal error: enum parameter '" << name << "' not declared\n";
+    std::abort();
+  }
+  return it->second.text;
+}
+
+}  // namespace kvtrim
