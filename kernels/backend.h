@@ -15,7 +15,7 @@ class Backend {
  public:
   virtual ~Backend() = default;
   /// "cpu" or "gpu".
-  virtual std::string_view name() const = 0;
+  virtual const char* name() const = 0;
   /// Scores, allocates and selects one layer; fills `out` (all fields but compute_seconds).
   virtual absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                      const LayerBudget& budget, LayerDecision* out) = 0;

@@ -4,7 +4,7 @@
 
 namespace kvtrim {
 
-std::string_view DTypeName(DType dtype) {
+const char* DTypeName(DType dtype) {
   switch (dtype) {
     case DType::kF32: return "f32";
     case DType::kF16: return "f16";

@@ -15,7 +15,7 @@ enum class DType : uint8_t { kF32, kF16, kBF16 };
 constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 /// Lower-case name ("f32", "f16", "bf16").
-std::string_view DTypeName(DType dtype);
+const char* DTypeName(DType dtype);
 
 /// Converts one bfloat16 bit pattern to float (exact).
 inline float Bf16ToFloat(uint16_t bits) {

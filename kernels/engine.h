@@ -40,7 +40,7 @@ class PolicyEngine {
                                           const std::string& field_prefix) const;
 
   const PolicyRegistry& registry() const { return registry_; }
-  std::string_view backend_name() const { return backend_.name(); }
+  const char* backend_name() const { return backend_.name(); }
 
  private:
   const PolicyRegistry& registry_;

@@ -12,9 +12,11 @@ namespace kvtrim {
 std::vector<int64_t> AllocateUniform(int64_t num_heads, int64_t k);
 
 /// PyramidKV (baselines §4, rule 5): per-layer count from the linear schedule over the
-/// per-head total k (protected tokens included), beta > 1, L layers; k_0 clamped to n;
-/// falls back to uniform k when the last layer would keep fewer than max(1, protected)
-/// tokens. Every head of the layer keeps the returned count.
+/// per-head total k (protected tokens included), beta > 1, L layers:
+/// k_{L-1} = max(k/beta, max(1, protected)), k_0 = 2k - k_{L-1}; if k_0 > n then k_0 = n
+/// and k_{L-1} = 2k - n; falls back to uniform k when that leaves k_{L-1} below
+/// max(1, protected). k_l interpolates linearly, rounded half up. Every head of the layer
+/// keeps the returned count.
 int64_t PyramidLayerBudget(int64_t k, int64_t n, int32_t layer, int32_t num_layers, double beta,
                            int64_t protected_tokens);
 

@@ -18,7 +18,7 @@ class CpuBackend final : public Backend {
  public:
   /// `num_threads` threads per layer computation (<= 1: inline).
   explicit CpuBackend(int num_threads);
-  std::string_view name() const override { return "cpu"; }
+  const char* name() const override { return "cpu"; }
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
 

@@ -1,0 +1,102 @@
+// CPU backend benchmarks: every scorer (+ top-k selection) on one layer.
+// Shape: H_kv = 8, G = 4 (H_q = 32), d = 128, w = 32, fp32, n in {4K, 32K}.
+// Reported as tokens/s (n tokens of one layer per iteration, all heads).
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/engine.h"
+#include "kernels/registry.h"
+
+namespace kvtrim {
+namespace {
+
+constexpr int64_t kKvHeads = 8;
+constexpr int64_t kGroup = 4;
+constexpr int64_t kHeadDim = 128;
+constexpr int64_t kWindow = 32;
+
+/// Random fp32 tensors of one layer: keys/values [8, n, 128], queries [32, 32, 128].
+struct LayerData {
+  std::vector<float> keys, values, queries;
+  explicit LayerData(int64_t n) {
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    keys.resize(static_cast<size_t>(kKvHeads * n * kHeadDim));
+    values.resize(keys.size());
+    queries.resize(static_cast<size_t>(kKvHeads * kGroup * kWindow * kHeadDim));
+    for (auto& x : keys) x = normal(rng);
+    for (auto& x : values) x = normal(rng);
+    for (auto& x : queries) x = normal(rng);
+  }
+};
+
+const LayerData& DataFor(int64_t n) {
+  static LayerData small(4096), large(32768);
+  return n == 4096 ? small : large;
+}
+
+/// Times PolicyEngine::CompressLayer (validation, scoring, selection; plus the
+/// perturbation statistic when `with_stats`) for `policy` on the CPU backend.
+void BM_Policy(benchmark::State& state, const char* policy, bool with_stats) {
+  const int64_t n = state.range(0);
+  const LayerData& data = DataFor(n);
+  PolicyRegistry registry;
+  RegisterBuiltinPolicies(&registry);
+  CpuBackend backend(static_cast<int>(std::thread::hardware_concurrency()));
+  PolicyEngine engine(registry, backend);
+  CompressionSettings settings;
+  settings.policy = policy;
+  settings.budget.keep_fraction = 0.2;
+  auto resolved = engine.Prepare(settings, "settings");
+  if (!resolved.ok()) {
+    state.SkipWithError(std::string(resolved.status().message()).c_str());
+    return;
+  }
+  const uint32_t needs = resolved->scorer->required_inputs;
+  LayerRequest layer;
+  layer.keys = {data.keys.data(), DType::kF32, {kKvHeads, n, kHeadDim}};
+  if (with_stats || (needs & kInputValues)) {
+    layer.values = {data.values.data(), DType::kF32, {kKvHeads, n, kHeadDim}};
+  }
+  if (with_stats || (needs & (kInputQueries | kInputValues))) {
+    layer.queries = {data.queries.data(), DType::kF32, {kKvHeads * kGroup, kWindow, kHeadDim}};
+  }
+  for (auto _ : state) {
+    auto decision = engine.CompressLayer(*resolved, layer, "layer");
+    if (!decision.ok()) {
+      state.SkipWithError(std::string(decision.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(decision->indices.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+#define KVTRIM_POLICY_BENCH(policy)                                                    \
+  BENCHMARK_CAPTURE(BM_Policy, policy, #policy, false)                                 \
+      ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
+
+KVTRIM_POLICY_BENCH(streaming_llm);
+KVTRIM_POLICY_BENCH(random);
+KVTRIM_POLICY_BENCH(knorm);
+KVTRIM_POLICY_BENCH(keydiff);
+KVTRIM_POLICY_BENCH(snapkv);
+KVTRIM_POLICY_BENCH(h2o);
+KVTRIM_POLICY_BENCH(tova);
+KVTRIM_POLICY_BENCH(dropkv);
+KVTRIM_POLICY_BENCH(pyramidkv);
+KVTRIM_POLICY_BENCH(adakv);
+// The exact perturbation statistic's cost, on top of a key-only policy.
+BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true)
+    ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+
+}  // namespace
+}  // namespace kvtrim
+
+BENCHMARK_MAIN();

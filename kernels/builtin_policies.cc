@@ -1,0 +1,234 @@
+// The single list of built-in scorers, allocators and presets (RegisterBuiltinPolicies).
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/registry.h"
+
+namespace kvtrim {
+
+namespace {
+
+using Kind = ParamSpec::Kind;
+
+ParamSpec WindowParam(int64_t def) {
+  return ParamSpec::Int("window", static_cast<double>(def), 1, 4096,
+                        "observation window: the last `window` query rows score the tokens, and "
+                        "the last `window` tokens are protected (inside the budget)");
+}
+ParamSpec KernelParam(int64_t def) {
+  return ParamSpec::Int("kernel", static_cast<double>(def), 1, 1023,
+                        "1-D pooling kernel along tokens (odd; stride 1, same length)");
+}
+ParamSpec PoolingParam() {
+  return ParamSpec::Enum("pooling", "max", {"max", "avg"},
+                         "max: edges clipped; avg: zero padding, divides by kernel (PyTorch "
+                         "avg_pool1d default)");
+}
+
+/// Protection "the last `window` tokens".
+Protection WindowProtection(const ResolvedParams& p, int64_t) { return {0, p.Int("window")}; }
+Protection NoProtection(const ResolvedParams&, int64_t) { return {0, 0}; }
+
+/// Validation of scorers that read a window of `window` query rows with odd pooling.
+absl::Status ValidateWindowed(const LayerShape& shape, const ResolvedParams& p, int64_t,
+                              const std::string& field) {
+  if (p.Int("kernel") % 2 == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy.params.kernel: must be odd, got ", p.Int("kernel")));
+  }
+  if (shape.window_rows < p.Int("window")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".queries.shape[1]: the policy reads window=", p.Int("window"),
+        " query rows but only ", shape.window_rows,
+        " were sent; send more rows or lower policy.params.window"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateNothing(const LayerShape&, const ResolvedParams&, int64_t,
+                             const std::string&) {
+  return absl::OkStatus();
+}
+
+void AddScorers(PolicyRegistry* r) {
+  ScorerSpec s;
+
+  s = {};
+  s.name = "streaming_llm";
+  s.description = "keep the first sink tokens and the most recent ones (position only)";
+  s.paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024";
+  s.required_inputs = kInputKeys;
+  s.scope = DecisionScope::kHead;
+  s.doc_default_sink = 4;
+  s.doc_default_recent = "rest of the budget (score = position)";
+  s.default_protection = [](const ResolvedParams&, int64_t) { return Protection{4, 0}; };
+  s.validate = ValidateNothing;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "random";
+  s.description = "uniform random scores from a counter hash of (seed, layer, head, token)";
+  s.paper = "sanity floor (kvpress RandomPress); no seed paper";
+  s.required_inputs = kInputKeys;
+  s.default_protection = NoProtection;
+  s.validate = ValidateNothing;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "knorm";
+  s.description = "keep the keys with the smallest L2 norm (score = -||k_j||)";
+  s.paper = "Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache "
+            "Compression, EMNLP 2024";
+  s.required_inputs = kInputKeys;
+  s.default_protection = NoProtection;
+  s.validate = ValidateNothing;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "keydiff";
+  s.description = "keep the keys least similar to the anchor (score = -cos(k_j, anchor))";
+  s.paper = "Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM "
+            "Inference in Resource-Constrained Environments (Qualcomm AI Research)";
+  s.required_inputs = kInputKeys;
+  s.params = {
+      ParamSpec::Enum("anchor", "normalized_mean", {"normalized_mean", "raw_mean"},
+                      "anchor = mean of unit keys (ranks like Eq. 7) or mean of raw keys"),
+      ParamSpec::Float("recent_fraction", 0, 0, 1,
+                       "share of the budget N reserved for the most recent tokens, "
+                       "R = floor(recent_fraction * N)"),
+      ParamSpec::Float("eps", 1e-8, 0, 1, "guard of the cosine denominator"),
+      ParamSpec::Int("block_size", 0, 0, 1 << 20,
+                     "block-wise mode: B > 0 requires n <= N + B per call (the cache plus one "
+                     "block); 0 = one-shot"),
+  };
+  s.doc_default_recent = "floor(recent_fraction * budget)";
+  s.default_protection = [](const ResolvedParams& p, int64_t k) {
+    return Protection{0, static_cast<int64_t>(std::floor(p.Number("recent_fraction") *
+                                                         static_cast<double>(k)))};
+  };
+  s.validate = [](const LayerShape& shape, const ResolvedParams& p, int64_t k,
+                  const std::string& field) -> absl::Status {
+    const int64_t block = p.Int("block_size");
+    if (block > 0 && shape.num_tokens > k + block) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".keys.shape[1]: keydiff block mode holds at most N + B = ", k, " + ", block,
+          " entries per call, got n=", shape.num_tokens));
+    }
+    return absl::OkStatus();
+  };
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "snapkv";
+  s.description = "pooled attention of the observation window, GQA-mean; window protected";
+  s.paper = "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, "
+            "NeurIPS 2024";
+  s.required_inputs = kInputKeys | kInputQueries;
+  s.optional_inputs = kInputValues;
+  s.params = {WindowParam(32), KernelParam(7), PoolingParam()};
+  s.doc_default_recent = "window";
+  s.default_protection = WindowProtection;
+  s.validate = ValidateWindowed;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "h2o";
+  s.description = "attention accumulated over every query row sent, GQA-mean";
+  s.paper = "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of "
+            "Large Language Models, NeurIPS 2023";
+  s.required_inputs = kInputKeys | kInputQueries;
+  s.optional_inputs = kInputValues;
+  s.params = {
+      ParamSpec::Float("recent_fraction", 0, 0, 1,
+                       "share of the budget given to the most recent tokens, rounded half up "
+                       "(0.5 in the H2O paper; 0 = pure heavy hitters)"),
+      ParamSpec::Bool("causal_normalize", false,
+                      "divide each token's sum by the number of query rows that see it"),
+  };
+  s.doc_default_recent = "round(recent_fraction * budget)";
+  s.default_protection = [](const ResolvedParams& p, int64_t k) {
+    return Protection{0, RoundHalfUp(p.Number("recent_fraction") * static_cast<double>(k))};
+  };
+  s.validate = ValidateNothing;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "tova";
+  s.description = "attention of the last query row averaged over every head of the layer; "
+                  "the same tokens in every head";
+  s.paper = "Oren et al., Transformers are Multi-State RNNs, 2024";
+  s.required_inputs = kInputKeys | kInputQueries;
+  s.optional_inputs = kInputValues;
+  s.scope = DecisionScope::kLayer;
+  s.doc_default_recent = "1 (the last token)";
+  s.default_protection = [](const ResolvedParams&, int64_t) { return Protection{0, 1}; };
+  s.validate = ValidateNothing;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "dropkv";
+  s.description = "eviction cost sum_t (p/(1-p))^2 ||a_t - v_j||^2, GQA-mean, max-pooled; "
+                  "window protected";
+  s.paper = "Zhang et al., DropKV: Decoupling Residual-Output Perturbation for Near-Optimal "
+            "KV-Cache Eviction";
+  s.required_inputs = kInputKeys | kInputValues | kInputQueries;
+  s.params = {
+      WindowParam(8),
+      KernelParam(11),
+      PoolingParam(),
+      ParamSpec::Float("eps", 1e-6, 0, 1, "guard in 1 - p + eps"),
+      ParamSpec::Enum("bf16_prob_round", "auto", {"auto", "on", "off"},
+                      "round p to bf16 before the weight; auto = on for bf16 inputs"),
+  };
+  s.doc_default_recent = "window";
+  s.default_protection = WindowProtection;
+  s.validate = ValidateWindowed;
+  r->AddScorer(s);
+}
+
+void AddAllocators(PolicyRegistry* r) {
+  AllocatorSpec a;
+  a.name = "uniform";
+  a.description = "every head keeps the same budget";
+  a.paper = "uniform allocation (baselines §10)";
+  r->AddAllocator(a);
+
+  a = {};
+  a.name = "pyramid";
+  a.description = "per-layer budget falling linearly with depth, total conserved";
+  a.paper = "Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal "
+            "Information Funneling, 2024";
+  a.params = {ParamSpec::Float("beta", 20, 1.0000001, 1e6,
+                               "ratio of the mean budget to the last layer's budget")};
+  a.scope = DecisionScope::kLayer;
+  r->AddAllocator(a);
+
+  a = {};
+  a.name = "adakv";
+  a.description = "each head keeps floor(alpha*b) of its own, the rest of the layer budget "
+                  "goes to one top-k over all heads";
+  a.paper = "Feng et al., Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation, "
+            "2024";
+  a.params = {ParamSpec::Float("safeguard_alpha", 0.2, 0, 1,
+                               "share of the uniform budget each head is guaranteed")};
+  a.scope = DecisionScope::kLayer;
+  r->AddAllocator(a);
+}
+
+}  // namespace
+
+void RegisterBuiltinPolicies(PolicyRegistry* registry) {
+  AddScorers(registry);
+  AddAllocators(registry);
+  for (const char* scorer :
+       {"streaming_llm", "random", "knorm", "snapkv", "h2o", "tova", "keydiff", "dropkv"}) {
+    const ScorerSpec* s = registry->FindScorer(scorer);
+    registry->AddPreset({scorer, s->description, scorer, "uniform"});
+  }
+  registry->AddPreset({"pyramidkv", "SnapKV scores with the PyramidKV per-layer budget",
+                       "snapkv", "pyramid"});
+  registry->AddPreset({"adakv", "SnapKV scores with the AdaKV per-head budget", "snapkv",
+                       "adakv"});
+}
+
+}  // namespace kvtrim

@@ -1,0 +1,75 @@
+#include "kernels/cpu/allocate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace kvtrim {
+
+std::vector<int64_t> AllocateUniform(int64_t num_heads, int64_t k) {
+  return std::vector<int64_t>(static_cast<size_t>(num_heads), k);
+}
+
+int64_t PyramidLayerBudget(int64_t k, int64_t n, int32_t layer, int32_t num_layers, double beta,
+                           int64_t protected_tokens) {
+  if (num_layers <= 1) return k;
+  const double total = 2.0 * static_cast<double>(k);  // k_0 + k_{L-1}
+  const double floor_tokens = static_cast<double>(std::max<int64_t>(1, protected_tokens));
+  // Rule 5: the last layer keeps k/beta, clamped up so it keeps at least the protected
+  // tokens; the first keeps the rest of 2k, clamped to n (kvpress), which moves the rest
+  // back to the last layer.
+  double last = std::max(static_cast<double>(k) / beta, floor_tokens);
+  double first = total - last;
+  if (first > static_cast<double>(n)) {
+    first = static_cast<double>(n);
+    last = total - first;
+  }
+  if (last < floor_tokens || first < last) return k;  // infeasible: uniform
+  // Interpolate as a weighted mean so the end points are exact.
+  const double span = static_cast<double>(num_layers - 1);
+  const double budget =
+      (first * (span - static_cast<double>(layer)) + last * static_cast<double>(layer)) / span;
+  return std::clamp<int64_t>(RoundHalfUp(budget), 1, n);
+}
+
+std::vector<int64_t> AllocateAdaKV(const float* scores, int64_t num_heads, int64_t n, int64_t k,
+                                   double alpha) {
+  const int64_t safeguard = std::min<int64_t>(
+      n, static_cast<int64_t>(std::floor(alpha * static_cast<double>(k))));
+  std::vector<int64_t> counts(static_cast<size_t>(num_heads), safeguard);
+  const int64_t extra = num_heads * k - num_heads * safeguard;
+  if (extra <= 0) return counts;
+  // Every head's tokens ranked; the safeguard takes each head's first `safeguard`.
+  // The remaining candidates compete in one flattened top-`extra`.
+  struct Candidate {
+    float score;
+    int32_t token;
+    int32_t head;
+  };
+  std::vector<Candidate> rest;
+  rest.reserve(static_cast<size_t>(num_heads * (n - safeguard)));
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float* s = scores + h * n;
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [s](int32_t a, int32_t b) {
+      return s[a] != s[b] ? s[a] > s[b] : a < b;
+    });
+    for (int64_t r = safeguard; r < n; ++r) {
+      rest.push_back({s[order[r]], order[r], static_cast<int32_t>(h)});
+    }
+  }
+  const int64_t take = std::min<int64_t>(extra, static_cast<int64_t>(rest.size()));
+  auto better = [](const Candidate& a, const Candidate& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.token != b.token) return a.token < b.token;
+    return a.head < b.head;
+  };
+  if (take < static_cast<int64_t>(rest.size())) {
+    std::nth_element(rest.begin(), rest.begin() + (take - 1), rest.end(), better);
+  }
+  for (int64_t i = 0; i < take; ++i) ++counts[rest[i].head];
+  return counts;
+}
+
+}  // namespace kvtrim

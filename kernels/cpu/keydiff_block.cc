@@ -1,0 +1,125 @@
+// The block-wise (streaming) KeyDiff simulator of specs/keydiff.md §2.3 for one head.
+#include "kernels/cpu/keydiff_block.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/select.h"
+
+namespace kvtrim {
+
+namespace {
+
+// Checks the arguments of RunKeyDiffBlocks.
+absl::Status CheckBlockArgs(const float* keys, int64_t num_tokens, int64_t head_dim,
+                            const KeyDiffBlockOptions& o) {
+  if (o.budget < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("keydiff block: budget must be >= 1, got ",
+                                                   o.budget));
+  }
+  if (o.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keydiff block: block_size must be >= 1, got ", o.block_size));
+  }
+  if (head_dim < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keydiff block: head_dim must be >= 1, got ", head_dim));
+  }
+  if (num_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("keydiff block: num_tokens must be >= 0, got ", num_tokens));
+  }
+  if (!(o.recent_fraction >= 0.0 && o.recent_fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keydiff block: recent_fraction must be in [0, 1], got ", o.recent_fraction));
+  }
+  if (!(o.eps >= 0.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat("keydiff block: eps must be >= 0, got ", o.eps));
+  }
+  if (keys == nullptr && num_tokens > 0) {
+    return absl::InvalidArgumentError("keydiff block: keys is null");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<KeyDiffBlockResult> RunKeyDiffBlocks(const float* keys, int64_t num_tokens,
+                                                    int64_t head_dim,
+                                                    const KeyDiffBlockOptions& options,
+                                                    const KeyDiffStepObserver& observer) {
+  if (auto st = CheckBlockArgs(keys, num_tokens, head_dim, options); !st.ok()) return st;
+  const int64_t N = options.budget;
+  const int64_t B = options.block_size;
+  const int64_t d = head_dim;
+  const int64_t capacity = N + B;  // the §2.3 memory bound, entries per head
+  // R = floor(x*N) newest entries are protected (§2.2, §7.4).
+  const int64_t recent = std::clamp<int64_t>(
+      static_cast<int64_t>(std::floor(options.recent_fraction * static_cast<double>(N))), 0, N);
+
+  // Every buffer is sized once from the bound and never grows.
+  std::vector<float> cache_keys(static_cast<size_t>(capacity * d));  // [N + B, d] fp32
+  std::vector<int64_t> cache_pos(static_cast<size_t>(capacity));     // [N + B] ascending
+  std::vector<float> norms(static_cast<size_t>(capacity));           // [N + B] scratch
+  std::vector<float> scores(static_cast<size_t>(capacity));          // [N + B] scratch
+  std::vector<int32_t> keep;                                         // [N] cache rows kept
+  keep.reserve(static_cast<size_t>(N));
+
+  KeyDiffBlockResult result;
+  int64_t size = 0;
+  for (int64_t start = 0; start < num_tokens; start += B) {
+    const int64_t len = std::min(B, num_tokens - start);
+    // Append the block. The cache holds at most N entries between steps, so this never
+    // exceeds N + B; the check makes the bound a hard guarantee rather than a hope.
+    if (size + len > capacity) {
+      return absl::InternalError(absl::StrCat("keydiff block: cache would hold ", size + len,
+                                              " entries, above the bound N + B = ", capacity));
+    }
+    std::memcpy(cache_keys.data() + size * d, keys + start * d,
+                static_cast<size_t>(len * d) * sizeof(float));
+    for (int64_t t = 0; t < len; ++t) cache_pos[size + t] = start + t;
+    size += len;
+    assert(size <= capacity);
+    result.max_cache_size = std::max(result.max_cache_size, size);
+    const int64_t size_before = size;
+
+    if (size > N) {
+      // Score all entries (anchor over the whole cache), protect the newest R rows (rows are
+      // in position order), keep the top N - R of the rest; SelectTopK breaks ties to the
+      // lower row, i.e. the lower original position (rule 1).
+      KeyDiffHeadScores(cache_keys.data(), size, d, options.anchor, options.eps, norms.data(),
+                        scores.data());
+      const int64_t selectable = size - recent;
+      keep.clear();
+      SelectTopK(scores.data(), selectable, N - recent, &keep);
+      for (int64_t r = selectable; r < size; ++r) keep.push_back(static_cast<int32_t>(r));
+      // Compact in place: keep is ascending and keep[t] >= t, so forward copies are safe.
+      for (int64_t t = 0; t < N; ++t) {
+        const int64_t row = keep[t];
+        if (row == t) continue;
+        std::memmove(cache_keys.data() + t * d, cache_keys.data() + row * d,
+                     static_cast<size_t>(d) * sizeof(float));
+        cache_pos[t] = cache_pos[row];
+      }
+      result.num_evicted += size - N;
+      size = N;
+    }
+    ++result.num_steps;
+    if (observer) {
+      KeyDiffBlockStep step;
+      step.step = result.num_steps - 1;
+      step.tokens_seen = start + len;
+      step.size_before = size_before;
+      step.positions = cache_pos.data();
+      step.size_after = size;
+      observer(step);
+    }
+  }
+  result.kept.assign(cache_pos.begin(), cache_pos.begin() + size);
+  return result;
+}
+
+}  // namespace kvtrim

@@ -1,0 +1,84 @@
+// DropKV (dropkv.md §2): pooled eviction cost sum_t (p/(1-p+eps))^2 ||a_t - v_j||^2.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/pooling.h"
+#include "kernels/cpu/scorers.h"
+#include "kernels/cpu/window_attention.h"
+#include "kernels/dtype.h"
+
+namespace kvtrim {
+
+namespace {
+
+// Resolves bf16_prob_round ("auto" | "on" | "off"); auto = on iff the keys arrived as bf16.
+absl::StatusOr<bool> ResolveBf16Round(const CpuLayer& layer, const std::string& mode) {
+  if (mode == "on") return true;
+  if (mode == "off") return false;
+  if (mode == "auto") return layer.input_dtype == DType::kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("dropkv: bf16_prob_round '", mode, "' is not one of {auto, on, off}"));
+}
+
+}  // namespace
+
+// For KV head h, in fp32 (dropkv.md §2.2):
+//   cost_j = sum_{g in group} sum_{t in last `window` rows, n-w+t >= j}
+//              (p~/(1 - p~ + eps))^2 * max(0, ||a_{g,t}||^2 + ||v_j||^2 - 2<a_{g,t}, v_j>)
+//   p~ = RoundToBf16(p) when bf16 rounding is on, else p
+//   score = Pool_kernel(cost / G)   (the whole n-vector, window tokens included)
+// Terms are added in (g, t) order, so the result does not depend on the thread count.
+// The score is an eviction cost: higher = keep.
+absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                         float* scores) {
+  const int64_t window = params.Int("window");
+  const int64_t kernel = params.Int("kernel");
+  const float eps = static_cast<float>(params.Number("eps"));
+  if (absl::Status st = CheckQueryWindow("dropkv", layer, window); !st.ok()) return st;
+  if (!layer.shape.has_values || !layer.values.present()) {
+    return absl::InvalidArgumentError("dropkv: needs values");
+  }
+  absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params.Text("pooling"), kernel);
+  if (!kind.ok()) return kind.status();
+  absl::StatusOr<bool> round = ResolveBf16Round(layer, params.Text("bf16_prob_round"));
+  if (!round.ok()) return round.status();
+  const bool bf16_round = *round;
+
+  const int64_t n = layer.shape.num_tokens;
+  const int64_t d = layer.shape.head_dim;
+  const int64_t w = layer.shape.window_rows;
+  const int64_t group = layer.shape.group_size();
+  pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
+    std::vector<float> probs(n);     // [n] one attention row
+    std::vector<float> output(d);    // [d] a_{g,t}
+    std::vector<float> vv(n);        // [n] ||v_j||^2
+    std::vector<float> cost(n, 0);   // [n] fp32 accumulated cost
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = layer.values.row(h, j);
+      vv[j] = DotF32(v, v, d);
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      for (int64_t t = w - window; t < w; ++t) {
+        const AttentionRowStats row =
+            ComputeAttentionRow(layer, h * group + g, t, probs.data(), output.data());
+        const float aa = DotF32(output.data(), output.data(), d);
+        for (int64_t j = 0; j < row.visible; ++j) {
+          const float p = bf16_round ? RoundToBf16(probs[j]) : probs[j];
+          const float ratio = p / (1.0f - p + eps);
+          const float omega = ratio * ratio;
+          const float av = DotF32(output.data(), layer.values.row(h, j), d);
+          const float delta2 = std::max(0.0f, aa + vv[j] - 2.0f * av);
+          if (delta2 > 0.0f) cost[j] += omega * delta2;  // 0 * inf guard when eps == 0
+        }
+      }
+    }
+    const float group_f = static_cast<float>(group);
+    for (int64_t j = 0; j < n; ++j) cost[j] /= group_f;
+    Pool1D(*kind, cost.data(), n, kernel, scores + h * n);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace kvtrim

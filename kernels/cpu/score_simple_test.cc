@@ -1,0 +1,208 @@
+// Tests of the key-only scorers without parameters: StreamingLLM, Random (and its counter
+// hash) and K-norm, against their definitions and an fp64 reference.
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/counter_hash.h"
+#include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/scorers.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvtrim {
+namespace {
+
+// A CpuLayer owning random N(0, scale^2) keys [H, n, d].
+CpuLayer MakeLayer(int64_t heads, int64_t n, int64_t d, uint64_t rng_seed, int32_t layer_id = 0,
+                   uint64_t seed = 0, float scale = 1.0f) {
+  std::mt19937_64 rng(rng_seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> keys(static_cast<size_t>(heads * n * d));  // [H, n, d] fp32
+  for (float& x : keys) x = normal(rng);
+  CpuLayer layer;
+  layer.layer_id = layer_id;
+  layer.num_layers = layer_id + 1;
+  layer.shape.num_kv_heads = heads;
+  layer.shape.num_tokens = n;
+  layer.shape.head_dim = d;
+  layer.keys = F32Tensor::Owning(std::move(keys), {heads, n, d});
+  layer.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  layer.seed = seed;
+  return layer;
+}
+
+// Runs `fn` on `layer` with a pool of `threads` threads; returns scores [H, n].
+template <typename Fn>
+std::vector<float> RunScorer(Fn fn, const CpuLayer& layer, int threads) {
+  ThreadPool pool(threads);
+  std::vector<float> scores(static_cast<size_t>(layer.shape.num_kv_heads * layer.shape.num_tokens),
+                            NAN);
+  const absl::Status st = fn(layer, ResolvedParams{}, pool, scores.data());
+  EXPECT_TRUE(st.ok()) << st;
+  return scores;
+}
+
+// ---- StreamingLLM -----------------------------------------------------------------------
+
+TEST(StreamingLlmScore, ScoreIsThePositionInEveryHead) {
+  const CpuLayer layer = MakeLayer(3, 1001, 4, 1);
+  const std::vector<float> s = RunScorer(ScoreStreamingLlm, layer, 2);
+  for (int64_t h = 0; h < 3; ++h) {
+    for (int64_t j = 0; j < 1001; ++j) {
+      ASSERT_EQ(s[h * 1001 + j], static_cast<float>(j)) << "head " << h << " token " << j;
+    }
+  }
+}
+
+TEST(StreamingLlmScore, PositionsUpToTheTokenLimitNeverTie) {
+  // EngineLimits::max_tokens = 2^22: float(j) must stay exact, so newer is strictly higher.
+  const int64_t last = int64_t{1} << 22;
+  EXPECT_LT(static_cast<float>(last - 2), static_cast<float>(last - 1));
+  EXPECT_EQ(static_cast<int64_t>(static_cast<float>(last - 1)), last - 1);
+}
+
+// ---- Counter hash and Random --------------------------------------------------------------
+
+TEST(CounterHashRandom, SplitMix64MatchesTheReferenceSequence) {
+  // The first outputs of the reference splitmix64 generator seeded with 0 are
+  // SplitMix64(0), SplitMix64(gamma), ...: pins the exact mixer for CPU/GPU parity.
+  EXPECT_EQ(SplitMix64(0), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(SplitMix64(0x9E3779B97F4A7C15ull), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(SplitMix64(0x3C6EF372FE94F82Aull), 0x06C45D188009454Full);
+}
+
+TEST(CounterHashRandom, PinnedValuesFromAnIndependentPythonModel) {
+  // Computed with arbitrary-precision Python from the documented recipe; a change to the
+  // folding order or the mixer changes these (and breaks CPU/GPU and run-to-run parity).
+  EXPECT_EQ(CounterHash64(42, 3, 5, 17), 0x724142A576B3ECC6ull);
+  EXPECT_EQ(CounterHash64(0, 0, 0, 0), 0x2130748AAAC80268ull);
+  EXPECT_EQ(CounterHash64(~uint64_t{0}, -1, 7, 123456), 0x275148DF20240024ull);
+  EXPECT_EQ(CounterUniform(42, 3, 5, 17), 7487810.0f / 16777216.0f);
+  EXPECT_EQ(CounterUniform(0, 0, 0, 0), 2175092.0f / 16777216.0f);
+}
+
+TEST(CounterHashRandom, UniformIsAMultipleOfTwoToTheMinus24InUnitInterval) {
+  for (int64_t j = 0; j < 20000; ++j) {
+    const float u = CounterUniform(42, 3, j % 7, j);
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    const float scaled = u * 16777216.0f;
+    ASSERT_EQ(scaled, std::floor(scaled)) << "token " << j;
+  }
+}
+
+TEST(RandomScore, EqualsTheCounterHashOfSeedLayerHeadToken) {
+  const CpuLayer layer = MakeLayer(4, 257, 2, 1, /*layer_id=*/5, /*seed=*/0xDEADBEEFull);
+  const std::vector<float> s = RunScorer(ScoreRandom, layer, 3);
+  for (int64_t h = 0; h < 4; ++h) {
+    for (int64_t j = 0; j < 257; ++j) {
+      ASSERT_EQ(s[h * 257 + j], CounterUniform(0xDEADBEEFull, 5, h, j));
+    }
+  }
+}
+
+TEST(RandomScore, DeterministicWhateverTheThreadCount) {
+  const CpuLayer layer = MakeLayer(8, 999, 2, 1, 2, 7);
+  const std::vector<float> a = RunScorer(ScoreRandom, layer, 1);
+  const std::vector<float> b = RunScorer(ScoreRandom, layer, 4);
+  const std::vector<float> c = RunScorer(ScoreRandom, layer, 4);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(b, c);
+}
+
+// Fraction of positions where two score arrays hold the same value.
+double EqualFraction(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t same = 0;
+  for (size_t i = 0; i < a.size(); ++i) same += a[i] == b[i];
+  return static_cast<double>(same) / static_cast<double>(a.size());
+}
+
+TEST(RandomScore, ChangesWithSeedLayerAndHead) {
+  const std::vector<float> base = RunScorer(ScoreRandom, MakeLayer(2, 4096, 1, 1, 3, 11), 1);
+  const std::vector<float> other_seed = RunScorer(ScoreRandom, MakeLayer(2, 4096, 1, 1, 3, 12), 1);
+  const std::vector<float> other_layer = RunScorer(ScoreRandom, MakeLayer(2, 4096, 1, 1, 4, 11), 1);
+  EXPECT_LT(EqualFraction(base, other_seed), 0.01);
+  EXPECT_LT(EqualFraction(base, other_layer), 0.01);
+  // Head 0 vs head 1 of the same layer.
+  const std::vector<float> h0(base.begin(), base.begin() + 4096);
+  const std::vector<float> h1(base.begin() + 4096, base.end());
+  EXPECT_LT(EqualFraction(h0, h1), 0.01);
+  // Token j of one head is not token j+1 of another (no shifted copies).
+  const std::vector<float> h1_shift(base.begin() + 4097, base.end());
+  const std::vector<float> h0_cut(base.begin(), base.begin() + 4095);
+  EXPECT_LT(EqualFraction(h0_cut, h1_shift), 0.01);
+}
+
+TEST(RandomScore, RoughlyUniform) {
+  const CpuLayer layer = MakeLayer(4, 50000, 1, 1, 1, 2024);
+  const std::vector<float> s = RunScorer(ScoreRandom, layer, 2);
+  constexpr int kBins = 20;
+  std::vector<int64_t> bins(kBins, 0);
+  double sum = 0;
+  for (float u : s) {
+    ASSERT_GE(u, 0.0f);
+    ASSERT_LT(u, 1.0f);
+    ++bins[static_cast<int>(u * kBins)];
+    sum += u;
+  }
+  const double total = static_cast<double>(s.size());
+  EXPECT_NEAR(sum / total, 0.5, 0.005);
+  double chi2 = 0;
+  const double expected = total / kBins;
+  for (int64_t c : bins) chi2 += (c - expected) * (c - expected) / expected;
+  EXPECT_LT(chi2, 43.8);  // chi-square, 19 degrees of freedom, p = 0.001
+  // Serial correlation of neighbours within a head is near 0 (var of U(0,1) is 1/12).
+  double cov = 0;
+  for (size_t i = 0; i + 1 < 50000; ++i) cov += (s[i] - 0.5) * (s[i + 1] - 0.5);
+  EXPECT_NEAR(cov / 49999.0 * 12.0, 0.0, 0.03);
+}
+
+// ---- K-norm -----------------------------------------------------------------------------
+
+TEST(KnormScore, IsMinusTheL2NormAgainstFp64) {
+  for (int64_t d : {1, 7, 64, 128}) {
+    const CpuLayer layer = MakeLayer(3, 99, d, 100 + d, 0, 0, 3.0f);
+    const std::vector<float> s = RunScorer(ScoreKnorm, layer, 2);
+    for (int64_t h = 0; h < 3; ++h) {
+      for (int64_t j = 0; j < 99; ++j) {
+        const float* k = layer.keys.row(h, j);
+        double sq = 0;
+        for (int64_t c = 0; c < d; ++c) sq += static_cast<double>(k[c]) * k[c];
+        const double ref = -std::sqrt(sq);
+        ASSERT_NEAR(s[h * 99 + j], ref, 1e-6 * std::abs(ref) + 1e-30)
+            << "d=" << d << " head " << h << " token " << j;
+        ASSERT_LE(s[h * 99 + j], 0.0f);
+      }
+    }
+  }
+}
+
+TEST(KnormScore, SmallerKeysScoreHigherAndThreadsDoNotChangeBits) {
+  CpuLayer layer = MakeLayer(2, 500, 16, 9);
+  const std::vector<float> one = RunScorer(ScoreKnorm, layer, 1);
+  const std::vector<float> four = RunScorer(ScoreKnorm, layer, 4);
+  EXPECT_EQ(one, four);
+  // Scaling the whole layer by 2 scales every score by 2 exactly (powers of two are exact).
+  std::vector<float> doubled(layer.keys.data(), layer.keys.data() + 2 * 500 * 16);
+  for (float& x : doubled) x *= 2.0f;
+  CpuLayer scaled = layer;
+  scaled.keys = F32Tensor::Owning(std::move(doubled), {2, 500, 16});
+  const std::vector<float> two = RunScorer(ScoreKnorm, scaled, 1);
+  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(two[i], 2.0f * one[i]);
+}
+
+TEST(KnormScore, ZeroKeyScoresZero) {
+  CpuLayer layer;
+  layer.shape.num_kv_heads = 1;
+  layer.shape.num_tokens = 2;
+  layer.shape.head_dim = 3;
+  layer.keys = F32Tensor::Owning({0, 0, 0, 3, 4, 0}, {1, 2, 3});
+  const std::vector<float> s = RunScorer(ScoreKnorm, layer, 1);
+  EXPECT_EQ(s[0], 0.0f);
+  EXPECT_EQ(s[1], -5.0f);
+}
+
+}  // namespace
+}  // namespace kvtrim

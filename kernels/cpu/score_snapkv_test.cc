@@ -1,0 +1,156 @@
+// SnapKV scorer vs the dense fp64 oracle (baselines §3).
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/scorers.h"
+#include "tests/oracle/attention_oracle.h"
+
+namespace kvtrim {
+namespace {
+
+// The snapkv parameters as registered in kernels/builtin_policies.cc.
+std::vector<ParamSpec> SnapKVSpecs() {
+  return {ParamSpec::Int("window", 32, 1, 4096, "observation window rows"),
+          ParamSpec::Int("kernel", 7, 1, 4097, "pooling kernel (odd)"),
+          ParamSpec::Enum("pooling", "max", {"max", "avg"}, "pooling operator")};
+}
+
+ResolvedParams Params(std::map<std::string, ParamValue> overrides) {
+  absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(SnapKVSpecs(), overrides, "params");
+  EXPECT_TRUE(p.ok()) << p.status();
+  return *p;
+}
+
+// Wraps an oracle problem as the fp32 layer the CPU scorers read.
+CpuLayer MakeLayer(const oracle::AttentionProblem& pb) {
+  CpuLayer layer;
+  layer.shape.num_kv_heads = pb.num_kv_heads;
+  layer.shape.num_tokens = pb.num_tokens;
+  layer.shape.head_dim = pb.head_dim;
+  layer.shape.num_query_heads = pb.num_query_heads;
+  layer.shape.window_rows = pb.window_rows;
+  layer.shape.has_values = true;
+  layer.shape.has_queries = true;
+  layer.keys = F32Tensor::Owning(pb.keys, {pb.num_kv_heads, pb.num_tokens, pb.head_dim});
+  layer.values = F32Tensor::Owning(pb.values, {pb.num_kv_heads, pb.num_tokens, pb.head_dim});
+  layer.queries = F32Tensor::Owning(pb.queries, {pb.num_query_heads, pb.window_rows, pb.head_dim});
+  layer.softmax_scale = static_cast<float>(pb.scale);
+  return layer;
+}
+
+std::vector<float> Score(const oracle::AttentionProblem& pb, const ResolvedParams& params,
+                         int threads = 2) {
+  ThreadPool pool(threads);
+  std::vector<float> scores(static_cast<size_t>(pb.num_kv_heads * pb.num_tokens), -1.0f);
+  absl::Status st = ScoreSnapKV(MakeLayer(pb), params, pool, scores.data());
+  EXPECT_TRUE(st.ok()) << st;
+  return scores;
+}
+
+struct Case {
+  int64_t h_kv, group, n, d, w, window, kernel;
+};
+
+TEST(SnapKVTest, MatchesOracle) {
+  const std::vector<Case> cases = {
+      {1, 1, 1, 8, 1, 1, 7},     {2, 4, 7, 16, 3, 3, 3},   {1, 7, 7, 8, 7, 5, 7},
+      {2, 1, 99, 16, 8, 8, 11},  {1, 4, 99, 32, 40, 32, 7}, {3, 7, 57, 8, 6, 2, 1},
+      {1, 4, 300, 64, 32, 32, 7}, {2, 4, 5, 8, 8, 6, 3},  // w > n (the engine rejects it): rows at negative positions see nothing
+  };
+  uint64_t seed = 100;
+  for (const Case& c : cases) {
+    const oracle::AttentionProblem pb =
+        oracle::RandomProblem(++seed, c.h_kv, c.group, c.n, c.d, c.w, 2.0);
+    for (const char* pooling : {"max", "avg"}) {
+      SCOPED_TRACE(testing::Message() << "H_kv=" << c.h_kv << " G=" << c.group << " n=" << c.n
+                                      << " d=" << c.d << " w=" << c.w << " window=" << c.window
+                                      << " kernel=" << c.kernel << " pooling=" << pooling);
+      const std::vector<float> got =
+          Score(pb, Params({{"window", ParamValue::Number(c.window)},
+                            {"kernel", ParamValue::Number(c.kernel)},
+                            {"pooling", ParamValue::Text(pooling)}}));
+      const std::vector<double> want =
+          oracle::SnapKVScores(pb, c.window, c.kernel, std::string(pooling) == "max");
+      EXPECT_LT(oracle::MaxRelativeError(got.data(), want.data(), c.h_kv * c.n), 1e-4);
+      for (int64_t h = 0; h < c.h_kv; ++h) {
+        const int64_t k = std::max<int64_t>(1, c.n / 3);
+        EXPECT_EQ(oracle::CompareTopK(got.data() + h * c.n, want.data() + h * c.n, c.n, k, 1e-5),
+                  "")
+            << "head " << h;
+      }
+    }
+  }
+}
+
+TEST(SnapKVTest, DefaultsAreWindow32Kernel7Max) {
+  const oracle::AttentionProblem pb = oracle::RandomProblem(5, 2, 4, 120, 16, 40, 2.0);
+  const std::vector<float> got = Score(pb, Params({}));
+  const std::vector<double> want = oracle::SnapKVScores(pb, 32, 7, true);
+  EXPECT_LT(oracle::MaxRelativeError(got.data(), want.data(), 2 * 120), 1e-4);
+  // A different window gives different scores: the default is really 32.
+  const std::vector<double> other = oracle::SnapKVScores(pb, 8, 7, true);
+  EXPECT_GT(oracle::MaxRelativeError(got.data(), other.data(), 2 * 120), 1e-2);
+}
+
+TEST(SnapKVTest, ReadsOnlyTheLastWindowRows) {
+  oracle::AttentionProblem pb = oracle::RandomProblem(9, 1, 4, 50, 8, 12, 2.0);
+  const ResolvedParams params = Params({{"window", ParamValue::Number(4)}});
+  const std::vector<float> base = Score(pb, params);
+  // Rows 0..7 of every query head are outside the window of 4: changing them is a no-op.
+  oracle::AttentionProblem outside = pb;
+  for (int64_t q = 0; q < 4; ++q) {
+    for (int64_t t = 0; t < 8; ++t) {
+      for (int64_t i = 0; i < 8; ++i) outside.queries[(q * 12 + t) * 8 + i] *= -3.0f;
+    }
+  }
+  EXPECT_EQ(Score(outside, params), base);
+  // Row 8 is the first window row: changing it changes the scores.
+  oracle::AttentionProblem inside = pb;
+  for (int64_t i = 0; i < 8; ++i) inside.queries[(2 * 12 + 8) * 8 + i] *= -3.0f;
+  EXPECT_NE(Score(inside, params), base);
+}
+
+TEST(SnapKVTest, WindowTokensHaveFiniteScores) {
+  const oracle::AttentionProblem pb = oracle::RandomProblem(11, 2, 1, 40, 8, 32, 1.0);
+  for (float s : Score(pb, Params({}))) {
+    EXPECT_TRUE(std::isfinite(s));
+    EXPECT_GT(s, 0.0f);
+  }
+}
+
+TEST(SnapKVTest, DeterministicAcrossThreadCounts) {
+  const oracle::AttentionProblem pb = oracle::RandomProblem(13, 5, 4, 77, 16, 32, 2.0);
+  const ResolvedParams params = Params({{"pooling", ParamValue::Text("avg")}});
+  EXPECT_EQ(Score(pb, params, 1), Score(pb, params, 4));
+}
+
+TEST(SnapKVTest, RejectsBadInputs) {
+  const oracle::AttentionProblem pb = oracle::RandomProblem(17, 1, 1, 20, 8, 4, 1.0);
+  ThreadPool pool(1);
+  std::vector<float> scores(20);
+
+  absl::Status st = ScoreSnapKV(MakeLayer(pb), Params({}), pool, scores.data());  // window 32 > 4
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("snapkv: window 32 is outside [1, 4]"), std::string::npos) << st;
+
+  st = ScoreSnapKV(MakeLayer(pb),
+                   Params({{"window", ParamValue::Number(4)}, {"kernel", ParamValue::Number(6)}}),
+                   pool, scores.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("kernel must be odd"), std::string::npos) << st;
+
+  CpuLayer no_queries = MakeLayer(pb);
+  no_queries.queries = F32Tensor();
+  no_queries.shape.has_queries = false;
+  no_queries.shape.num_query_heads = 0;
+  no_queries.shape.window_rows = 0;
+  st = ScoreSnapKV(no_queries, Params({{"window", ParamValue::Number(4)}}), pool, scores.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("needs queries"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace kvtrim

@@ -1,0 +1,199 @@
+// PolicyEngine validation: every bad layer gets INVALID_ARGUMENT naming the field.
+#include "kernels/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace kvtrim {
+namespace {
+
+/// Random fp32 layer: keys/values [H_kv, n, d], queries [H_q, w, d].
+struct Layer {
+  std::vector<float> k, v, q;
+  LayerRequest request;
+  Layer(int64_t hkv, int64_t n, int64_t d, int64_t hq, int64_t w) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    k.resize(hkv * n * d);
+    v.resize(hkv * n * d);
+    q.resize(hq * w * d);
+    for (auto* t : {&k, &v, &q}) {
+      for (auto& x : *t) x = normal(rng);
+    }
+    request.keys = {k.data(), DType::kF32, {hkv, n, d}};
+    request.values = {v.data(), DType::kF32, {hkv, n, d}};
+    request.queries = {q.data(), DType::kF32, {hq, w, d}};
+  }
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  EngineTest() : backend_(2), engine_(registry_, backend_) { RegisterBuiltinPolicies(&registry_); }
+
+  ResolvedPolicy Policy(const std::string& name, double fraction = 0.25) {
+    CompressionSettings s;
+    s.policy = name;
+    s.budget.keep_fraction = fraction;
+    auto p = engine_.Prepare(s, "settings");
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  }
+
+  void ExpectInvalid(const ResolvedPolicy& policy, const LayerRequest& layer,
+                     const std::string& fragment) {
+    auto r = engine_.CompressLayer(policy, layer, "layers[0]");
+    ASSERT_FALSE(r.ok()) << "expected an error containing: " << fragment;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_NE(r.status().message().find(fragment), std::string::npos) << r.status();
+  }
+
+  PolicyRegistry registry_;
+  CpuBackend backend_;
+  PolicyEngine engine_;
+};
+
+TEST_F(EngineTest, PrepareRejectsBadSettings) {
+  CompressionSettings s;
+  s.policy = "dropkv";
+  s.budget.keep_fraction = 0;
+  EXPECT_NE(engine_.Prepare(s, "settings").status().message().find(
+                "settings.budget.keep_fraction: must be in (0, 1]"),
+            std::string::npos);
+  s.budget.keep_fraction = 1.5;
+  EXPECT_EQ(engine_.Prepare(s, "settings").status().code(), absl::StatusCode::kInvalidArgument);
+  s.budget.keep_fraction = std::nan("");
+  EXPECT_EQ(engine_.Prepare(s, "settings").status().code(), absl::StatusCode::kInvalidArgument);
+  s.budget = Budget{false, 0, 0};
+  EXPECT_NE(engine_.Prepare(s, "settings").status().message().find(
+                "settings.budget.keep_tokens: must be >= 1"),
+            std::string::npos);
+  s.budget = Budget{true, 0.5, 0};
+  s.policy = "no_such_policy";
+  EXPECT_NE(engine_.Prepare(s, "settings").status().message().find(
+                "settings.policy.name: unknown policy 'no_such_policy'"),
+            std::string::npos);
+  s.policy = "dropkv+nothing";
+  EXPECT_EQ(engine_.Prepare(s, "settings").status().code(), absl::StatusCode::kInvalidArgument);
+  s.policy = "dropkv";
+  s.params["window"] = ParamValue::Number(-1);
+  EXPECT_NE(engine_.Prepare(s, "settings").status().message().find(
+                "settings.policy.params.window: -1 is out of range"),
+            std::string::npos);
+  s.params.clear();
+  s.sink_tokens = -1;
+  EXPECT_NE(engine_.Prepare(s, "settings").status().message().find("settings.sink_tokens"),
+            std::string::npos);
+}
+
+TEST_F(EngineTest, CompositionsResolve) {
+  CompressionSettings s;
+  s.policy = "dropkv+adakv";
+  s.params["safeguard_alpha"] = ParamValue::Number(0.5);
+  auto p = engine_.Prepare(s, "settings");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->scorer->name, "dropkv");
+  EXPECT_EQ(p->allocator->name, "adakv");
+  EXPECT_DOUBLE_EQ(p->params.Number("safeguard_alpha"), 0.5);
+}
+
+TEST_F(EngineTest, RejectsBadShapesNamingTheField) {
+  const ResolvedPolicy dropkv = Policy("dropkv");
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.keys.shape = {2, 0, 8};
+    ExpectInvalid(dropkv, l.request, "layers[0].keys.shape[1]: n must be in [1");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.values.shape = {2, 39, 8};
+    ExpectInvalid(dropkv, l.request, "layers[0].values.shape: [2, 39, 8] does not match keys");
+  }
+  {
+    Layer l(2, 40, 8, 3, 8);
+    ExpectInvalid(dropkv, l.request, "layers[0].queries.shape[0]: H_q=3 is not a positive multiple of H_kv=2");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.queries.shape = {4, 8, 4};
+    ExpectInvalid(dropkv, l.request, "layers[0].queries.shape[2]: d=4 does not match keys d=8");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.queries.shape = {4, 41, 8};
+    ExpectInvalid(dropkv, l.request, "layers[0].queries.shape[1]: w=41 must be in [1, min(n=40");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.values.dtype = DType::kBF16;
+    ExpectInvalid(dropkv, l.request, "layers[0].values.dtype: bf16 differs from keys f32");
+  }
+  {
+    Layer l(2, 40, 8, 4, 4);  // dropkv's window is 8 rows
+    ExpectInvalid(dropkv, l.request, "layers[0].queries.shape[1]: the policy reads window=8");
+  }
+}
+
+TEST_F(EngineTest, RejectsMissingInputsNonFiniteAndBudgetOverN) {
+  const ResolvedPolicy dropkv = Policy("dropkv");
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.queries = {};
+    ExpectInvalid(dropkv, l.request, "layers[0].queries: policy 'dropkv' needs window queries");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.values = {};
+    ExpectInvalid(dropkv, l.request, "layers[0].values: policy 'dropkv' needs values");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.k[1 * 40 * 8 + 3 * 8 + 5] = std::nanf("");
+    ExpectInvalid(dropkv, l.request, "layers[0].keys: contains NaN at [1, 3, 5]");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.q[7] = INFINITY;
+    ExpectInvalid(dropkv, l.request, "layers[0].queries: contains Inf at [0, 0, 7]");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    CompressionSettings s;
+    s.policy = "knorm";
+    s.budget = Budget{false, 0, 41};
+    auto p = engine_.Prepare(s, "settings");
+    ASSERT_TRUE(p.ok());
+    ExpectInvalid(*p, l.request, "budget.keep_tokens=41 exceeds n=40");
+  }
+  {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.softmax_scale = -1;
+    ExpectInvalid(dropkv, l.request, "layers[0].softmax_scale");
+  }
+}
+
+TEST_F(EngineTest, KeptCountsFollowTheBudgetRule) {
+  Layer l(3, 99, 16, 6, 32);
+  for (const auto& preset : registry_.presets()) {
+    const ResolvedPolicy p = Policy(preset.name, 0.3);
+    auto d = engine_.CompressLayer(p, l.request, "layers[0]");
+    ASSERT_TRUE(d.ok()) << preset.name << ": " << d.status();
+    ASSERT_EQ(d->offsets.size(), 4u);
+    int64_t total = 0;
+    for (int h = 0; h < 3; ++h) {
+      total += d->kept_per_head[h];
+      if (preset.allocator == "uniform") EXPECT_EQ(d->kept_per_head[h], 30) << preset.name;
+      for (int64_t i = d->offsets[h] + 1; i < d->offsets[h + 1]; ++i) {
+        EXPECT_LT(d->indices[i - 1], d->indices[i]) << preset.name;
+      }
+    }
+    if (preset.allocator != "pyramid") EXPECT_EQ(total, 90) << preset.name;
+    EXPECT_EQ(d->perturbation.size(), 3u) << preset.name;
+  }
+}
+
+}  // namespace
+}  // namespace kvtrim

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The main job: installs dependencies, builds, starts kvtrimd with its embedded defaults and
+# compresses the bundled sample (real K/V/Q of stories260K) through the real `kvtrim` client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export KVTRIM_BUILD_TESTS=OFF KVTRIM_BUILD_BENCHMARKS=OFF BUILD_TARGETS="kvtrimd kvtrim"
+bash scripts/install_deps.sh
+bash scripts/build.sh
+BIN="${BUILD_DIR:-build}"
+TARGET=127.0.0.1:50051
+"$BIN/service/kvtrimd" &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  if "$BIN/client/kvtrim" --target=$TARGET health >/dev/null 2>&1; then break; fi
+  sleep 0.2
+done
+"$BIN/client/kvtrim" --target=$TARGET health
+"$BIN/client/kvtrim" --target=$TARGET compress --policy="${POLICY:-dropkv}" \
+  --keep_fraction="${KEEP_FRACTION:-0.2}" --input=samples/stories260k_prefill.safetensors
+echo "metrics: curl -s http://127.0.0.1:9464/metrics | grep ^kvtrim_"
+curl -s http://127.0.0.1:9464/metrics | grep -E '^kvtrim_(requests_total|tokens_(in|kept)_total)' || true
