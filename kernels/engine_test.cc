@@ -185,12 +185,16 @@ TEST_F(EngineTest, KeptCountsFollowTheBudgetRule) {
     int64_t total = 0;
     for (int h = 0; h < 3; ++h) {
       total += d->kept_per_head[h];
-      if (preset.allocator == "uniform") EXPECT_EQ(d->kept_per_head[h], 30) << preset.name;
+      if (preset.allocator == "uniform") {
+        EXPECT_EQ(d->kept_per_head[h], 30) << preset.name;
+      }
       for (int64_t i = d->offsets[h] + 1; i < d->offsets[h + 1]; ++i) {
         EXPECT_LT(d->indices[i - 1], d->indices[i]) << preset.name;
       }
     }
-    if (preset.allocator != "pyramid") EXPECT_EQ(total, 90) << preset.name;
+    if (preset.allocator != "pyramid") {
+      EXPECT_EQ(total, 90) << preset.name;
+    }
     EXPECT_EQ(d->perturbation.size(), 3u) << preset.name;
   }
 }

@@ -13,22 +13,29 @@ std::vector<int64_t> AllocateUniform(int64_t num_heads, int64_t k) {
 int64_t PyramidLayerBudget(int64_t k, int64_t n, int32_t layer, int32_t num_layers, double beta,
                            int64_t protected_tokens) {
   if (num_layers <= 1) return k;
-  const double total = 2.0 * static_cast<double>(k);  // k_0 + k_{L-1}
-  const double floor_tokens = static_cast<double>(std::max<int64_t>(1, protected_tokens));
-  // Rule 5: the last layer keeps k/beta, clamped up so it keeps at least the protected
-  // tokens; the first keeps the rest of 2k, clamped to n (kvpress), which moves the rest
-  // back to the last layer.
-  double last = std::max(static_cast<double>(k) / beta, floor_tokens);
-  double first = total - last;
-  if (first > static_cast<double>(n)) {
-    first = static_cast<double>(n);
-    last = total - first;
+  const double K = static_cast<double>(k);
+  const double N = static_cast<double>(n);
+  const double span = static_cast<double>(num_layers - 1);
+  const double l = static_cast<double>(layer);
+  const int64_t floor_tokens = std::max<int64_t>(1, protected_tokens);
+  const bool last_unclamped = K >= static_cast<double>(floor_tokens) * beta;  // k/beta >= floor
+  if (last_unclamped && (2.0 * K - N) * beta <= K) {
+    // k_{L-1} = k/beta, k_0 = 2k - k/beta <= n. One rounding: the schedule as one fraction
+    // x_l = (2k(L-1-l)beta + k(2l-(L-1))) / (beta(L-1)), so exact halves round up.
+    const double budget = (2.0 * K * (span - l) * beta + K * (2.0 * l - span)) / (beta * span);
+    return std::clamp<int64_t>(RoundHalfUp(budget), 1, n);
+  }
+  // Integer end points: the last layer raised to the protected tokens, or k_0 clamped to n
+  // (kvpress), which moves the rest of 2k back to the last layer.
+  int64_t last = last_unclamped ? 2 * k - n : floor_tokens;
+  int64_t first = 2 * k - last;
+  if (first > n) {
+    first = n;
+    last = 2 * k - n;
   }
   if (last < floor_tokens || first < last) return k;  // infeasible: uniform
-  // Interpolate as a weighted mean so the end points are exact.
-  const double span = static_cast<double>(num_layers - 1);
   const double budget =
-      (first * (span - static_cast<double>(layer)) + last * static_cast<double>(layer)) / span;
+      (static_cast<double>(first) * (span - l) + static_cast<double>(last) * l) / span;
   return std::clamp<int64_t>(RoundHalfUp(budget), 1, n);
 }
 

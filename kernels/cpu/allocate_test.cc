@@ -1,5 +1,7 @@
 // Tests of the allocators (allocate.h) against the fp64 brute-force oracle: AdaKV (rule 4)
 // totals and safeguard, the PyramidKV schedule (rule 5, baselines §4), uniform.
+#include "kernels/cpu/allocate.h"
+
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -8,7 +10,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/allocate.h"
 #include "tests/oracle/selection_oracle.h"
 
 namespace kvtrim {
@@ -160,10 +161,10 @@ TEST(AllocatePyramid, ExactHalvesRoundUpAtEveryDepth) {
             const int64_t got = PyramidLayerBudget(k, n, l, L, beta, 1);
             const int64_t want = ko::PyramidLayerBudget(k, n, l, L, beta, 1);
             if (got != want && mismatches++ == 0) {
-              first_mismatch = "k=" + std::to_string(k) + " n=" + std::to_string(n) +
-                               " layer " + std::to_string(l) + "/" + std::to_string(L) +
-                               " beta=" + std::to_string(beta) + ": got " +
-                               std::to_string(got) + ", want " + std::to_string(want);
+              first_mismatch = "k=" + std::to_string(k) + " n=" + std::to_string(n) + " layer " +
+                               std::to_string(l) + "/" + std::to_string(L) +
+                               " beta=" + std::to_string(beta) + ": got " + std::to_string(got) +
+                               ", want " + std::to_string(want);
             }
           }
         }
@@ -184,8 +185,13 @@ TEST(AllocatePyramid, HandWrittenSchedules) {
   for (int32_t l = 0; l < 5; ++l) {
     EXPECT_EQ(PyramidLayerBudget(100, 150, l, 5, 20.0, 0), clamped[l]) << "layer " << l;
   }
-  // The last layer would keep 5 < 32 protected tokens: uniform fallback.
-  for (int32_t l = 0; l < 5; ++l) EXPECT_EQ(PyramidLayerBudget(100, 10000, l, 5, 20.0, 32), 100);
+  // k/beta = 5 < 32 protected tokens: the last layer is clamped up to 32, k_0 = 168.
+  const std::vector<int64_t> windowed = {168, 134, 100, 66, 32};
+  for (int32_t l = 0; l < 5; ++l) {
+    EXPECT_EQ(PyramidLayerBudget(100, 10000, l, 5, 20.0, 32), windowed[l]) << "layer " << l;
+  }
+  // More protected tokens than k leaves k_0 < k_{L-1}: infeasible, uniform fallback.
+  for (int32_t l = 0; l < 4; ++l) EXPECT_EQ(PyramidLayerBudget(10, 100, l, 4, 20.0, 12), 10);
   // A single layer keeps k.
   EXPECT_EQ(PyramidLayerBudget(37, 100, 0, 1, 20.0, 0), 37);
   // Monotone: deeper layers never keep more.

@@ -17,8 +17,8 @@ namespace {
 absl::Status CheckBlockArgs(const float* keys, int64_t num_tokens, int64_t head_dim,
                             const KeyDiffBlockOptions& o) {
   if (o.budget < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("keydiff block: budget must be >= 1, got ",
-                                                   o.budget));
+    return absl::InvalidArgumentError(
+        absl::StrCat("keydiff block: budget must be >= 1, got ", o.budget));
   }
   if (o.block_size < 1) {
     return absl::InvalidArgumentError(
@@ -33,8 +33,8 @@ absl::Status CheckBlockArgs(const float* keys, int64_t num_tokens, int64_t head_
         absl::StrCat("keydiff block: num_tokens must be >= 0, got ", num_tokens));
   }
   if (!(o.recent_fraction >= 0.0 && o.recent_fraction <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keydiff block: recent_fraction must be in [0, 1], got ", o.recent_fraction));
+    return absl::InvalidArgumentError(
+        absl::StrCat("keydiff block: recent_fraction must be in [0, 1], got ", o.recent_fraction));
   }
   if (!(o.eps >= 0.0f)) {
     return absl::InvalidArgumentError(absl::StrCat("keydiff block: eps must be >= 0, got ", o.eps));

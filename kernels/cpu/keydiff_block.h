@@ -46,11 +46,11 @@ struct KeyDiffBlockOptions {
 
 /// The state after one step (one appended block and its eviction, if any).
 struct KeyDiffBlockStep {
-  int64_t step = 0;            // 0-based block index
-  int64_t tokens_seen = 0;     // positions [0, tokens_seen) have been appended so far
-  int64_t size_before = 0;     // cache size right after the append (<= N + B)
+  int64_t step = 0;                    // 0-based block index
+  int64_t tokens_seen = 0;             // positions [0, tokens_seen) have been appended so far
+  int64_t size_before = 0;             // cache size right after the append (<= N + B)
   const int64_t* positions = nullptr;  // [size_after] cache positions, ascending
-  int64_t size_after = 0;      // cache size after the eviction: min(N, tokens_seen)
+  int64_t size_after = 0;              // cache size after the eviction: min(N, tokens_seen)
 };
 
 /// The outcome of a block-wise run.

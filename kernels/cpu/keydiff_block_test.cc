@@ -1,5 +1,7 @@
 // Tests of the block-wise KeyDiff simulator (specs/keydiff.md §2.3): conformance tests 3, 4
 // and 5 of keydiff.md §8, the tie rule, and agreement with a naive fp64 block oracle.
+#include "kernels/cpu/keydiff_block.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/keydiff_block.h"
 #include "kernels/cpu/select.h"
 #include "tests/oracle/keydiff_oracle.h"
 
@@ -43,7 +44,8 @@ ko::KeyDiffAnchorMode OracleMode(KeyDiffAnchor a) {
                                       : ko::KeyDiffAnchorMode::kNormalizedMean;
 }
 
-KeyDiffBlockOptions Options(int64_t N, int64_t B, KeyDiffAnchor anchor = KeyDiffAnchor::kNormalizedMean,
+KeyDiffBlockOptions Options(int64_t N, int64_t B,
+                            KeyDiffAnchor anchor = KeyDiffAnchor::kNormalizedMean,
                             double recent = 0.0) {
   KeyDiffBlockOptions o;
   o.budget = N;
@@ -83,9 +85,8 @@ TEST(KeyDiffBlock, CacheBoundSizeAndOrderAfterEveryStep) {
         }
       }
     };
-    absl::StatusOr<KeyDiffBlockResult> r =
-        RunKeyDiffBlocks(keys.data(), T, d, Options(N, B, KeyDiffAnchor::kNormalizedMean, recent),
-                         observer);
+    absl::StatusOr<KeyDiffBlockResult> r = RunKeyDiffBlocks(
+        keys.data(), T, d, Options(N, B, KeyDiffAnchor::kNormalizedMean, recent), observer);
     ASSERT_TRUE(r.ok()) << r.status() << " " << where;
     EXPECT_EQ(r->num_steps, (T + B - 1) / B) << where;
     EXPECT_EQ(steps_seen, r->num_steps) << where;
@@ -107,7 +108,8 @@ TEST(KeyDiffBlock, OneBlockOfTheWholeSequenceIsOneShotSelection) {
         const int64_t d = 16;
         const std::vector<float> keys = HeadKeys(T, d, 3 * T + N);
         for (int64_t B : {T, T + 5}) {
-          absl::StatusOr<KeyDiffBlockResult> r = RunKeyDiffBlocks(keys.data(), T, d, Options(N, B, anchor));
+          absl::StatusOr<KeyDiffBlockResult> r =
+              RunKeyDiffBlocks(keys.data(), T, d, Options(N, B, anchor));
           ASSERT_TRUE(r.ok()) << r.status();
           EXPECT_EQ(r->num_steps, 1);
           // The same selection from the §2.2 scores of all T keys.
@@ -147,7 +149,8 @@ TEST(KeyDiffBlock, SingleTokenBlocksEvictExactlyOnePerStepOnceFull) {
     }
     previous = now;
   };
-  absl::StatusOr<KeyDiffBlockResult> r = RunKeyDiffBlocks(keys.data(), T, d, Options(N, 1), observer);
+  absl::StatusOr<KeyDiffBlockResult> r =
+      RunKeyDiffBlocks(keys.data(), T, d, Options(N, 1), observer);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->num_evicted, T - N);
   EXPECT_EQ(r->max_cache_size, N + 1);
@@ -190,8 +193,8 @@ TEST(KeyDiffBlock, RecentWindowIsAlwaysRetained) {
       auto observer = [&](const KeyDiffBlockStep& s) {
         const std::set<int64_t> cache(s.positions, s.positions + s.size_after);
         for (int64_t p = std::max<int64_t>(0, s.tokens_seen - R); p < s.tokens_seen; ++p) {
-          ASSERT_TRUE(cache.count(p)) << "x=" << x << " B=" << B << " step " << s.step
-                                      << " lost recent position " << p;
+          ASSERT_TRUE(cache.count(p))
+              << "x=" << x << " B=" << B << " step " << s.step << " lost recent position " << p;
         }
       };
       absl::StatusOr<KeyDiffBlockResult> r = RunKeyDiffBlocks(

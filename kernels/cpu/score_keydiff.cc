@@ -14,8 +14,8 @@ namespace kvtrim {
 absl::StatusOr<KeyDiffAnchor> ParseKeyDiffAnchor(std::string_view text) {
   if (text == "normalized_mean") return KeyDiffAnchor::kNormalizedMean;
   if (text == "raw_mean") return KeyDiffAnchor::kRawMean;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "keydiff anchor '", std::string(text), "' is not one of {normalized_mean, raw_mean}"));
+  return absl::InvalidArgumentError(absl::StrCat("keydiff anchor '", std::string(text),
+                                                 "' is not one of {normalized_mean, raw_mean}"));
 }
 
 void KeyDiffHeadScores(const float* keys, int64_t n, int64_t d, KeyDiffAnchor anchor, float eps,

@@ -75,8 +75,7 @@ ResolvedParams KeyDiffParams(const std::string& anchor) {
 // ScoreKeyDiff on `layer` with `threads` threads: scores [H, n].
 std::vector<float> Score(const CpuLayer& layer, const std::string& anchor, int threads = 2) {
   ThreadPool pool(threads);
-  std::vector<float> s(static_cast<size_t>(layer.shape.num_kv_heads * layer.shape.num_tokens),
-                       NAN);
+  std::vector<float> s(static_cast<size_t>(layer.shape.num_kv_heads * layer.shape.num_tokens), NAN);
   const absl::Status st = ScoreKeyDiff(layer, KeyDiffParams(anchor), pool, s.data());
   EXPECT_TRUE(st.ok()) << st;
   return s;
@@ -132,9 +131,11 @@ TEST(KeyDiffScore, AnchorParsing) {
 // ---- Conformance 2: scores vs the fp64 reference ---------------------------------------------
 
 TEST(KeyDiffScore, MatchesFp64ReferenceBothAnchors) {
-  struct Case { int64_t heads, n, d; };
-  for (const Case c : {Case{1, 1, 1}, Case{2, 7, 3}, Case{3, 99, 64}, Case{2, 1000, 128},
-                       Case{1, 333, 17}}) {
+  struct Case {
+    int64_t heads, n, d;
+  };
+  for (const Case c :
+       {Case{1, 1, 1}, Case{2, 7, 3}, Case{3, 99, 64}, Case{2, 1000, 128}, Case{1, 333, 17}}) {
     const CpuLayer layer =
         MakeLayer(StructuredKeys(c.heads, c.n, c.d, 1000 + c.n), c.heads, c.n, c.d);
     for (const std::string anchor : {"normalized_mean", "raw_mean"}) {
@@ -176,8 +177,8 @@ TEST(KeyDiffScore, HeadsAreScoredIndependently) {
 
 TEST(KeyDiffScore, ZeroKeysAndZeroAnchorGiveFiniteScores) {
   // Head 0: a zero key among others. Head 1: keys k and -k, so both anchors are exactly 0.
-  std::vector<float> keys = {0, 0, 0, 1, 2, 2, -1, 0, 3,    // head 0 [3, 3]
-                             1, 2, 3, -1, -2, -3, 0, 0, 0};  // head 1 [3, 3]
+  std::vector<float> keys = {0, 0, 0, 1,  2,  2,  -1, 0, 3,   // head 0 [3, 3]
+                             1, 2, 3, -1, -2, -3, 0,  0, 0};  // head 1 [3, 3]
   const CpuLayer layer = MakeLayer(keys, 2, 3, 3);
   for (const std::string anchor : {"normalized_mean", "raw_mean"}) {
     const std::vector<float> s = Score(layer, anchor);
@@ -242,7 +243,8 @@ TEST(KeyDiffScore, RawMeanAnchorCanRankDifferentlyFromEq7) {
     const CpuLayer layer = MakeLayer(StructuredKeys(1, 64, 8, seed, 0.7f, 1.0f), 1, 64, 8);
     const std::vector<double> eq7 = ko::Eq7Scores(HeadKeys(layer, 0));
     const std::vector<float> raw = Score(layer, "raw_mean");
-    if (ko::TopKByRank(std::vector<double>(raw.begin(), raw.end()), 40) != ko::TopKByRank(eq7, 40)) {
+    if (ko::TopKByRank(std::vector<double>(raw.begin(), raw.end()), 40) !=
+        ko::TopKByRank(eq7, 40)) {
       ++differing;
     }
   }
@@ -415,12 +417,13 @@ TEST(KeyDiffTheory, KeyDiffSolvesTheA3RelaxationExactly) {
     for (int64_t d : {3, 8}) {
       for (uint64_t seed = 0; seed < 3; ++seed) {
         const int64_t N = 8;
-        const CpuLayer layer = MakeLayer(StructuredKeys(1, n, d, 500 + 10 * n + d + seed, 0.8f),
-                                         1, n, d);
+        const CpuLayer layer =
+            MakeLayer(StructuredKeys(1, n, d, 500 + 10 * n + d + seed, 0.8f), 1, n, d);
         const ko::KeyMatrix keys = HeadKeys(layer, 0);
         const ko::SubsetOptimum best = ko::BruteForceMinA3(keys, N);
         const std::vector<float> s = Score(layer, "normalized_mean");
-        const std::vector<int64_t> kept = ko::TopKByRank(std::vector<double>(s.begin(), s.end()), N);
+        const std::vector<int64_t> kept =
+            ko::TopKByRank(std::vector<double>(s.begin(), s.end()), N);
         EXPECT_NEAR(ko::A3Objective(keys, kept), best.value, 1e-6)
             << "n=" << n << " d=" << d << " seed=" << seed;
         const std::vector<int64_t> oracle_kept =

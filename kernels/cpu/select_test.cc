@@ -1,5 +1,7 @@
 // Tests of the selectors (select.h) against the fp64 brute-force oracle: ties to the lower
 // index, +inf (protected) and -inf scores, ascending output, append semantics.
+#include "kernels/cpu/select.h"
+
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -7,7 +9,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/select.h"
 #include "tests/oracle/selection_oracle.h"
 
 namespace kvtrim {
