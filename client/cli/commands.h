@@ -1,0 +1,53 @@
+// The CLI's commands (health, policies, compress) over a kvtrim::Client.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "client/kvtrim_client.h"
+
+namespace kvtrim::cli {
+
+/// Process exit codes of the CLI.
+enum ExitCode : int {
+  kExitOk = 0,        // success (health: the service is SERVING)
+  kExitRpcError = 1,  // an RPC failed (code and message printed), or health is not SERVING
+  kExitUsage = 2,     // bad flags or arguments, or an unreadable / malformed input file
+};
+
+/// What `kvtrim compress` was asked to do, as parsed from its flags.
+struct CompressOptions {
+  std::string policy;                  // preset or "SCORER+ALLOCATOR"
+  std::optional<double> keep_fraction;  // in (0, 1]; exactly one of the two budgets
+  std::optional<int64_t> keep_tokens;   // >= 1 per head
+  std::string params;                  // "name=value,..." overrides
+  bool session = false;                // CompressSession instead of unary Compress
+  std::optional<int32_t> sink_tokens;   // unset = policy default
+  std::optional<int32_t> recent_tokens; // unset = policy default
+  std::string output_shape = "per_head";  // per_head | shared
+  uint64_t seed = 0;
+  std::optional<int32_t> num_layers;   // unset = max layer id in --input + 1
+  std::string request_id;
+  std::string input;                   // safetensors with layer.{i}.keys|values|queries
+  bool show_indices = false;           // also print the kept index lists
+};
+
+/// The request settings of `options`. INVALID_ARGUMENT (a usage error) for a missing
+/// policy, both or neither budget, a bad --param list or output shape.
+absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& options);
+
+/// `kvtrim health`: prints the kvtrim service's serving state. kExitOk only when SERVING.
+int RunHealth(Client& client, std::ostream& out, std::ostream& err);
+
+/// `kvtrim policies`: prints every policy with its parts, inputs and parameters.
+int RunPolicies(Client& client, std::ostream& out, std::ostream& err);
+
+/// `kvtrim compress`: reads the input file, sends its layers (unary or one session) and
+/// prints each layer's result with its compute and round-trip time.
+int RunCompress(Client& client, const CompressOptions& options, std::ostream& out,
+                std::ostream& err);
+
+}  // namespace kvtrim::cli

@@ -1,0 +1,110 @@
+// kvtrim: the command-line client of the kvtrim sidecar.
+//
+//   kvtrim --target=ADDR health
+//   kvtrim --target=ADDR policies
+//   kvtrim --target=ADDR compress --policy=NAME --keep_fraction=F --input=FILE.safetensors
+//
+// Exit codes: 0 ok, 1 RPC error (code and message printed) or not SERVING, 2 usage error.
+#include <cstdint>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "client/cli/commands.h"
+#include "client/cli/flag_parse.h"
+
+ABSL_FLAG(std::string, target, "", "Server address, e.g. 127.0.0.1:50051 (required)");
+ABSL_FLAG(double, timeout_s, 30.0,
+          "Deadline in seconds of each unary call, and of a whole --session stream");
+ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
+          "Largest gRPC message sent or received, in bytes");
+ABSL_FLAG(std::string, policy, "", "compress: policy preset or SCORER+ALLOCATOR");
+ABSL_FLAG(std::optional<double>, keep_fraction, std::nullopt,
+          "compress: fraction of the n tokens kept per head, in (0, 1]; sink and recent "
+          "tokens count inside it");
+ABSL_FLAG(std::optional<int64_t>, keep_tokens, std::nullopt,
+          "compress: tokens kept per head (>= 1, clamped to n); instead of --keep_fraction");
+ABSL_FLAG(std::string, param, "", "compress: parameter overrides, name=value,name=value");
+ABSL_FLAG(bool, session, false, "compress: stream the layers over one CompressSession");
+ABSL_FLAG(std::optional<int32_t>, sink_tokens, std::nullopt,
+          "compress: protected first tokens (default: the policy's)");
+ABSL_FLAG(std::optional<int32_t>, recent_tokens, std::nullopt,
+          "compress: protected last tokens (default: the policy's)");
+ABSL_FLAG(std::string, output_shape, "per_head", "compress: per_head or shared");
+ABSL_FLAG(uint64_t, seed, 0, "compress: RNG seed of the random policy");
+ABSL_FLAG(std::optional<int32_t>, num_layers, std::nullopt,
+          "compress: layers in the model (PyramidKV); default: max layer id in --input + 1");
+ABSL_FLAG(std::string, request_id, "", "compress: free-form id echoed into server logs");
+ABSL_FLAG(std::string, input, "",
+          "compress: safetensors file with layer.{i}.keys [H_kv,n,d] and optional "
+          "layer.{i}.values [H_kv,n,d], layer.{i}.queries [H_q,w,d]");
+ABSL_FLAG(bool, show_indices, false, "compress: also print the kept token indices");
+
+namespace {
+
+std::string Usage() {
+  return absl::StrCat(
+      "usage: kvtrim --target=ADDR [flags] COMMAND\n\n"
+      "commands:\n"
+      "  health     grpc.health.v1 check of kvtrim.v1.Kvtrim (exit 0 only when SERVING)\n"
+      "  policies   list every policy with parts, inputs and parameters\n"
+      "  compress   send the layers of --input (unary Compress, or --session) and print\n"
+      "             per layer: n, kept and perturbation per head, compute and round-trip time\n\n"
+      "exit codes: 0 ok, 1 RPC error or not SERVING, 2 usage or input error\n\n"
+      "flags:\n",
+      kvtrim::cli::FlagsHelp("client/cli/main.cc"));
+}
+
+int UsageError(const std::string& message) {
+  std::cerr << "usage error: " << message << "\nrun 'kvtrim --help' for usage\n";
+  return kvtrim::cli::kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<kvtrim::cli::ParsedArgs> args =
+      kvtrim::cli::ParseArgs(std::vector<std::string>(argv + 1, argv + argc));
+  if (!args.ok()) return UsageError(std::string(args.status().message()));
+  if (args->help || (args->positional.size() == 1 && args->positional[0] == "help")) {
+    std::cout << Usage();
+    return kvtrim::cli::kExitOk;
+  }
+  if (args->positional.size() != 1) return UsageError("expected exactly one COMMAND");
+  const std::string& command = args->positional[0];
+  if (command != "health" && command != "policies" && command != "compress") {
+    return UsageError(absl::StrCat("unknown command \"", command, "\""));
+  }
+  if (absl::GetFlag(FLAGS_target).empty()) return UsageError("--target is required");
+  if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return UsageError("--timeout_s must be positive");
+
+  kvtrim::ClientOptions options;
+  options.default_deadline = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  options.session_deadline = options.default_deadline;
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  absl::StatusOr<std::unique_ptr<kvtrim::Client>> client =
+      kvtrim::Client::Connect(absl::GetFlag(FLAGS_target), options);
+  if (!client.ok()) return UsageError(std::string(client.status().message()));
+
+  if (command == "health") return kvtrim::cli::RunHealth(**client, std::cout, std::cerr);
+  if (command == "policies") return kvtrim::cli::RunPolicies(**client, std::cout, std::cerr);
+
+  kvtrim::cli::CompressOptions compress;
+  compress.policy = absl::GetFlag(FLAGS_policy);
+  compress.keep_fraction = absl::GetFlag(FLAGS_keep_fraction);
+  compress.keep_tokens = absl::GetFlag(FLAGS_keep_tokens);
+  compress.params = absl::GetFlag(FLAGS_param);
+  compress.session = absl::GetFlag(FLAGS_session);
+  compress.sink_tokens = absl::GetFlag(FLAGS_sink_tokens);
+  compress.recent_tokens = absl::GetFlag(FLAGS_recent_tokens);
+  compress.output_shape = absl::GetFlag(FLAGS_output_shape);
+  compress.seed = absl::GetFlag(FLAGS_seed);
+  compress.num_layers = absl::GetFlag(FLAGS_num_layers);
+  compress.request_id = absl::GetFlag(FLAGS_request_id);
+  compress.input = absl::GetFlag(FLAGS_input);
+  compress.show_indices = absl::GetFlag(FLAGS_show_indices);
+  return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
+}

@@ -1,0 +1,135 @@
+#include "client/cli/print.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace kvtrim::cli {
+namespace {
+
+const char* InputName(int input) {
+  switch (input) {
+    case v1::POLICY_INPUT_KEYS:
+      return "keys";
+    case v1::POLICY_INPUT_VALUES:
+      return "values";
+    case v1::POLICY_INPUT_QUERIES:
+      return "queries";
+    case v1::POLICY_INPUT_MODEL:
+      return "model";
+    case v1::POLICY_INPUT_PROFILE:
+      return "profile";
+    default:
+      return "?";
+  }
+}
+
+const char* ScopeName(v1::DecisionScope scope) {
+  switch (scope) {
+    case v1::DECISION_SCOPE_HEAD:
+      return "head";
+    case v1::DECISION_SCOPE_LAYER:
+      return "layer";
+    case v1::DECISION_SCOPE_MODEL:
+      return "model";
+    default:
+      return "unspecified";
+  }
+}
+
+const char* KindName(v1::ParamSpec::Kind kind) {
+  switch (kind) {
+    case v1::ParamSpec::KIND_INT:
+      return "int";
+    case v1::ParamSpec::KIND_FLOAT:
+      return "float";
+    case v1::ParamSpec::KIND_BOOL:
+      return "bool";
+    case v1::ParamSpec::KIND_ENUM:
+      return "enum";
+    default:
+      return "?";
+  }
+}
+
+std::string Inputs(const google::protobuf::RepeatedField<int>& inputs) {
+  if (inputs.empty()) return "-";
+  return absl::StrJoin(inputs, ", ", [](std::string* out, int input) {
+    out->append(InputName(input));
+  });
+}
+
+/// "default 8, range [1, 4096]" / "default max, choices {max, avg}" / "default true".
+std::string ParamSummary(const v1::ParamSpec& p) {
+  switch (p.kind()) {
+    case v1::ParamSpec::KIND_ENUM:
+      return absl::StrFormat("default %s, choices {%s}", p.default_text(),
+                             absl::StrJoin(p.choices(), ", "));
+    case v1::ParamSpec::KIND_BOOL:
+      return absl::StrFormat("default %s", p.default_number() != 0 ? "true" : "false");
+    default:
+      return absl::StrFormat("default %g, range [%g, %g]", p.default_number(), p.min(), p.max());
+  }
+}
+
+}  // namespace
+
+void PrintPolicies(const v1::ListPoliciesResponse& response, std::ostream& out) {
+  for (const v1::PolicyInfo& policy : response.policies()) {
+    out << policy.name() << " - " << policy.description() << "\n";
+    if (!policy.paper().empty()) out << "  paper:     " << policy.paper() << "\n";
+    out << absl::StrFormat("  parts:     scorer=%s allocator=%s selector=%s  scope=%s\n",
+                           policy.scorer(), policy.allocator(), policy.selector(),
+                           ScopeName(policy.scope()));
+    out << "  inputs:    " << Inputs(policy.inputs())
+        << "  (optional: " << Inputs(policy.optional_inputs()) << ")\n";
+    out << absl::StrFormat("  protected: sink=%d recent=%s\n", policy.default_sink_tokens(),
+                           policy.default_recent_tokens());
+    if (policy.params().empty()) {
+      out << "  params:    none\n";
+      continue;
+    }
+    out << "  params:\n";
+    for (const v1::ParamSpec& p : policy.params()) {
+      out << absl::StrFormat("    %-18s %-5s  %s", p.name(), KindName(p.kind()), ParamSummary(p));
+      if (!p.description().empty()) out << "  - " << p.description();
+      out << "\n";
+    }
+  }
+  out << "scorers:    " << absl::StrJoin(response.scorers(), ", ") << "\n";
+  out << "allocators: " << absl::StrJoin(response.allocators(), ", ") << "\n";
+}
+
+void PrintLayer(const v1::LayerResult& layer, double round_trip_seconds, bool show_indices,
+                std::ostream& out) {
+  out << absl::StrFormat("layer %d  n=%d  output=%s  compute=%.6fs  rtt=%.6fs\n",
+                         layer.layer_id(), layer.num_tokens(),
+                         v1::OutputShape_Name(layer.output_shape()), layer.compute_seconds(),
+                         round_trip_seconds);
+  std::vector<std::string> kept, perturbation;
+  for (const v1::HeadStats& head : layer.heads()) {
+    kept.push_back(absl::StrCat(head.kept()));
+    if (head.has_perturbation()) perturbation.push_back(absl::StrFormat("%.4g", head.perturbation()));
+  }
+  out << "  kept per head:          " << absl::StrJoin(kept, " ") << "\n";
+  if (!perturbation.empty()) {
+    out << "  perturbation per head:  " << absl::StrJoin(perturbation, " ") << "\n";
+  }
+  if (!show_indices) return;
+  for (int list = 0; list + 1 < layer.offsets_size(); ++list) {
+    const int64_t begin = layer.offsets(list), end = layer.offsets(list + 1);
+    if (begin < 0 || begin > end || end > layer.indices_size()) {
+      out << absl::StrFormat("  indices[%d]: malformed offsets [%d, %d]\n", list, begin, end);
+      continue;
+    }
+    std::vector<int32_t> indices(layer.indices().begin() + begin,
+                                 layer.indices().begin() + end);
+    out << absl::StrFormat("  indices[%s]: %s\n",
+                           layer.output_shape() == v1::SHARED ? "shared" : absl::StrCat(list),
+                           absl::StrJoin(indices, " "));
+  }
+}
+
+}  // namespace kvtrim::cli

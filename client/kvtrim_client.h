@@ -1,0 +1,86 @@
+// The C++ client of the kvtrim sidecar: a channel with per-call deadlines and a StatusOr API
+// over the kvtrim.v1.Kvtrim service and the standard grpc.health.v1 health check.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/session.h"
+#include "kvtrim/v1/kvtrim.grpc.pb.h"
+
+namespace kvtrim {
+
+/// Settings of a client's channel and of its calls.
+struct ClientOptions {
+  /// Deadline of every unary call (Health, ListPolicies, Compress), from the call's start.
+  absl::Duration default_deadline = absl::Seconds(30);
+  /// Deadline of a whole CompressSession stream, from OpenSession to Finish.
+  absl::Duration session_deadline = absl::Minutes(10);
+  /// Largest message the channel sends or receives, in bytes (gRPC's default cap is 4 MiB;
+  /// the server's --max_message_bytes must allow at least as much).
+  int max_message_bytes = 64 << 20;
+  /// When positive, Connect waits this long for the channel to become ready and fails with
+  /// UNAVAILABLE otherwise. Zero: connect lazily on the first call.
+  absl::Duration connect_timeout = absl::ZeroDuration();
+  /// Channel credentials; null means insecure (plaintext), the sidecar's default.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+/// Serving state of a service as grpc.health.v1 reports it.
+enum class HealthState { kUnknown, kServing, kNotServing, kServiceUnknown };
+
+/// Name of a HealthState ("SERVING", ...), for printing.
+const char* HealthStateName(HealthState state);
+
+/// A connection to one kvtrim server. Thread-safe: calls may run concurrently from several
+/// threads. Every method returns the server's gRPC status code and message on failure
+/// (converted by FromGrpcStatus), or DEADLINE_EXCEEDED when the call's deadline passes.
+class Client {
+ public:
+  /// The health-check service name under which kvtrimd reports its serving state.
+  static constexpr char kHealthServiceName[] = "kvtrim.v1.Kvtrim";
+
+  /// Opens a channel to `target` ("host:port", "unix:/path", any gRPC target string).
+  /// INVALID_ARGUMENT for an empty target or a non-positive max_message_bytes; UNAVAILABLE
+  /// when options.connect_timeout is positive and the channel is not ready in time.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         const ClientOptions& options = {});
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  /// grpc.health.v1.Health/Check for `service` (default: the kvtrim service). An unknown
+  /// service is the RPC error NOT_FOUND, as the health protocol specifies.
+  absl::StatusOr<HealthState> Health(const std::string& service = kHealthServiceName);
+
+  /// Every policy the server serves, with parts, inputs and parameter defaults and ranges.
+  absl::StatusOr<v1::ListPoliciesResponse> ListPolicies();
+
+  /// One unary Compress call: the decision for every layer in `request`.
+  absl::StatusOr<v1::CompressResponse> Compress(const v1::CompressRequest& request);
+
+  /// Opens a CompressSession stream and sends `settings` as its `begin` message. The
+  /// returned Session streams layers and collects the server's answers as they arrive.
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(const v1::CompressionSettings& settings);
+
+  /// The options the client was created with.
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  struct Stubs;
+  Client(ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+
+  /// A context whose deadline is now + options_.default_deadline.
+  std::unique_ptr<grpc::ClientContext> UnaryContext() const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Stubs> stubs_;
+};
+
+}  // namespace kvtrim

@@ -1,0 +1,80 @@
+// A client-side CompressSession: streams one prefill's layers and collects the answers.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "kvtrim/v1/kvtrim.grpc.pb.h"
+
+namespace kvtrim {
+
+/// Everything a finished session answered.
+struct SessionResult {
+  /// One result per layer sent, in the order the server answered them.
+  std::vector<v1::LayerResult> layers;
+  /// The server's closing summary (layers answered, tokens in and kept, backend).
+  v1::SessionSummary summary;
+  /// layer_id -> seconds from the start of SendLayer to the arrival of that layer's result.
+  /// Model-wide policies answer at Finish, so their round trips include the later layers.
+  std::map<int32_t, double> round_trip_seconds;
+};
+
+/// One open CompressSession stream. A background thread reads the server's replies as they
+/// come, so the server is never blocked on an unread stream; SendLayer only writes.
+/// Use from one thread: SendLayer any number of times, then Finish once. Destroying an
+/// unfinished session cancels the stream.
+class Session {
+ public:
+  using Stream = grpc::ClientReaderWriterInterface<v1::SessionRequest, v1::SessionResponse>;
+
+  /// Starts the stream on `stub` with a deadline of now + `deadline` and sends `begin`.
+  /// Created by Client::OpenSession; the stub must outlive the session.
+  static absl::StatusOr<std::unique_ptr<Session>> Open(v1::Kvtrim::StubInterface* stub,
+                                                       const v1::CompressionSettings& settings,
+                                                       absl::Duration deadline);
+
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  /// Sends one layer (pass an rvalue to avoid copying its tensors). When the server has
+  /// already ended the stream (it rejected an earlier message), returns the stream's final
+  /// status, e.g. INVALID_ARGUMENT naming the field; FAILED_PRECONDITION after Finish.
+  absl::Status SendLayer(v1::LayerInput layer);
+
+  /// Sends `finish`, waits for the remaining results and the summary, and returns them.
+  /// Returns the stream's error status when it failed, INTERNAL when the server closed a
+  /// successful stream without a summary, FAILED_PRECONDITION when called twice.
+  absl::StatusOr<SessionResult> Finish();
+
+ private:
+  Session() = default;
+
+  /// Reader thread body: stores every reply until the stream ends.
+  void ReadLoop();
+  /// Joins the reader and collects the final stream status (once).
+  absl::Status CloseStream();
+
+  grpc::ClientContext context_;
+  std::unique_ptr<Stream> stream_;
+  std::thread reader_;
+  bool closed_ = false;      // CloseStream ran
+  bool finished_ = false;    // Finish returned the result
+  absl::Status final_status_;
+
+  absl::Mutex mu_;
+  SessionResult result_ ABSL_GUARDED_BY(mu_);
+  bool have_summary_ ABSL_GUARDED_BY(mu_) = false;
+  std::string protocol_error_ ABSL_GUARDED_BY(mu_);  // unexpected reply order
+  std::map<int32_t, absl::Time> sent_at_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvtrim

@@ -1,0 +1,284 @@
+#include "service/config.h"
+
+#include <algorithm>
+#include <climits>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+
+#ifndef KVTRIM_VERSION
+#define KVTRIM_VERSION "0.0.0"
+#endif
+#ifndef KVTRIM_WITH_CUDA
+#define KVTRIM_WITH_CUDA 0
+#endif
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address: HOST:PORT (PORT 0 picks a free port) or unix:PATH.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus exporter address HOST:PORT serving GET /metrics; empty disables it.");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
+          "Largest gRPC message accepted, in bytes (1024 .. 2147483647). Larger messages are "
+          "rejected by gRPC with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, workers,
+          static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())),
+          "Compute threads of the CPU backend (1 .. 1024); default: hardware concurrency.");
+ABSL_FLAG(int32_t, max_inflight, 64,
+          "Most Compress and CompressSession calls served at once (1 .. 1048576); more get "
+          "RESOURCE_EXHAUSTED \"max_inflight\".");
+ABSL_FLAG(std::string, backend, "auto",
+          "Compute backend: auto | cpu | gpu. auto picks cpu in a build without CUDA; gpu in "
+          "such a build is a start-up error.");
+ABSL_FLAG(int32_t, drain_timeout_s, 30,
+          "On SIGTERM/SIGINT: seconds to wait for in-flight calls before cancelling them "
+          "(0 .. 86400).");
+
+namespace kvtrim::service {
+
+namespace {
+
+/// Every kvtrimd flag, in --help order.
+constexpr const char* kOurFlags[] = {"listen",       "metrics_listen", "max_message_bytes",
+                                     "workers",      "max_inflight",   "backend",
+                                     "drain_timeout_s"};
+
+/// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
+/// the flag takes a value ("--flagfile f" consumes the next argument).
+struct UsageFlag {
+  const char* name;
+  bool takes_value;
+};
+constexpr UsageFlag kAbslUsageFlags[] = {
+    {"helpfull", false}, {"helppackage", false},   {"version", false}, {"only_check_args", false},
+    {"helpon", true},    {"helpmatch", true},      {"flagfile", true}, {"fromenv", true},
+    {"tryfromenv", true}, {"undefok", true}};
+
+const UsageFlag* FindUsageFlag(absl::string_view name) {
+  for (const auto& f : kAbslUsageFlags) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+bool IsHelpArg(absl::string_view arg) {
+  return arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpshort" ||
+         arg == "-helpshort";
+}
+
+absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string BackendKindName(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kAuto: return "auto";
+    case BackendKind::kCpu: return "cpu";
+    case BackendKind::kGpu: return "gpu";
+  }
+  return "unknown";
+}
+
+bool BuiltWithCuda() { return KVTRIM_WITH_CUDA != 0; }
+
+std::string KvtrimVersion() { return KVTRIM_VERSION; }
+
+absl::Status ValidateListenAddress(const std::string& address, const std::string& flag,
+                                   bool allow_unix) {
+  if (address.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": is empty"));
+  for (char c : address) {
+    if (absl::ascii_isspace(static_cast<unsigned char>(c)) || !absl::ascii_isprint(c)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", address, "' contains whitespace or control characters"));
+    }
+  }
+  if (absl::StartsWith(address, "unix:")) {
+    if (!allow_unix) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": '", address, "': unix sockets are not supported here; use HOST:PORT"));
+    }
+    if (address.size() == 5) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": 'unix:' needs a socket path"));
+    }
+    return absl::OkStatus();
+  }
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", address, "' is not HOST:PORT", allow_unix ? " or unix:PATH" : ""));
+  }
+  const absl::string_view host = absl::string_view(address).substr(0, colon);
+  const absl::string_view port = absl::string_view(address).substr(colon + 1);
+  if (host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": '", address, "' has no host"));
+  }
+  if (absl::StartsWith(host, "[") != absl::EndsWith(host, "]")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", address, "' has an unbalanced IPv6 bracket"));
+  }
+  if (!absl::StartsWith(host, "[") && host.find(':') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", address, "': write IPv6 hosts in brackets, e.g. [::1]:50051"));
+  }
+  int port_number = -1;
+  if (port.empty() || !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '", address, "' needs a port in [0, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Config::Validate() const {
+  if (auto st = ValidateListenAddress(listen, "--listen", /*allow_unix=*/true); !st.ok()) {
+    return st;
+  }
+  if (!metrics_listen.empty()) {
+    if (auto st = ValidateListenAddress(metrics_listen, "--metrics_listen", false); !st.ok()) {
+      return st;
+    }
+  }
+  if (auto st = CheckRange("max_message_bytes", max_message_bytes, 1024, INT_MAX); !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("workers", workers, 1, 1024); !st.ok()) return st;
+  if (auto st = CheckRange("max_inflight", max_inflight, 1, 1 << 20); !st.ok()) return st;
+  if (auto st = CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400); !st.ok()) return st;
+  if (backend == BackendKind::kGpu && !BuiltWithCuda()) {
+    return absl::InvalidArgumentError(
+        "--backend=gpu: this kvtrimd was built without CUDA (KVTRIM_CUDA=OFF); "
+        "use --backend=cpu or --backend=auto");
+  }
+  return absl::OkStatus();
+}
+
+std::string Config::ResolvedBackendName() const {
+  return backend == BackendKind::kGpu ? "gpu" : "cpu";
+}
+
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (IsHelpArg(arg)) return true;
+  }
+  return false;
+}
+
+absl::Status ParseCommandLineStrict(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--" || !absl::StartsWith(arg, "-") || arg == "-") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unexpected argument '", arg, "': kvtrimd takes only --flags (see --help)"));
+    }
+    if (IsHelpArg(arg)) continue;
+    arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+    absl::string_view name = arg;
+    absl::string_view value;
+    bool has_value = false;
+    if (const auto eq = arg.find('='); eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    if (const UsageFlag* usage = FindUsageFlag(name)) {
+      if (usage->takes_value && !has_value) ++i;
+      continue;
+    }
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    bool negated = false;
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      negated = flag != nullptr && flag->IsOfType<bool>();
+      if (!negated) flag = nullptr;
+    }
+    if (flag == nullptr || flag->IsRetired()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, ": unknown flag (see kvtrimd --help)"));
+    }
+    std::string text;
+    if (negated) {
+      if (has_value) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, ": a negated boolean flag takes no value"));
+      }
+      text = "false";
+    } else if (has_value) {
+      text = std::string(value);
+    } else if (flag->IsOfType<bool>()) {
+      text = "true";
+    } else if (i + 1 < argc) {
+      text = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": missing value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(text, &error)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag->Name(), ": invalid value '", text, "': ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string UsageText() {
+  std::string out = absl::StrCat(
+      "Usage: kvtrimd [--flag=value ...]\n\n"
+      "kvtrimd ", KvtrimVersion(),
+      " - the kvtrim KV-cache eviction sidecar. Serves the kvtrim.v1.Kvtrim gRPC service\n"
+      "(plus grpc.health.v1 and server reflection) and exports Prometheus metrics.\n"
+      "Bad flag values exit with status 2. SIGTERM/SIGINT drain and exit 0.\n\nFlags:\n");
+  for (const char* name : kOurFlags) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    const bool is_text = flag->IsOfType<std::string>();
+    absl::StrAppendFormat(&out, "  --%s=%s\n      %s\n      default: %s\n", flag->Name(),
+                          is_text ? "STRING" : "INT", flag->Help(),
+                          is_text ? absl::StrCat("\"", flag->DefaultValue(), "\"")
+                                  : flag->DefaultValue());
+  }
+  absl::StrAppend(&out,
+                  "\nOther: --help (this text), --helpfull (every flag of every library), "
+                  "--version.\n");
+  return out;
+}
+
+absl::StatusOr<Config> ConfigFromFlags() {
+  Config config;
+  config.listen = absl::GetFlag(FLAGS_listen);
+  config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  config.workers = absl::GetFlag(FLAGS_workers);
+  config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "auto") {
+    config.backend = BackendKind::kAuto;
+  } else if (backend == "cpu") {
+    config.backend = BackendKind::kCpu;
+  } else if (backend == "gpu") {
+    config.backend = BackendKind::kGpu;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: must be auto, cpu or gpu, got '", backend, "'"));
+  }
+  if (auto st = config.Validate(); !st.ok()) return st;
+  return config;
+}
+
+}  // namespace kvtrim::service

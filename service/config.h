@@ -1,0 +1,73 @@
+// kvtrimd configuration: typed, validated once at start-up from command-line flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvtrim::service {
+
+/// Which compute backend serves requests.
+enum class BackendKind {
+  kAuto,  // the best backend this build has (cpu in a build without CUDA)
+  kCpu,   // the threaded CPU reference backend
+  kGpu,   // the CUDA backend (needs a CUDA build)
+};
+
+/// Lower-case flag spelling of `kind` ("auto", "cpu", "gpu").
+std::string BackendKindName(BackendKind kind);
+
+/// The validated configuration of one kvtrimd process. Built by ConfigFromFlags() (the
+/// daemon) or directly (tests); Validate() must pass before a server is started with it.
+struct Config {
+  /// gRPC listen address: "host:port" (port 0 = pick a free port) or "unix:PATH".
+  std::string listen = "127.0.0.1:50051";
+  /// Prometheus /metrics HTTP address "host:port" (port 0 = pick a free port); empty
+  /// disables the exporter (metrics are still collected in-process).
+  std::string metrics_listen = "127.0.0.1:9464";
+  /// Largest gRPC message the server accepts, bytes. Larger messages are rejected by gRPC
+  /// with RESOURCE_EXHAUSTED before the service sees them.
+  int64_t max_message_bytes = int64_t{64} << 20;
+  /// Compute threads of the CPU backend.
+  int workers = 1;
+  /// Most Compress + CompressSession calls served at once; more get RESOURCE_EXHAUSTED.
+  int max_inflight = 64;
+  /// Requested backend (auto resolves to cpu in a build without CUDA).
+  BackendKind backend = BackendKind::kAuto;
+  /// Seconds to wait for in-flight calls after SIGTERM/SIGINT before cancelling them.
+  int drain_timeout_s = 30;
+
+  /// Checks every field; errors are INVALID_ARGUMENT naming the flag ("--workers: ...").
+  absl::Status Validate() const;
+  /// The backend actually used: "cpu" (or "gpu" in a CUDA build asked for it).
+  std::string ResolvedBackendName() const;
+};
+
+/// True when this binary was built with the CUDA backend.
+bool BuiltWithCuda();
+
+/// Checks a "host:port" or "unix:PATH" address; errors name `flag` ("--listen").
+absl::Status ValidateListenAddress(const std::string& address, const std::string& flag,
+                                   bool allow_unix);
+
+/// Parses argv strictly before absl sees it, so that every bad flag exits with code 2
+/// and a message naming the flag: unknown flags, unparsable values, missing values and
+/// positional arguments are INVALID_ARGUMENT. Applies the flag values it parses.
+/// Usage flags (--helpfull, --version, --flagfile, ...) are left to absl.
+absl::Status ParseCommandLineStrict(int argc, char** argv);
+
+/// True when argv asks for our help (--help, -h, --helpshort, -help).
+bool WantsHelp(int argc, char** argv);
+
+/// The --help text: a usage line and every kvtrimd flag with its meaning and default.
+std::string UsageText();
+
+/// Reads the kvtrimd flags into a Config and validates it.
+absl::StatusOr<Config> ConfigFromFlags();
+
+/// The kvtrim version ("0.1.0"), from the CMake project version.
+std::string KvtrimVersion();
+
+}  // namespace kvtrim::service

@@ -1,0 +1,173 @@
+// Config validation, strict flag parsing and the kvtrimd binary's exit codes and signals.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/flags/reflection.h"
+#include "service/config.h"
+#include "service/test_util.h"
+
+#ifndef KVTRIMD_PATH
+#error "KVTRIMD_PATH must name the kvtrimd binary"
+#endif
+
+namespace kvtrim::service::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(ConfigTest, DefaultsAreValid) {
+  Config config;
+  EXPECT_TRUE(config.Validate().ok());
+  EXPECT_EQ(config.ResolvedBackendName(), "cpu");
+}
+
+TEST(ConfigTest, EveryBadValueNamesItsFlag) {
+  struct Case {
+    void (*mutate)(Config&);
+    const char* flag;
+  };
+  const Case cases[] = {
+      {[](Config& c) { c.listen = "nohost"; }, "--listen"},
+      {[](Config& c) { c.listen = "127.0.0.1:70000"; }, "--listen"},
+      {[](Config& c) { c.listen = ":50051"; }, "--listen"},
+      {[](Config& c) { c.listen = "unix:"; }, "--listen"},
+      {[](Config& c) { c.listen = "::1:50051"; }, "--listen"},
+      {[](Config& c) { c.metrics_listen = "unix:/tmp/x"; }, "--metrics_listen"},
+      {[](Config& c) { c.metrics_listen = "localhost:abc"; }, "--metrics_listen"},
+      {[](Config& c) { c.max_message_bytes = 10; }, "--max_message_bytes"},
+      {[](Config& c) { c.max_message_bytes = int64_t{1} << 40; }, "--max_message_bytes"},
+      {[](Config& c) { c.workers = 0; }, "--workers"},
+      {[](Config& c) { c.max_inflight = 0; }, "--max_inflight"},
+      {[](Config& c) { c.drain_timeout_s = -1; }, "--drain_timeout_s"},
+  };
+  for (const auto& c : cases) {
+    Config config;
+    c.mutate(config);
+    const absl::Status s = config.Validate();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.flag;
+    EXPECT_THAT(Message(s), HasSubstr(c.flag));
+  }
+}
+
+TEST(ConfigTest, GoodAddresses) {
+  for (const char* a : {"127.0.0.1:0", "0.0.0.0:50051", "[::1]:9464", "localhost:1",
+                        "unix:/tmp/kvtrim.sock"}) {
+    EXPECT_TRUE(ValidateListenAddress(a, "--listen", true).ok()) << a;
+  }
+}
+
+TEST(ConfigTest, GpuWithoutCudaBuild) {
+  if (BuiltWithCuda()) GTEST_SKIP() << "CUDA build";
+  Config config;
+  config.backend = BackendKind::kGpu;
+  const absl::Status s = config.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(s), HasSubstr("--backend=gpu"));
+}
+
+TEST(ConfigTest, StrictParserNamesTheFlag) {
+  absl::FlagSaver saver;
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    return ParseCommandLineStrict(static_cast<int>(argv.size()), argv.data());
+  };
+  EXPECT_THAT(Message(parse({"kvtrimd", "--workers=abc"})), HasSubstr("--workers"));
+  EXPECT_THAT(Message(parse({"kvtrimd", "--bogus=1"})), HasSubstr("--bogus: unknown flag"));
+  EXPECT_THAT(Message(parse({"kvtrimd", "--max_inflight"})), HasSubstr("--max_inflight: missing"));
+  EXPECT_THAT(Message(parse({"kvtrimd", "stray"})), HasSubstr("unexpected argument 'stray'"));
+  EXPECT_TRUE(parse({"kvtrimd", "--workers", "3", "--backend=cpu", "--metrics_listen="}).ok());
+  auto config = ConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->workers, 3);
+  EXPECT_EQ(config->backend, BackendKind::kCpu);
+  EXPECT_EQ(config->metrics_listen, "");
+  EXPECT_TRUE(parse({"kvtrimd", "--backend=tpu"}).ok());  // a string: checked by ConfigFromFlags
+  EXPECT_THAT(Message(ConfigFromFlags().status()), HasSubstr("--backend"));
+}
+
+/// Runs kvtrimd with `args`; returns its exit status and captures stdout + stderr.
+int RunKvtrimd(const std::string& args, std::string* output) {
+  const std::string command = std::string(KVTRIMD_PATH) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output->append(buffer, n);
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(KvtrimdBinaryTest, HelpDocumentsEveryFlag) {
+  std::string out;
+  EXPECT_EQ(RunKvtrimd("--help", &out), 0);
+  for (const char* flag : {"--listen", "--metrics_listen", "--max_message_bytes", "--workers",
+                           "--max_inflight", "--backend", "--drain_timeout_s"}) {
+    EXPECT_THAT(out, HasSubstr(flag));
+  }
+}
+
+TEST(KvtrimdBinaryTest, BadFlagsExitTwoNamingTheFlag) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--workers=abc", "--workers"},
+      {"--workers=0", "--workers"},
+      {"--max_inflight=-1", "--max_inflight"},
+      {"--max_message_bytes=12", "--max_message_bytes"},
+      {"--listen=nowhere", "--listen"},
+      {"--metrics_listen=x:y", "--metrics_listen"},
+      {"--backend=tpu", "--backend"},
+      {"--backend=gpu", "--backend"},
+      {"--drain_timeout_s=-5", "--drain_timeout_s"},
+      {"--no_such_flag", "--no_such_flag"},
+  };
+  for (const auto& [args, flag] : cases) {
+    if (std::string(args) == "--backend=gpu" && BuiltWithCuda()) continue;
+    std::string out;
+    EXPECT_EQ(RunKvtrimd(args, &out), 2) << args << ": " << out;
+    EXPECT_THAT(out, HasSubstr(flag)) << args;
+  }
+}
+
+TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
+  int out_pipe[2];
+  ASSERT_EQ(pipe(out_pipe), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    close(out_pipe[0]);
+    execl(KVTRIMD_PATH, "kvtrimd", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+          "--workers=1", "--drain_timeout_s=5", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  // Read the start-up line.
+  std::string line;
+  char c;
+  while (read(out_pipe[0], &c, 1) == 1 && c != '\n') line.push_back(c);
+  close(out_pipe[0]);
+  EXPECT_THAT(line, HasSubstr("serving on 127.0.0.1:"));
+  EXPECT_THAT(line, HasSubstr("backend cpu"));
+  EXPECT_THAT(line, HasSubstr("workers 1"));
+  // Health over gRPC on the announced port.
+  const auto start = line.find("serving on ") + 11;
+  const std::string address = line.substr(start, line.find(' ', start) - start);
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  EXPECT_EQ(HealthCheck(channel, "kvtrim.v1.Kvtrim"), 1);
+  const auto stop_start = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  // Nothing in flight: the drain does not wait for the open client connection.
+  EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::seconds(4));
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace kvtrim::service::testing

@@ -1,0 +1,291 @@
+// Health (grpc.health.v1), Prometheus metrics and drain behaviour of a running server.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <thread>
+
+#include "service/test_util.h"
+
+namespace kvtrim::service::testing {
+namespace {
+
+using grpc::StatusCode;
+
+TEST(HealthTest, ServingAfterWarmUp) {
+  auto server = StartServer(TestConfig());
+  ASSERT_NE(server, nullptr);
+  auto channel = Connect(*server);
+  grpc::Status status;
+  EXPECT_EQ(HealthCheck(channel, "", &status), 1) << status.error_message();  // SERVING
+  EXPECT_EQ(HealthCheck(channel, "kvtrim.v1.Kvtrim", &status), 1) << status.error_message();
+  EXPECT_EQ(HealthCheck(channel, "no.such.Service", &status), -1);
+  EXPECT_EQ(status.error_code(), StatusCode::NOT_FOUND);
+}
+
+TEST(HealthTest, ReflectionIsEnabled) {
+  auto server = StartServer(TestConfig());
+  ASSERT_NE(server, nullptr);
+  // ServerReflectionInfo is a bidi stream; opening it and closing without messages ends
+  // OK when the reflection service is registered (UNIMPLEMENTED otherwise).
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  grpc::GenericStub generic(Connect(*server));
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&context,
+                                  "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                  &cq);
+  void* tag = nullptr;
+  bool ok = false;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  call->WritesDone(reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+TEST(DrainTest, DrainWaitsForInflightSessionAndRefusesNewCalls) {
+  auto server = StartServer(TestConfig());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  grpc::ClientContext context;
+  auto stream = stub->CompressSession(&context);
+  v1::SessionRequest begin;
+  *begin.mutable_begin() = MakeSettings("knorm");
+  ASSERT_TRUE(stream->Write(begin));
+  for (int i = 0; i < 500 && server->service().inflight() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(server->service().inflight(), 1);
+
+  auto drained = std::async(std::launch::async, [&] { server->Drain(); });
+  EXPECT_EQ(drained.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  // While draining, new calls are refused with UNAVAILABLE so that clients go elsewhere.
+  EXPECT_GRPC_ERROR(CallCompress(*stub, MakeRequest("knorm")), StatusCode::UNAVAILABLE,
+                    "draining");
+  EXPECT_NE(HealthCheck(Connect(*server), ""), 1);
+  // The in-flight session still completes normally.
+  v1::SessionRequest layer;
+  *layer.mutable_layer() = MakeLayer(0);
+  ASSERT_TRUE(stream->Write(layer));
+  v1::SessionRequest finish;
+  finish.mutable_finish();
+  ASSERT_TRUE(stream->Write(finish));
+  stream->WritesDone();
+  v1::SessionResponse response;
+  int answers = 0;
+  while (stream->Read(&response)) ++answers;
+  const grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_code() << ": " << finished.error_message();
+  EXPECT_EQ(answers, 2);
+  EXPECT_EQ(drained.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  // New calls are refused once drained.
+  grpc::ClientContext late;
+  late.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::CompressResponse unused;
+  EXPECT_FALSE(stub->Compress(&late, MakeRequest("knorm"), &unused).ok());
+}
+
+TEST(DrainTest, DrainTimeoutCancelsStuckCalls) {
+  Config config = TestConfig();
+  config.drain_timeout_s = 1;
+  auto server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  grpc::ClientContext context;
+  auto stream = stub->CompressSession(&context);
+  v1::SessionRequest begin;
+  *begin.mutable_begin() = MakeSettings("knorm");
+  ASSERT_TRUE(stream->Write(begin));
+  for (int i = 0; i < 500 && server->service().inflight() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  server->Drain();  // the session never finishes: cancelled after 1 s
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  v1::SessionResponse response;
+  while (stream->Read(&response)) {
+  }
+  EXPECT_FALSE(stream->Finish().ok());
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = StartServer(TestConfig());
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Kvtrim::NewStub(Connect(*server_));
+  }
+  double Counter(const std::string& name,
+                 const std::vector<std::pair<std::string, std::string>>& labels) {
+    return CounterValue(*server_, name, labels);
+  }
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<v1::Kvtrim::Stub> stub_;
+};
+
+TEST_F(MetricsTest, CountersMoveWithRequests) {
+  const auto families = server_->metrics().registry()->Collect();
+  const auto* info = FindMetric(families, "kvtrim_build_info", {{"backend", "cpu"}});
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->gauge.value, 1);
+  // Preset series exist at zero before any request.
+  ASSERT_NE(FindMetric(families, "kvtrim_layers_total", {{"policy", "dropkv"}}), nullptr);
+
+  ASSERT_TRUE(CallCompress(*stub_, MakeRequest("snapkv", 3)).ok());
+  EXPECT_EQ(Counter("kvtrim_requests_total",
+                    {{"rpc", "Compress"}, {"policy", "snapkv"}, {"code", "OK"}}), 1);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}}), 3);
+  EXPECT_EQ(Counter("kvtrim_tokens_in_total", {{"policy", "snapkv"}}), 3 * 2 * 64);
+  EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "snapkv"}}), 3 * 2 * 32);
+  EXPECT_EQ(HistogramCount(*server_, "kvtrim_kept_ratio", {{"policy", "snapkv"}}), 3u * 2);
+  EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio", {{"policy", "snapkv"}}),
+            3u * 2);
+  // keys + values [2, 64, 8] f32 and queries [4, 32, 8] f32 per layer.
+  EXPECT_EQ(Counter("kvtrim_request_bytes_total", {{"rpc", "Compress"}}),
+            3 * (2 * 2 * 64 * 8 * 4 + 4 * 32 * 8 * 4));
+  EXPECT_EQ(HistogramCount(*server_, "kvtrim_request_duration_seconds", {{"rpc", "Compress"}}),
+            1u);
+  for (const char* stage : {"decode", "validate", "compute", "encode"}) {
+    EXPECT_GT(HistogramCount(*server_, "kvtrim_stage_duration_seconds", {{"stage", stage}}), 0u)
+        << stage;
+  }
+
+  // Errors: a resolvable policy keeps its name, an unknown one is "invalid".
+  auto bad = MakeRequest("snapkv");
+  bad.mutable_layers(0)->mutable_keys()->set_dtype(v1::DTYPE_UNSPECIFIED);
+  EXPECT_FALSE(CallCompress(*stub_, bad).ok());
+  EXPECT_FALSE(CallCompress(*stub_, MakeRequest("made_up")).ok());
+  EXPECT_EQ(Counter("kvtrim_requests_total",
+                    {{"rpc", "Compress"}, {"policy", "snapkv"}, {"code", "INVALID_ARGUMENT"}}),
+            1);
+  EXPECT_EQ(Counter("kvtrim_requests_total",
+                    {{"rpc", "Compress"}, {"policy", "invalid"}, {"code", "INVALID_ARGUMENT"}}),
+            1);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}}), 3);  // unchanged
+
+  // Sessions count per layer as answered.
+  grpc::ClientContext context;
+  auto stream = stub_->CompressSession(&context);
+  v1::SessionRequest m;
+  *m.mutable_begin() = MakeSettings("knorm");
+  stream->Write(m);
+  *m.mutable_layer() = MakeLayer(0);
+  stream->Write(m);
+  m.mutable_finish();
+  stream->Write(m);
+  stream->WritesDone();
+  v1::SessionResponse response;
+  while (stream->Read(&response)) {
+  }
+  ASSERT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(Counter("kvtrim_requests_total",
+                    {{"rpc", "CompressSession"}, {"policy", "knorm"}, {"code", "OK"}}), 1);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "knorm"}}), 1);
+  EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "knorm"}}), 2 * 32);
+  EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio", {{"policy", "knorm"}}), 2u);
+
+  grpc::ClientContext list_context;
+  v1::ListPoliciesResponse list;
+  ASSERT_TRUE(stub_->ListPolicies(&list_context, v1::ListPoliciesRequest(), &list).ok());
+  EXPECT_EQ(Counter("kvtrim_requests_total",
+                    {{"rpc", "ListPolicies"}, {"policy", "none"}, {"code", "OK"}}), 1);
+  const auto after = server_->metrics().registry()->Collect();
+  const auto* inflight = FindMetric(after, "kvtrim_inflight_requests", {});
+  ASSERT_NE(inflight, nullptr);
+  EXPECT_EQ(inflight->gauge.value, 0);
+}
+
+/// GET /metrics over HTTP from the exporter on an ephemeral port.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request =
+      "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (write(fd, request.data(), request.size()) < 0) {
+    close(fd);
+    return "";
+  }
+  std::string body;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof buffer)) > 0) body.append(buffer, static_cast<size_t>(n));
+  close(fd);
+  return body;
+}
+
+TEST(MetricsHttpTest, ExporterServesMetrics) {
+  Config config = TestConfig();
+  config.metrics_listen = "127.0.0.1:0";
+  auto server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(server->metrics_port(), 0);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  ASSERT_TRUE(CallCompress(*stub, MakeRequest("knorm")).ok());
+  const std::string text = HttpGet(server->metrics_port(), "/metrics");
+  EXPECT_THAT(text, ::testing::HasSubstr("200 OK"));
+  EXPECT_THAT(text, ::testing::HasSubstr("kvtrim_build_info{backend=\"cpu\""));
+  EXPECT_THAT(text, ::testing::HasSubstr(
+                        "kvtrim_requests_total{code=\"OK\",policy=\"knorm\",rpc=\"Compress\"} 1"));
+  EXPECT_THAT(text, ::testing::HasSubstr("kvtrim_stage_duration_seconds_bucket{stage=\"compute\""));
+}
+
+TEST(ServerStartTest, PortInUseIsUnavailable) {
+  auto first = StartServer(TestConfig());
+  ASSERT_NE(first, nullptr);
+  Config config = TestConfig();
+  config.listen = first->address();
+  std::ostringstream log;
+  auto second = Server::Start(config, log);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(second.status().message()), ::testing::HasSubstr("--listen"));
+}
+
+TEST(ServerStartTest, ListensOnUnixSocket) {
+  Config config = TestConfig();
+  config.listen = "unix:/tmp/kvtrim_service_test_" + std::to_string(getpid()) + ".sock";
+  auto server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->address(), config.listen);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  EXPECT_TRUE(CallCompress(*stub, MakeRequest("knorm")).ok());
+}
+
+TEST(ServerStartTest, InvalidConfigIsRejected) {
+  Config config = TestConfig();
+  config.workers = 0;
+  std::ostringstream log;
+  auto server = Server::Start(config, log);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(server.status().message()), ::testing::HasSubstr("--workers"));
+}
+
+TEST(ServerStartTest, StartupLineNamesAddressBackendAndWorkers) {
+  std::ostringstream log;
+  auto server = Server::Start(TestConfig(), log);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(log.str(), ::testing::HasSubstr((*server)->address()));
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("backend cpu"));
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("workers 2"));
+  EXPECT_THAT(log.str(), ::testing::HasSubstr("metrics disabled"));
+}
+
+}  // namespace
+}  // namespace kvtrim::service::testing

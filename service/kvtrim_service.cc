@@ -1,0 +1,443 @@
+#include "service/kvtrim_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "service/response_codec.h"
+#include "service/settings_codec.h"
+#include "service/status.h"
+#include "service/tensor_codec.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+/// Message of the model-registration RPCs.
+constexpr char kModelsLater[] =
+    "model registration arrives in a later release of kvtrimd; today no models can be "
+    "registered";
+
+}  // namespace
+
+/// One admission slot: acquired in the constructor when fewer than max_inflight calls are
+/// in flight; released in the destructor.
+class KvtrimService::Admission {
+ public:
+  explicit Admission(KvtrimService& service) : service_(service) {
+    int current = service_.inflight_.load();
+    while (current < service_.max_inflight_) {
+      if (service_.inflight_.compare_exchange_weak(current, current + 1)) {
+        admitted_ = true;
+        service_.metrics_.InflightChanged(+1);
+        return;
+      }
+    }
+  }
+  ~Admission() {
+    if (admitted_) {
+      service_.inflight_.fetch_sub(1);
+      service_.metrics_.InflightChanged(-1);
+    }
+  }
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+
+  /// OK when admitted, else RESOURCE_EXHAUSTED naming max_inflight.
+  absl::Status status() const {
+    if (admitted_) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_inflight: ", service_.max_inflight_,
+        " Compress/CompressSession calls are already in flight; retry with backoff"));
+  }
+
+ private:
+  KvtrimService& service_;
+  bool admitted_ = false;
+};
+
+/// Registers a running handler with the service (for WaitIdle), or refuses it while the
+/// service is draining.
+class KvtrimService::CallScope {
+ public:
+  explicit CallScope(KvtrimService& service) : service_(service) {
+    std::lock_guard<std::mutex> lock(service_.calls_mutex_);
+    refused_ = service_.draining_;
+    if (!refused_) ++service_.active_calls_;
+  }
+  ~CallScope() {
+    if (refused_) return;
+    std::lock_guard<std::mutex> lock(service_.calls_mutex_);
+    if (--service_.active_calls_ == 0) service_.calls_idle_.notify_all();
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+  /// OK, or UNAVAILABLE when the server is draining.
+  absl::Status status() const {
+    if (!refused_) return absl::OkStatus();
+    return absl::UnavailableError(
+        "draining: kvtrimd is shutting down and accepts no new calls; retry on another replica");
+  }
+
+ private:
+  KvtrimService& service_;
+  bool refused_ = false;
+};
+
+void KvtrimService::StartDraining() {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  draining_ = true;
+}
+
+bool KvtrimService::WaitIdle(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(calls_mutex_);
+  return calls_idle_.wait_until(lock, deadline, [this] { return active_calls_ == 0; });
+}
+
+absl::Status CheckCallAlive(const grpc::ServerContext& context, const std::string& before) {
+  if (context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline exceeded before ", before, "; no further work was done"));
+  }
+  if (context.IsCancelled()) {
+    return absl::CancelledError(absl::StrCat("call cancelled by the client before ", before));
+  }
+  return absl::OkStatus();
+}
+
+KvtrimService::KvtrimService(const PolicyEngine& engine, Metrics& metrics, int max_inflight,
+                             std::ostream* error_log)
+    : engine_(engine),
+      metrics_(metrics),
+      max_inflight_(std::max(1, max_inflight)),
+      error_log_(error_log) {
+  EncodePolicies(engine_.registry(), &policies_);
+  for (const auto& info : policies_.policies()) policy_names_.insert(info.name());
+}
+
+void KvtrimService::LogServerError(Rpc rpc, const std::string& request_id,
+                                   const absl::Status& status) {
+  const auto code = status.code();
+  if (error_log_ == nullptr || (code != absl::StatusCode::kInternal &&
+                                code != absl::StatusCode::kUnknown &&
+                                code != absl::StatusCode::kDataLoss)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(log_mutex_);
+  *error_log_ << "kvtrimd: " << RpcName(rpc) << " request_id='" << request_id
+              << "' failed: " << status << std::endl;
+}
+
+std::string KvtrimService::PolicyLabel(const std::string& name) const {
+  return policy_names_.count(name) != 0 ? name : std::string(kInvalidPolicy);
+}
+
+grpc::Status KvtrimService::ListPolicies(grpc::ServerContext* context,
+                                         const v1::ListPoliciesRequest* request,
+                                         v1::ListPoliciesResponse* response) {
+  const auto start = Clock::now();
+  CallScope scope(*this);
+  const absl::Status status = scope.status();
+  if (status.ok()) *response = policies_;
+  metrics_.RecordRequest(Rpc::kListPolicies, kNoPolicy, status.code(), SecondsSince(start));
+  return ToGrpcStatus(status);
+}
+
+absl::StatusOr<ResolvedPolicy> KvtrimService::PreparePolicy(const CompressionSettings& settings,
+                                                            const std::string& model_digest,
+                                                            const std::string& field,
+                                                            bool in_session) {
+  auto policy = engine_.Prepare(settings, field);
+  if (!policy.ok()) return policy.status();
+  if (!model_digest.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".model_digest: unknown model digest '", model_digest,
+        "'; no models are registered (model registration arrives in a later release)"));
+  }
+  const ScorerSpec& scorer = *policy->scorer;
+  if ((scorer.required_inputs & kInputModel) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".model_digest: policy '", settings.policy,
+        "' needs a registered model (W_O, RoPE, query statistics); model registration "
+        "arrives in a later release"));
+  }
+  if ((scorer.required_inputs & kInputProfile) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".policy.name: policy '", settings.policy,
+        "' needs an offline profile, registered with its model; model registration arrives "
+        "in a later release"));
+  }
+  const bool model_wide = scorer.scope == DecisionScope::kModel ||
+                          policy->allocator->scope == DecisionScope::kModel;
+  if (model_wide && !in_session) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".policy.name: policy '", settings.policy,
+        "' is model-wide (it selects over every layer); use CompressSession"));
+  }
+  if (model_wide) {
+    return absl::UnimplementedError(absl::StrCat(
+        field, ".policy.name: policy '", settings.policy,
+        "' is model-wide; model-wide selection in sessions arrives in a later release"));
+  }
+  return policy;
+}
+
+absl::StatusOr<LayerDecision> KvtrimService::ComputeLayer(const ResolvedPolicy& policy,
+                                                          const LayerRequest& layer,
+                                                          const std::string& field) {
+  const auto start = Clock::now();
+  auto decision = engine_.CompressLayer(policy, layer, field);
+  const double wall = SecondsSince(start);
+  if (!decision.ok()) {
+    metrics_.ObserveStage(Stage::kValidate, wall);
+    return decision.status();
+  }
+  const double compute = std::min(wall, std::max(0.0, decision->compute_seconds));
+  metrics_.ObserveStage(Stage::kCompute, compute);
+  metrics_.ObserveStage(Stage::kValidate, wall - compute);
+  return decision;
+}
+
+// ---------------------------------------------------------------------------------------
+// Compress
+// ---------------------------------------------------------------------------------------
+
+grpc::Status KvtrimService::Compress(grpc::ServerContext* context,
+                                     const v1::CompressRequest* request,
+                                     v1::CompressResponse* response) {
+  const auto start = Clock::now();
+  const std::string label = PolicyLabel(request->settings().policy().name());
+  CallScope scope(*this);
+  Admission admission(*this);
+  absl::Status status = scope.status().ok() ? admission.status() : scope.status();
+  if (status.ok()) status = CompressImpl(context, *request, response);
+  if (!status.ok()) response->Clear();
+  LogServerError(Rpc::kCompress, request->settings().request_id(), status);
+  metrics_.RecordRequest(Rpc::kCompress, label, status.code(), SecondsSince(start));
+  return ToGrpcStatus(status);
+}
+
+absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
+                                         const v1::CompressRequest& request,
+                                         v1::CompressResponse* response) {
+  if (auto st = CheckCallAlive(*context, "decoding the request"); !st.ok()) return st;
+
+  // Decode: settings and every layer's tensor views (no copies), proto-level checks.
+  auto stage_start = Clock::now();
+  int64_t bytes = 0;
+  for (const auto& layer : request.layers()) bytes += InlineTensorBytes(layer);
+  metrics_.AddRequestBytes(Rpc::kCompress, bytes);
+  if (!request.has_settings()) {
+    return absl::InvalidArgumentError(
+        "settings: required (policy and budget); see ListPolicies for the policy names");
+  }
+  auto settings = DecodeSettings(request.settings(), "settings");
+  if (!settings.ok()) return settings.status();
+  if (request.layers_size() == 0) {
+    return absl::InvalidArgumentError("layers: empty; send at least one layer");
+  }
+  std::vector<DecodedLayer> layers(static_cast<size_t>(request.layers_size()));
+  std::map<int32_t, int> first_index;  // layer_id -> index of its first occurrence
+  int32_t max_layer_id = 0;
+  for (int i = 0; i < request.layers_size(); ++i) {
+    const std::string field = absl::StrCat("layers[", i, "]");
+    if (auto st = DecodeLayer(request.layers(i), EngineLimits{}, field, &layers[i]); !st.ok()) {
+      return st;
+    }
+    const int32_t id = request.layers(i).layer_id();
+    auto [it, inserted] = first_index.emplace(id, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".layer_id: duplicate layer_id ", id,
+                                                     " (also layers[", it->second, "])"));
+    }
+    max_layer_id = std::max(max_layer_id, id);
+  }
+  if (settings->num_layers == 0) settings->num_layers = max_layer_id + 1;
+  metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
+
+  // Validate: resolve the policy once for the request.
+  stage_start = Clock::now();
+  auto policy = PreparePolicy(*settings, request.settings().model_digest(), "settings",
+                              /*in_session=*/false);
+  metrics_.ObserveStage(Stage::kValidate, SecondsSince(stage_start));
+  if (!policy.ok()) return policy.status();
+
+  // Compute: layer by layer, stopping on deadline or cancellation.
+  std::vector<LayerDecision> decisions;
+  decisions.reserve(layers.size());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string field = absl::StrCat("layers[", i, "]");
+    if (auto st = CheckCallAlive(*context, field); !st.ok()) return st;
+    auto decision = ComputeLayer(*policy, layers[i].request, field);
+    if (!decision.ok()) return decision.status();
+    decisions.push_back(*std::move(decision));
+  }
+
+  // Encode.
+  stage_start = Clock::now();
+  response->set_backend(std::string(engine_.backend_name()));
+  for (const LayerDecision& decision : decisions) {
+    EncodeLayerResult(decision, response->add_layers());
+  }
+  metrics_.ObserveStage(Stage::kEncode, SecondsSince(stage_start));
+  const std::string label = PolicyLabel(settings->policy);
+  for (const LayerDecision& decision : decisions) metrics_.RecordLayer(label, decision);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------
+// CompressSession
+// ---------------------------------------------------------------------------------------
+
+grpc::Status KvtrimService::CompressSession(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream) {
+  const auto start = Clock::now();
+  std::string label = kNoPolicy;
+  std::string request_id;
+  CallScope scope(*this);
+  Admission admission(*this);
+  absl::Status status = scope.status().ok() ? admission.status() : scope.status();
+  if (status.ok()) status = SessionImpl(context, stream, &label, &request_id);
+  LogServerError(Rpc::kCompressSession, request_id, status);
+  metrics_.RecordRequest(Rpc::kCompressSession, label, status.code(), SecondsSince(start));
+  return ToGrpcStatus(status);
+}
+
+absl::Status KvtrimService::SessionImpl(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream,
+    std::string* policy_label, std::string* request_id) {
+  bool begun = false;
+  bool num_layers_known = false;   // begin.num_layers > 0
+  int32_t max_layer_id = -1;
+  std::set<int32_t> seen;
+  ResolvedPolicy policy;
+  v1::SessionSummary summary;
+  summary.set_backend(std::string(engine_.backend_name()));
+
+  v1::SessionRequest request;
+  while (true) {
+    request.Clear();
+    if (!stream->Read(&request)) {
+      if (auto st = CheckCallAlive(*context, "the end of the stream"); !st.ok()) return st;
+      return absl::InvalidArgumentError(
+          "finish: the client closed the stream without sending finish; layers already "
+          "answered stand, the session is abandoned");
+    }
+    switch (request.message_case()) {
+      case v1::SessionRequest::kBegin: {
+        if (begun) {
+          return absl::FailedPreconditionError(
+              "begin: the session has already begun; send begin exactly once");
+        }
+        if (auto st = CheckCallAlive(*context, "begin"); !st.ok()) return st;
+        *policy_label = PolicyLabel(request.begin().policy().name());
+        *request_id = request.begin().request_id();
+        const auto stage_start = Clock::now();
+        auto settings = DecodeSettings(request.begin(), "begin");
+        metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
+        if (!settings.ok()) return settings.status();
+        const auto validate_start = Clock::now();
+        auto prepared = PreparePolicy(*settings, request.begin().model_digest(), "begin",
+                                      /*in_session=*/true);
+        metrics_.ObserveStage(Stage::kValidate, SecondsSince(validate_start));
+        if (!prepared.ok()) return prepared.status();
+        policy = *std::move(prepared);
+        num_layers_known = settings->num_layers > 0;
+        begun = true;
+        break;
+      }
+      case v1::SessionRequest::kLayer: {
+        if (!begun) {
+          return absl::FailedPreconditionError(
+              "layer: received before begin; send begin (the settings) first");
+        }
+        if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
+        const v1::LayerInput& input = request.layer();
+        auto stage_start = Clock::now();
+        metrics_.AddRequestBytes(Rpc::kCompressSession, InlineTensorBytes(input));
+        DecodedLayer layer;
+        absl::Status decoded = DecodeLayer(input, EngineLimits{}, "layer", &layer);
+        metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
+        if (!decoded.ok()) return decoded;
+        if (!seen.insert(input.layer_id()).second) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "layer.layer_id: duplicate layer_id ", input.layer_id(), " in this session"));
+        }
+        max_layer_id = std::max(max_layer_id, input.layer_id());
+        // num_layers = 0 means unknown: the layers seen so far define it.
+        if (!num_layers_known) policy.settings.num_layers = max_layer_id + 1;
+        auto decision = ComputeLayer(policy, layer.request, "layer");
+        if (!decision.ok()) return decision.status();
+        stage_start = Clock::now();
+        v1::SessionResponse response;
+        EncodeLayerResult(*decision, response.mutable_layer());
+        metrics_.ObserveStage(Stage::kEncode, SecondsSince(stage_start));
+        if (!stream->Write(response)) {
+          return absl::CancelledError("layer: the client went away before the answer was sent");
+        }
+        metrics_.RecordLayer(*policy_label, *decision);
+        summary.set_layers(summary.layers() + 1);
+        for (int32_t kept : decision->kept_per_head) {
+          summary.set_tokens_in(summary.tokens_in() + decision->num_tokens);
+          summary.set_tokens_kept(summary.tokens_kept() + kept);
+        }
+        break;
+      }
+      case v1::SessionRequest::kFinish: {
+        if (!begun) {
+          return absl::FailedPreconditionError("finish: received before begin; send begin first");
+        }
+        v1::SessionResponse response;
+        *response.mutable_finished() = summary;
+        if (!stream->Write(response)) {
+          return absl::CancelledError("finish: the client went away before the summary was sent");
+        }
+        return absl::OkStatus();
+      }
+      default:
+        return absl::InvalidArgumentError(
+            "message: empty SessionRequest; set begin, layer or finish");
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Model registration (later release)
+// ---------------------------------------------------------------------------------------
+
+grpc::Status KvtrimService::RegisterModel(grpc::ServerContext* context,
+                                          grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                                          v1::RegisterModelResponse* response) {
+  const absl::Status status = absl::UnimplementedError(absl::StrCat("RegisterModel: ", kModelsLater));
+  metrics_.RecordRequest(Rpc::kRegisterModel, kNoPolicy, status.code(), 0);
+  return ToGrpcStatus(status);
+}
+
+grpc::Status KvtrimService::ListModels(grpc::ServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) {
+  const absl::Status status = absl::UnimplementedError(absl::StrCat("ListModels: ", kModelsLater));
+  metrics_.RecordRequest(Rpc::kListModels, kNoPolicy, status.code(), 0);
+  return ToGrpcStatus(status);
+}
+
+grpc::Status KvtrimService::DeleteModel(grpc::ServerContext* context,
+                                        const v1::DeleteModelRequest* request,
+                                        v1::DeleteModelResponse* response) {
+  const absl::Status status = absl::UnimplementedError(absl::StrCat("DeleteModel: ", kModelsLater));
+  metrics_.RecordRequest(Rpc::kDeleteModel, kNoPolicy, status.code(), 0);
+  return ToGrpcStatus(status);
+}
+
+}  // namespace kvtrim::service

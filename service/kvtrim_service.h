@@ -1,0 +1,125 @@
+// The kvtrim.v1.Kvtrim gRPC service: admission, deadlines, validation, compute, metrics.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <ostream>
+#include <set>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/engine.h"
+#include "kvtrim/v1/kvtrim.grpc.pb.h"
+#include "service/metrics.h"
+
+namespace kvtrim::service {
+
+/// Implements kvtrim.v1.Kvtrim on a PolicyEngine (sync gRPC API; every method may run on
+/// several threads at once). Every handler works in absl::Status and converts once, at
+/// its end, with ToGrpcStatus. Compress and CompressSession are admitted against
+/// `max_inflight`; the engine, metrics and registry are borrowed and must outlive it.
+class KvtrimService final : public v1::Kvtrim::Service {
+ public:
+  /// `max_inflight` >= 1: the most Compress + CompressSession calls served at once.
+  /// `error_log` (may be null) receives one line per call that fails with a server-side
+  /// error (INTERNAL, UNKNOWN, DATA_LOSS), with the request's request_id.
+  KvtrimService(const PolicyEngine& engine, Metrics& metrics, int max_inflight,
+                std::ostream* error_log = nullptr);
+
+  /// Lists every preset and SCORER+ALLOCATOR composition (built once, at construction).
+  grpc::Status ListPolicies(grpc::ServerContext* context, const v1::ListPoliciesRequest* request,
+                            v1::ListPoliciesResponse* response) override;
+
+  /// Compresses every layer of the request with one policy; answers layers in request order.
+  grpc::Status Compress(grpc::ServerContext* context, const v1::CompressRequest* request,
+                        v1::CompressResponse* response) override;
+
+  /// begin -> layer* -> finish. Per-layer policies answer each layer as soon as it is
+  /// computed; `finished` (a SessionSummary) follows the last layer, then status OK.
+  /// Protocol errors: `layer` or `finish` before `begin`, or a second `begin` ->
+  /// FAILED_PRECONDITION naming that message; a repeated layer_id -> INVALID_ARGUMENT
+  /// "layer.layer_id"; the client half-closing without `finish` -> INVALID_ARGUMENT naming
+  /// "finish" (layers already answered stand); a cancelled / expired call -> CANCELLED /
+  /// DEADLINE_EXCEEDED. begin.num_layers = 0 means unknown: each layer is computed with
+  /// num_layers = max(layer_id seen so far) + 1, so PyramidKV's schedule (which depends on
+  /// L) is only right when begin.num_layers is set.
+  grpc::Status CompressSession(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream) override;
+
+  /// UNIMPLEMENTED: model registration arrives in a later release.
+  grpc::Status RegisterModel(grpc::ServerContext* context,
+                             grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                             v1::RegisterModelResponse* response) override;
+  /// UNIMPLEMENTED: model registration arrives in a later release.
+  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* response) override;
+  /// UNIMPLEMENTED: model registration arrives in a later release.
+  grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
+                           v1::DeleteModelResponse* response) override;
+
+  /// Calls admitted and not yet finished (Compress + CompressSession).
+  int inflight() const { return inflight_.load(); }
+
+  /// Starts draining: new ListPolicies / Compress / CompressSession calls are answered
+  /// UNAVAILABLE "draining"; calls already running continue. Irreversible.
+  void StartDraining();
+  /// Blocks until no ListPolicies / Compress / CompressSession handler is running or
+  /// `deadline` passes; returns true when idle.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline);
+
+ private:
+  /// Holds one admission slot for the lifetime of a call (RAII).
+  class Admission;
+  /// Counts one running handler for WaitIdle; refuses the call while draining (RAII).
+  class CallScope;
+
+  absl::Status CompressImpl(grpc::ServerContext* context, const v1::CompressRequest& request,
+                            v1::CompressResponse* response);
+  absl::Status SessionImpl(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream,
+      std::string* policy_label, std::string* request_id);
+
+  /// Logs server-side failures (not client errors) with the request id.
+  void LogServerError(Rpc rpc, const std::string& request_id, const absl::Status& status);
+
+  /// Resolves the policy and applies the service's own checks: model digest (FAILED_
+  /// PRECONDITION), inputs only a registered model or profile provides (FAILED_
+  /// PRECONDITION), model-wide scope (FAILED_PRECONDITION in Compress, UNIMPLEMENTED in
+  /// sessions). `field` is "settings" or "begin".
+  absl::StatusOr<ResolvedPolicy> PreparePolicy(const CompressionSettings& settings,
+                                               const std::string& model_digest,
+                                               const std::string& field, bool in_session);
+
+  /// Validates and compresses one layer through the engine; observes the validate and
+  /// compute stages.
+  absl::StatusOr<LayerDecision> ComputeLayer(const ResolvedPolicy& policy,
+                                             const LayerRequest& layer, const std::string& field);
+
+  /// The `policy` metric label: `name` when the registry resolves it, else "invalid".
+  std::string PolicyLabel(const std::string& name) const;
+
+  const PolicyEngine& engine_;
+  Metrics& metrics_;
+  const int max_inflight_;
+  std::atomic<int> inflight_{0};
+  std::mutex calls_mutex_;               // guards active_calls_ and draining_
+  std::condition_variable calls_idle_;   // signalled when active_calls_ drops to 0
+  int active_calls_ = 0;
+  bool draining_ = false;
+  std::ostream* error_log_;
+  std::mutex log_mutex_;                     // serialises error_log_ lines
+  std::set<std::string> policy_names_;       // presets and SCORER+ALLOCATOR compositions
+  v1::ListPoliciesResponse policies_;        // the ListPolicies answer, built once
+};
+
+/// DEADLINE_EXCEEDED when the call's deadline has passed, CANCELLED when the client
+/// cancelled it; `before` names the step that was about to run ("layers[2]").
+absl::Status CheckCallAlive(const grpc::ServerContext& context, const std::string& before);
+
+}  // namespace kvtrim::service

@@ -1,0 +1,47 @@
+// kvtrimd: the kvtrim sidecar daemon. Parses and validates flags (exit 2 on a bad flag),
+// starts the server (exit 1 when it cannot start), serves until SIGTERM/SIGINT, drains and
+// exits 0.
+#include <iostream>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "service/config.h"
+#include "service/server.h"
+
+int main(int argc, char** argv) {
+  using kvtrim::service::KvtrimVersion;
+  absl::SetProgramUsageMessage(
+      "kvtrimd: the kvtrim KV-cache eviction sidecar. Run `kvtrimd --help` for the flags.");
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] { return "kvtrimd " + KvtrimVersion() + "\n"; };
+  usage.contains_help_flags = [](absl::string_view file) {
+    return file.find("service/config.") != absl::string_view::npos;
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+
+  if (kvtrim::service::WantsHelp(argc, argv)) {
+    std::cout << kvtrim::service::UsageText();
+    return 0;
+  }
+  if (auto st = kvtrim::service::ParseCommandLineStrict(argc, argv); !st.ok()) {
+    std::cerr << "kvtrimd: " << st.message() << std::endl;
+    return 2;
+  }
+  absl::ParseCommandLine(argc, argv);  // --helpfull, --version, --flagfile
+  auto config = kvtrim::service::ConfigFromFlags();
+  if (!config.ok()) {
+    std::cerr << "kvtrimd: " << config.status().message() << std::endl;
+    return 2;
+  }
+
+  kvtrim::service::BlockShutdownSignals();
+  auto server = kvtrim::service::Server::Start(*config, std::cout);
+  if (!server.ok()) {
+    std::cerr << "kvtrimd: cannot start: " << server.status().message() << std::endl;
+    return 1;
+  }
+  kvtrim::service::RunUntilSignal(**server, std::cout);
+  return 0;
+}

@@ -1,0 +1,175 @@
+#include "service/metrics.h"
+
+#include "service/status.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+constexpr Rpc kAllRpcs[] = {Rpc::kListPolicies,  Rpc::kCompress,   Rpc::kCompressSession,
+                            Rpc::kRegisterModel, Rpc::kListModels, Rpc::kDeleteModel};
+constexpr Stage kAllStages[] = {Stage::kDecode, Stage::kValidate, Stage::kCompute,
+                                Stage::kEncode};
+
+/// Call latency buckets, seconds: 0.5 ms .. 60 s.
+const prometheus::Histogram::BucketBoundaries& RequestBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return *b;
+}
+/// Stage latency buckets, seconds: 50 us .. 10 s.
+const prometheus::Histogram::BucketBoundaries& StageBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+      0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,    5,   10};
+  return *b;
+}
+/// Kept fraction buckets: 0.01 .. 1.
+const prometheus::Histogram::BucketBoundaries& KeptRatioBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1};
+  return *b;
+}
+/// Relative output perturbation buckets: 0.001 .. 2.
+const prometheus::Histogram::BucketBoundaries& PerturbationBuckets() {
+  static const auto* b = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2};
+  return *b;
+}
+
+}  // namespace
+
+const char* RpcName(Rpc rpc) {
+  switch (rpc) {
+    case Rpc::kListPolicies: return "ListPolicies";
+    case Rpc::kCompress: return "Compress";
+    case Rpc::kCompressSession: return "CompressSession";
+    case Rpc::kRegisterModel: return "RegisterModel";
+    case Rpc::kListModels: return "ListModels";
+    case Rpc::kDeleteModel: return "DeleteModel";
+  }
+  return "unknown";
+}
+
+const char* StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kDecode: return "decode";
+    case Stage::kValidate: return "validate";
+    case Stage::kCompute: return "compute";
+    case Stage::kEncode: return "encode";
+  }
+  return "unknown";
+}
+
+Metrics::Metrics(const std::string& version, const std::string& backend,
+                 const std::vector<std::string>& presets)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("kvtrim_requests_total")
+                    .Help("Finished calls by rpc, policy and gRPC status code name")
+                    .Register(*registry_)),
+      request_duration_(prometheus::BuildHistogram()
+                            .Name("kvtrim_request_duration_seconds")
+                            .Help("Wall time of a call from handler entry to its status, seconds")
+                            .Register(*registry_)),
+      stage_duration_(prometheus::BuildHistogram()
+                          .Name("kvtrim_stage_duration_seconds")
+                          .Help("Time spent per stage (decode|validate|compute|encode), seconds")
+                          .Register(*registry_)),
+      layers_(prometheus::BuildCounter()
+                  .Name("kvtrim_layers_total")
+                  .Help("Layers answered, by policy")
+                  .Register(*registry_)),
+      tokens_in_(prometheus::BuildCounter()
+                     .Name("kvtrim_tokens_in_total")
+                     .Help("Cached tokens scored: sum over layers and KV heads of n")
+                     .Register(*registry_)),
+      tokens_kept_(prometheus::BuildCounter()
+                       .Name("kvtrim_tokens_kept_total")
+                       .Help("Tokens kept: sum over layers and KV heads of kept")
+                       .Register(*registry_)),
+      kept_ratio_(prometheus::BuildHistogram()
+                      .Name("kvtrim_kept_ratio")
+                      .Help("Kept fraction kept/n, one observation per KV head")
+                      .Register(*registry_)),
+      perturbation_(prometheus::BuildHistogram()
+                        .Name("kvtrim_perturbation_ratio")
+                        .Help("Relative output perturbation ||a_kept - a_full|| / ||a_full||, "
+                              "one observation per KV head when computed")
+                        .Register(*registry_)),
+      request_bytes_(prometheus::BuildCounter()
+                         .Name("kvtrim_request_bytes_total")
+                         .Help("Bytes of tensor data received, by rpc")
+                         .Register(*registry_)),
+      inflight_family_(prometheus::BuildGauge()
+                           .Name("kvtrim_inflight_requests")
+                           .Help("Compress and CompressSession calls admitted and not finished")
+                           .Register(*registry_)),
+      build_info_(prometheus::BuildGauge()
+                      .Name("kvtrim_build_info")
+                      .Help("Always 1; labels carry the kvtrimd version and the backend")
+                      .Register(*registry_)) {
+  for (Rpc rpc : kAllRpcs) {
+    const auto i = static_cast<size_t>(rpc);
+    rpc_duration_[i] = &request_duration_.Add({{"rpc", RpcName(rpc)}}, RequestBuckets());
+    rpc_bytes_[i] = &request_bytes_.Add({{"rpc", RpcName(rpc)}});
+  }
+  for (Stage stage : kAllStages) {
+    stage_[static_cast<size_t>(stage)] =
+        &stage_duration_.Add({{"stage", StageName(stage)}}, StageBuckets());
+  }
+  inflight_ = &inflight_family_.Add({});
+  build_info_.Add({{"version", version}, {"backend", backend}}).Set(1);
+  for (const auto& preset : presets) SeriesFor(preset);
+}
+
+void Metrics::RecordRequest(Rpc rpc, const std::string& policy, absl::StatusCode code,
+                            double seconds) {
+  requests_.Add({{"rpc", RpcName(rpc)}, {"policy", policy}, {"code", StatusCodeName(code)}})
+      .Increment();
+  rpc_duration_[static_cast<size_t>(rpc)]->Observe(seconds);
+}
+
+void Metrics::ObserveStage(Stage stage, double seconds) {
+  stage_[static_cast<size_t>(stage)]->Observe(seconds);
+}
+
+Metrics::PolicySeries& Metrics::SeriesFor(const std::string& policy) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = series_.find(policy);
+  if (it != series_.end()) return it->second;
+  const prometheus::Labels labels{{"policy", policy}};
+  PolicySeries s;
+  s.layers = &layers_.Add(labels);
+  s.tokens_in = &tokens_in_.Add(labels);
+  s.tokens_kept = &tokens_kept_.Add(labels);
+  s.kept_ratio = &kept_ratio_.Add(labels, KeptRatioBuckets());
+  s.perturbation = &perturbation_.Add(labels, PerturbationBuckets());
+  return series_.emplace(policy, s).first->second;
+}
+
+void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decision) {
+  PolicySeries& s = SeriesFor(policy);
+  const auto heads = static_cast<int64_t>(decision.kept_per_head.size());
+  int64_t kept = 0;
+  for (int32_t k : decision.kept_per_head) {
+    kept += k;
+    if (decision.num_tokens > 0) {
+      s.kept_ratio->Observe(static_cast<double>(k) / static_cast<double>(decision.num_tokens));
+    }
+  }
+  if (decision.perturbation.size() == decision.kept_per_head.size()) {
+    for (double p : decision.perturbation) s.perturbation->Observe(p);
+  }
+  s.layers->Increment();
+  s.tokens_in->Increment(static_cast<double>(heads * decision.num_tokens));
+  s.tokens_kept->Increment(static_cast<double>(kept));
+}
+
+void Metrics::AddRequestBytes(Rpc rpc, int64_t bytes) {
+  if (bytes > 0) rpc_bytes_[static_cast<size_t>(rpc)]->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::InflightChanged(int delta) { inflight_->Increment(delta); }
+
+}  // namespace kvtrim::service

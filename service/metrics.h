@@ -1,0 +1,105 @@
+// Every Prometheus metric kvtrimd exports, owned by one class (design convention 6).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/layer.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace kvtrim::service {
+
+/// The RPCs of kvtrim.v1.Kvtrim (the `rpc` label).
+enum class Rpc { kListPolicies, kCompress, kCompressSession, kRegisterModel, kListModels,
+                 kDeleteModel };
+/// Method name of `rpc` as the `rpc` label spells it ("Compress").
+const char* RpcName(Rpc rpc);
+
+/// The stages of a compression request (the `stage` label).
+enum class Stage {
+  kDecode,    // proto -> kernel views and settings, proto-level checks
+  kValidate,  // policy resolution, service checks and the engine's per-layer validation
+  kCompute,   // backend scoring, allocation, selection (LayerDecision::compute_seconds)
+  kEncode,    // kernel decision -> proto response
+};
+/// Lower-case label value of `stage` ("decode").
+const char* StageName(Stage stage);
+
+/// `policy` label value for calls that carry no policy (ListPolicies, model RPCs, sessions
+/// that end before `begin`).
+inline constexpr char kNoPolicy[] = "none";
+/// `policy` label value for a policy name the registry does not resolve.
+inline constexpr char kInvalidPolicy[] = "invalid";
+
+/// Owns the registry and every metric family, created once at start-up. Label values are
+/// bounded: rpc and stage from the enums above, code from the canonical status codes,
+/// policy from the policy registry's names (or kNoPolicy / kInvalidPolicy), which the
+/// caller guarantees. Thread-safe.
+class Metrics {
+ public:
+  /// Creates the families and the fixed series; sets kvtrim_build_info{version, backend}=1.
+  /// `presets` are pre-created so that their per-policy series exist at zero.
+  Metrics(const std::string& version, const std::string& backend,
+          const std::vector<std::string>& presets);
+
+  /// The registry to expose (prometheus::Exposer) or to Collect() in tests.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  /// Counts one finished call (kvtrim_requests_total) and its duration
+  /// (kvtrim_request_duration_seconds).
+  void RecordRequest(Rpc rpc, const std::string& policy, absl::StatusCode code, double seconds);
+  /// Observes `seconds` spent in `stage` (kvtrim_stage_duration_seconds).
+  void ObserveStage(Stage stage, double seconds);
+  /// Counts one answered layer: kvtrim_layers_total, kvtrim_tokens_in_total (H_kv * n),
+  /// kvtrim_tokens_kept_total, one kvtrim_kept_ratio observation per head and one
+  /// kvtrim_perturbation_ratio observation per head when perturbation was computed.
+  void RecordLayer(const std::string& policy, const LayerDecision& decision);
+  /// Adds received tensor bytes (kvtrim_request_bytes_total).
+  void AddRequestBytes(Rpc rpc, int64_t bytes);
+  /// Tracks admitted calls (kvtrim_inflight_requests).
+  void InflightChanged(int delta);
+
+ private:
+  /// The per-policy series of one policy label value.
+  struct PolicySeries {
+    prometheus::Counter* layers = nullptr;
+    prometheus::Counter* tokens_in = nullptr;
+    prometheus::Counter* tokens_kept = nullptr;
+    prometheus::Histogram* kept_ratio = nullptr;
+    prometheus::Histogram* perturbation = nullptr;
+  };
+  PolicySeries& SeriesFor(const std::string& policy);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& request_duration_;
+  prometheus::Family<prometheus::Histogram>& stage_duration_;
+  prometheus::Family<prometheus::Counter>& layers_;
+  prometheus::Family<prometheus::Counter>& tokens_in_;
+  prometheus::Family<prometheus::Counter>& tokens_kept_;
+  prometheus::Family<prometheus::Histogram>& kept_ratio_;
+  prometheus::Family<prometheus::Histogram>& perturbation_;
+  prometheus::Family<prometheus::Counter>& request_bytes_;
+  prometheus::Family<prometheus::Gauge>& inflight_family_;
+  prometheus::Family<prometheus::Gauge>& build_info_;
+
+  std::array<prometheus::Histogram*, 6> rpc_duration_{};   // by Rpc
+  std::array<prometheus::Counter*, 6> rpc_bytes_{};        // by Rpc
+  std::array<prometheus::Histogram*, 4> stage_{};          // by Stage
+  prometheus::Gauge* inflight_ = nullptr;
+
+  std::mutex mutex_;  // guards series_
+  std::map<std::string, PolicySeries> series_;
+};
+
+}  // namespace kvtrim::service

@@ -1,0 +1,106 @@
+#include "service/response_codec.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+void EncodeInputs(uint32_t bits, google::protobuf::RepeatedField<int>* out) {
+  if (bits & kInputKeys) out->Add(v1::POLICY_INPUT_KEYS);
+  if (bits & kInputValues) out->Add(v1::POLICY_INPUT_VALUES);
+  if (bits & kInputQueries) out->Add(v1::POLICY_INPUT_QUERIES);
+  if (bits & kInputModel) out->Add(v1::POLICY_INPUT_MODEL);
+  if (bits & kInputProfile) out->Add(v1::POLICY_INPUT_PROFILE);
+}
+
+v1::DecisionScope EncodeScope(DecisionScope scope) {
+  switch (scope) {
+    case DecisionScope::kHead: return v1::DECISION_SCOPE_HEAD;
+    case DecisionScope::kLayer: return v1::DECISION_SCOPE_LAYER;
+    case DecisionScope::kModel: return v1::DECISION_SCOPE_MODEL;
+  }
+  return v1::DECISION_SCOPE_UNSPECIFIED;
+}
+
+v1::ParamSpec::Kind EncodeKind(ParamSpec::Kind kind) {
+  switch (kind) {
+    case ParamSpec::Kind::kInt: return v1::ParamSpec::KIND_INT;
+    case ParamSpec::Kind::kFloat: return v1::ParamSpec::KIND_FLOAT;
+    case ParamSpec::Kind::kBool: return v1::ParamSpec::KIND_BOOL;
+    case ParamSpec::Kind::kEnum: return v1::ParamSpec::KIND_ENUM;
+  }
+  return v1::ParamSpec::KIND_UNSPECIFIED;
+}
+
+void EncodePolicy(const std::string& name, const std::string& description,
+                  const ScorerSpec& scorer, const AllocatorSpec& allocator,
+                  const std::string& selector, v1::PolicyInfo* out) {
+  out->set_name(name);
+  out->set_description(description);
+  out->set_paper(allocator.name == "uniform" ? scorer.paper
+                                             : absl::StrCat(scorer.paper, "; ", allocator.paper));
+  out->set_scorer(scorer.name);
+  out->set_allocator(allocator.name);
+  out->set_selector(selector);
+  EncodeInputs(scorer.required_inputs, out->mutable_inputs());
+  EncodeInputs(scorer.optional_inputs & ~scorer.required_inputs, out->mutable_optional_inputs());
+  for (const ParamSpec& p : PolicyRegistry::CombinedParams(scorer, allocator)) {
+    v1::ParamSpec* spec = out->add_params();
+    spec->set_name(p.name);
+    spec->set_kind(EncodeKind(p.kind));
+    spec->set_description(p.description);
+    spec->set_default_number(p.default_number);
+    spec->set_default_text(p.default_text);
+    spec->set_min(p.min);
+    spec->set_max(p.max);
+    for (const auto& c : p.choices) spec->add_choices(c);
+  }
+  out->set_scope(EncodeScope(std::max(scorer.scope, allocator.scope)));
+  out->set_default_sink_tokens(scorer.doc_default_sink);
+  out->set_default_recent_tokens(scorer.doc_default_recent);
+}
+
+}  // namespace
+
+void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out) {
+  out->set_layer_id(decision.layer_id);
+  out->set_num_tokens(decision.num_tokens);
+  out->set_output_shape(decision.output_shape == OutputShape::kShared ? v1::SHARED
+                                                                      : v1::PER_HEAD);
+  out->mutable_offsets()->Add(decision.offsets.begin(), decision.offsets.end());
+  out->mutable_indices()->Add(decision.indices.begin(), decision.indices.end());
+  const bool has_perturbation = decision.perturbation.size() == decision.kept_per_head.size();
+  for (size_t h = 0; h < decision.kept_per_head.size(); ++h) {
+    v1::HeadStats* head = out->add_heads();
+    head->set_kept(decision.kept_per_head[h]);
+    if (has_perturbation) head->set_perturbation(decision.perturbation[h]);
+  }
+  out->set_compute_seconds(decision.compute_seconds);
+}
+
+void EncodePolicies(const PolicyRegistry& registry, v1::ListPoliciesResponse* out) {
+  for (const PolicyPreset& preset : registry.presets()) {
+    const ScorerSpec* scorer = registry.FindScorer(preset.scorer);
+    const AllocatorSpec* allocator = registry.FindAllocator(preset.allocator);
+    if (scorer == nullptr || allocator == nullptr) continue;
+    EncodePolicy(preset.name, preset.description, *scorer, *allocator, preset.selector,
+                 out->add_policies());
+  }
+  const auto scorers = registry.scorers();
+  const auto allocators = registry.allocators();
+  for (const ScorerSpec* scorer : scorers) {
+    out->add_scorers(scorer->name);
+    for (const AllocatorSpec* allocator : allocators) {
+      EncodePolicy(absl::StrCat(scorer->name, "+", allocator->name),
+                   absl::StrCat(scorer->name, " scores with the ", allocator->name,
+                                " allocator: ", allocator->description),
+                   *scorer, *allocator, "topk", out->add_policies());
+    }
+  }
+  for (const AllocatorSpec* allocator : allocators) out->add_allocators(allocator->name);
+}
+
+}  // namespace kvtrim::service

@@ -1,0 +1,93 @@
+// kvtrimd's server: gRPC builder, health, reflection, metrics exporter, warm-up and drain.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "kernels/backend.h"
+#include "kernels/engine.h"
+#include "kernels/registry.h"
+#include "service/config.h"
+#include "service/kvtrim_service.h"
+#include "service/metrics.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace kvtrim::service {
+
+/// The gRPC health service name of kvtrim (besides the server-wide name "").
+inline constexpr char kHealthServiceName[] = "kvtrim.v1.Kvtrim";
+
+/// One running kvtrimd: owns the policy registry, backend, engine, metrics, service, the
+/// gRPC server and the Prometheus exporter. Start() returns it SERVING; Drain() stops it.
+class Server {
+ public:
+  /// Builds everything from a validated `config`, starts listening with health set to
+  /// NOT_SERVING, runs the warm-up (every preset once), then marks "" and
+  /// "kvtrim.v1.Kvtrim" SERVING. Errors: INVALID_ARGUMENT for a bad config, UNAVAILABLE
+  /// when an address cannot be bound, UNIMPLEMENTED for a backend this build lacks,
+  /// INTERNAL when the warm-up fails. `log` receives the start-up line and server-side
+  /// call failures; it must outlive the server.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const Config& config, std::ostream& log);
+
+  /// Drains (if not already) and releases everything.
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Marks every health service NOT_SERVING, answers new kvtrim calls UNAVAILABLE
+  /// "draining", waits up to config.drain_timeout_s for running calls, then shuts gRPC
+  /// down (cancelling whatever is left and closing connections). Idempotent and
+  /// thread-safe; returns when the gRPC server has shut down.
+  void Drain();
+  /// Blocks until the server has shut down (after Drain()).
+  void Wait();
+
+  /// The gRPC port actually bound (the ephemeral one for port 0; 0 for unix sockets).
+  int port() const { return port_; }
+  /// The address clients dial ("127.0.0.1:PORT" or "unix:PATH").
+  const std::string& address() const { return address_; }
+  /// The Prometheus exporter port actually bound (0 when disabled).
+  int metrics_port() const { return metrics_port_; }
+  /// The metric families (tests read them with registry()->Collect()).
+  Metrics& metrics() { return *metrics_; }
+  /// The gRPC service (tests read inflight()).
+  const KvtrimService& service() const { return *service_; }
+  /// The validated configuration the server runs with.
+  const Config& config() const { return config_; }
+  /// An in-process channel to this server (tests, warm checks).
+  std::shared_ptr<grpc::Channel> InProcessChannel();
+
+ private:
+  explicit Server(Config config);
+  absl::Status Init(std::ostream& log);
+
+  Config config_;
+  PolicyRegistry registry_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<PolicyEngine> engine_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<KvtrimService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+  std::string address_;
+  std::once_flag drain_once_;
+};
+
+/// Blocks SIGTERM and SIGINT in the calling thread (call it in main() before any other
+/// thread starts, so every thread inherits the mask).
+void BlockShutdownSignals();
+
+/// Waits for SIGTERM or SIGINT on a dedicated thread, then drains `server`; returns once
+/// the server has shut down. Requires BlockShutdownSignals() first.
+void RunUntilSignal(Server& server, std::ostream& log);
+
+}  // namespace kvtrim::service

@@ -1,0 +1,113 @@
+#include "service/settings_codec.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+absl::Status DecodeBudget(const v1::Budget& budget, const std::string& field, Budget* out) {
+  switch (budget.value_case()) {
+    case v1::Budget::kKeepFraction: {
+      const double f = budget.keep_fraction();
+      if (std::isnan(f) || f <= 0 || f > 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".keep_fraction: must be in (0, 1], got ", f));
+      }
+      out->by_fraction = true;
+      out->keep_fraction = f;
+      return absl::OkStatus();
+    }
+    case v1::Budget::kKeepTokens: {
+      const int64_t k = budget.keep_tokens();
+      if (k < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".keep_tokens: must be >= 1, got ", k));
+      }
+      out->by_fraction = false;
+      out->keep_tokens = k;
+      return absl::OkStatus();
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": required; set keep_fraction in (0, 1] or keep_tokens >= 1"));
+  }
+}
+
+absl::StatusOr<OutputShape> DecodeOutputShape(v1::OutputShape shape, const std::string& field) {
+  switch (shape) {
+    case v1::OUTPUT_SHAPE_UNSPECIFIED:
+    case v1::PER_HEAD:
+      return OutputShape::kPerHead;
+    case v1::SHARED:
+      return OutputShape::kShared;
+    case v1::BLOCK_ALIGNED:
+    case v1::EQUAL_COUNT:
+      return absl::UnimplementedError(absl::StrCat(field, ": ", v1::OutputShape_Name(shape),
+                                                   " arrives in a later release; use PER_HEAD "
+                                                   "or SHARED"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown output shape ", static_cast<int>(shape)));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings& settings,
+                                                   const std::string& field) {
+  CompressionSettings out;
+  out.policy = settings.policy().name();
+  for (const auto& [name, value] : settings.policy().params()) {
+    switch (value.value_case()) {
+      case v1::ParamValue::kNumber:
+        out.params[name] = ParamValue::Number(value.number());
+        break;
+      case v1::ParamValue::kText:
+        out.params[name] = ParamValue::Text(value.text());
+        break;
+      case v1::ParamValue::kFlag:
+        out.params[name] = ParamValue::Number(value.flag() ? 1 : 0);
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".policy.params.", name, ": no value; set number, text or flag"));
+    }
+  }
+  if (!settings.has_budget()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".budget: required; set keep_fraction in (0, 1] or keep_tokens >= 1"));
+  }
+  if (auto st = DecodeBudget(settings.budget(), field + ".budget", &out.budget); !st.ok()) {
+    return st;
+  }
+  if (settings.has_sink_tokens()) {
+    if (settings.sink_tokens() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".sink_tokens: must be >= 0, got ", settings.sink_tokens()));
+    }
+    out.sink_tokens = settings.sink_tokens();
+  }
+  if (settings.has_recent_tokens()) {
+    if (settings.recent_tokens() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".recent_tokens: must be >= 0, got ", settings.recent_tokens()));
+    }
+    out.recent_tokens = settings.recent_tokens();
+  }
+  auto shape = DecodeOutputShape(settings.output_shape(), field + ".output_shape");
+  if (!shape.ok()) return shape.status();
+  out.output_shape = *shape;
+  if (settings.num_layers() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".num_layers: must be >= 0 (0 = unknown), got ",
+                     settings.num_layers()));
+  }
+  out.num_layers = settings.num_layers();
+  out.seed = settings.seed();
+  return out;
+}
+
+}  // namespace kvtrim::service
