@@ -34,7 +34,7 @@ absl::Status ValidateWindowed(const LayerShape& shape, const ResolvedParams& p, 
                               const std::string& field) {
   if (p.Int("kernel") % 2 == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "policy.params.kernel: must be odd, got ", p.Int("kernel")));
+        field, ": policy.params.kernel must be odd, got ", p.Int("kernel")));
   }
   if (shape.window_rows < p.Int("window")) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -41,6 +41,7 @@ class PolicyEngine {
 
   const PolicyRegistry& registry() const { return registry_; }
   const char* backend_name() const { return backend_.name(); }
+  const EngineLimits& limits() const { return limits_; }
 
  private:
   const PolicyRegistry& registry_;

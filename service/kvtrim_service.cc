@@ -250,7 +250,7 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
   int32_t max_layer_id = 0;
   for (int i = 0; i < request.layers_size(); ++i) {
     const std::string field = absl::StrCat("layers[", i, "]");
-    if (auto st = DecodeLayer(request.layers(i), EngineLimits{}, field, &layers[i]); !st.ok()) {
+    if (auto st = DecodeLayer(request.layers(i), engine_.limits(), field, &layers[i]); !st.ok()) {
       return st;
     }
     const int32_t id = request.layers(i).layer_id();
@@ -367,7 +367,7 @@ absl::Status KvtrimService::SessionImpl(
         auto stage_start = Clock::now();
         metrics_.AddRequestBytes(Rpc::kCompressSession, InlineTensorBytes(input));
         DecodedLayer layer;
-        absl::Status decoded = DecodeLayer(input, EngineLimits{}, "layer", &layer);
+        absl::Status decoded = DecodeLayer(input, engine_.limits(), "layer", &layer);
         metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
         if (!decoded.ok()) return decoded;
         if (!seen.insert(input.layer_id()).second) {
