@@ -19,6 +19,9 @@ class Backend {
   /// Scores, allocates and selects one layer; fills `out` (all fields but compute_seconds).
   virtual absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                      const LayerBudget& budget, LayerDecision* out) = 0;
+  /// False once the backend hit an unrecoverable (sticky) device error: the server must
+  /// turn NOT_SERVING and exit non-zero. The CPU backend is always healthy.
+  virtual bool healthy() const { return true; }
 };
 
 }  // namespace kvtrim

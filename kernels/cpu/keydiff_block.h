@@ -23,12 +23,14 @@ enum class KeyDiffAnchor {
 absl::StatusOr<KeyDiffAnchor> ParseKeyDiffAnchor(std::string_view text);
 
 /// KeyDiff §2.2 scores of one head: scores[i] = -<k_i, a> / max(||k_i|| * ||a||, eps), where
-/// a is the anchor over all n rows of `keys`. Arithmetic (fixed order, so deterministic):
-/// ||k_i|| is an fp32 sum of squares over c = 0..d-1, then sqrt; the anchor is the double
-/// sum over i = 0..n-1 of the fp32 key (raw_mean) or of the fp32 unit key k_i / ||k_i||
-/// (normalized_mean; a zero key contributes zero), divided by n in double, then cast to
-/// fp32; ||a|| and the dots are fp32 sums over c = 0..d-1. eps >= 0; when the guarded
-/// denominator is still 0 (eps = 0 with a zero key or anchor) the score is 0.
+/// a is the anchor over all n rows of `keys`, in the canonical arithmetic of
+/// kernels/canonical_math.h so that the GPU backend reproduces the bits: ||k_i|| =
+/// CmSqrt(CmDot(k_i, k_i)); the anchor sums the fp32 key (raw_mean) or the unit key
+/// CmDiv(k_i, ||k_i||) (normalized_mean; a zero key contributes zero) per dimension,
+/// sequentially inside chunks of kCanonicalChunk rows, combines the chunks with CmTreeSum
+/// and divides by n; ||a|| and the dots are CmDot. The step-by-step definition is in
+/// score_keydiff.cc. eps >= 0; when the guarded denominator is still 0 (eps = 0 with a zero
+/// key or anchor) the score is 0.
 ///   keys   [n, d] fp32, row-major
 ///   scores [n] fp32 (written)
 ///   norms  [n] fp32 scratch (written with ||k_i||)

@@ -24,11 +24,12 @@ absl::StatusOr<bool> ResolveBf16Round(const CpuLayer& layer, const std::string& 
 
 }  // namespace
 
-// For KV head h, in fp32 (dropkv.md §2.2):
-//   cost_j = sum_{g in group} sum_{t in last `window` rows, n-w+t >= j}
-//              (p~/(1 - p~ + eps))^2 * max(0, ||a_{g,t}||^2 + ||v_j||^2 - 2<a_{g,t}, v_j>)
+// For KV head h (canonical steps 4-6 of window_attention.h):
+//   cost_j = seq_{g < G} seq_{t in last `window` rows, n-w+t >= j}
+//              DropKVTerm(p~, eps, |a_{g,t}|^2, |v_j|^2, <a_{g,t}, v_j>)
+//            = (p~/(1 - p~ + eps))^2 * max(0, |a|^2 + |v_j|^2 - 2<a, v_j>)
 //   p~ = RoundToBf16(p) when bf16 rounding is on, else p
-//   score = Pool_kernel(cost / G)   (the whole n-vector, window tokens included)
+//   score = Pool_kernel(CmDiv(cost_j, G))   (the whole n-vector, window tokens included)
 // Terms are added in (g, t) order, so the result does not depend on the thread count.
 // The score is an eviction cost: higher = keep.
 absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
@@ -48,34 +49,34 @@ absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, Th
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t d = layer.shape.head_dim;
+  const int kd = static_cast<int>(d);
   const int64_t w = layer.shape.window_rows;
   const int64_t group = layer.shape.group_size();
   pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
-    std::vector<float> probs(n);     // [n] one attention row
+    AttentionRowScratch scratch;
     std::vector<float> output(d);    // [d] a_{g,t}
-    std::vector<float> vv(n);        // [n] ||v_j||^2
-    std::vector<float> cost(n, 0);   // [n] fp32 accumulated cost
+    std::vector<float> vv(n);        // [n] |v_j|^2
+    std::vector<float> cost(n, 0);   // [n] seq sum of the terms
     for (int64_t j = 0; j < n; ++j) {
       const float* v = layer.values.row(h, j);
-      vv[j] = DotF32(v, v, d);
+      vv[j] = CmDot(v, v, kd);
     }
     for (int64_t g = 0; g < group; ++g) {
       for (int64_t t = w - window; t < w; ++t) {
         const AttentionRowStats row =
-            ComputeAttentionRow(layer, h * group + g, t, probs.data(), output.data());
-        const float aa = DotF32(output.data(), output.data(), d);
+            ComputeAttentionRow(layer, h * group + g, t, output.data(), &scratch);
+        const float* logits = scratch.logits.data();
+        const float aa = CmDot(output.data(), output.data(), kd);
         for (int64_t j = 0; j < row.visible; ++j) {
-          const float p = bf16_round ? RoundToBf16(probs[j]) : probs[j];
-          const float ratio = p / (1.0f - p + eps);
-          const float omega = ratio * ratio;
-          const float av = DotF32(output.data(), layer.values.row(h, j), d);
-          const float delta2 = std::max(0.0f, aa + vv[j] - 2.0f * av);
-          if (delta2 > 0.0f) cost[j] += omega * delta2;  // 0 * inf guard when eps == 0
+          float p = CanonicalProb(logits[j], row.neg_max, row.inv_sum);
+          if (bf16_round) p = RoundToBf16(p);
+          const float av = CmDot(output.data(), layer.values.row(h, j), kd);
+          cost[j] = CmAdd(cost[j], DropKVTerm(p, eps, aa, vv[j], av));
         }
       }
     }
     const float group_f = static_cast<float>(group);
-    for (int64_t j = 0; j < n; ++j) cost[j] /= group_f;
+    for (int64_t j = 0; j < n; ++j) cost[j] = CmDiv(cost[j], group_f);
     Pool1D(*kind, cost.data(), n, kernel, scores + h * n);
   });
   return absl::OkStatus();

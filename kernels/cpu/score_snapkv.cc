@@ -7,9 +7,11 @@
 
 namespace kvtrim {
 
-// For KV head h: score_j = Pool_kernel( mean_{g in group} mean_{t in last `window` rows}
-// p_{g,t,j} ). Masked (causal) entries count as 0 in the mean; window tokens keep their
-// finite scores (the backend protects them afterwards).
+// For KV head h (canonical steps 4-6 of window_attention.h):
+//   acc_j = seq_{g < G} seq_{t in last `window` rows} p_{g,t,j}
+//   score = Pool_kernel(CmDiv(acc_j, G * window))
+// Masked (causal) entries add nothing; window tokens keep their finite scores (the backend
+// protects them afterwards).
 absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores) {
   const int64_t window = params.Int("window");
@@ -21,19 +23,21 @@ absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, Th
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
   const int64_t group = layer.shape.group_size();
-  const double denom = static_cast<double>(window) * static_cast<double>(group);
+  const float denom = static_cast<float>(window * group);
   pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
-    std::vector<float> probs(n);   // [n] one attention row
-    std::vector<double> acc(n, 0); // [n] sum of p over the group's window rows
+    AttentionRowScratch scratch;
+    std::vector<float> acc(n, 0.0f);  // [n] seq sum of p over the group's window rows
     for (int64_t g = 0; g < group; ++g) {
       for (int64_t t = w - window; t < w; ++t) {
-        const AttentionRowStats row =
-            ComputeAttentionRow(layer, h * group + g, t, probs.data(), nullptr);
-        for (int64_t j = 0; j < row.visible; ++j) acc[j] += probs[j];
+        const AttentionRowStats row = ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
+        const float* logits = scratch.logits.data();
+        for (int64_t j = 0; j < row.visible; ++j) {
+          acc[j] = CmAdd(acc[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
+        }
       }
     }
-    for (int64_t j = 0; j < n; ++j) probs[j] = static_cast<float>(acc[j] / denom);
-    Pool1D(*kind, probs.data(), n, kernel, scores + h * n);
+    for (int64_t j = 0; j < n; ++j) acc[j] = CmDiv(acc[j], denom);
+    Pool1D(*kind, acc.data(), n, kernel, scores + h * n);
   });
   return absl::OkStatus();
 }

@@ -8,8 +8,9 @@
 
 namespace kvtrim {
 
-// score_j = mean_{q < H_q} p_{q, w-1, j} (the last row sees every token), written to every
-// KV head row. Per-KV-head partial sums are combined in head order (deterministic).
+// Canonical steps 4-5 of window_attention.h, row t = w - 1 (it sees every token):
+//   s_{h,j} = seq_{g < G} p_{hG+g, w-1, j};  acc_j = seq_{h < H_kv} s_{h,j}
+//   score_j = CmDiv(acc_j, H_q), written to every KV head row.
 absl::Status ScoreTova(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                        float* scores) {
   if (absl::Status st = CheckQueryWindow("tova", layer, 1); !st.ok()) return st;
@@ -17,21 +18,24 @@ absl::Status ScoreTova(const CpuLayer& layer, const ResolvedParams& params, Thre
   const int64_t w = layer.shape.window_rows;
   const int64_t num_kv = layer.shape.num_kv_heads;
   const int64_t group = layer.shape.group_size();
-  std::vector<double> partial(static_cast<size_t>(num_kv * n), 0.0);  // [H_kv, n]
+  // Per-KV-head partial sums s_{h,j}, written into the score rows [H_kv, n] first.
   pool.ParallelFor(num_kv, [&](int64_t h) {
-    std::vector<float> probs(n);  // [n] one attention row
-    double* acc = partial.data() + h * n;
+    AttentionRowScratch scratch;
+    float* partial = scores + h * n;
+    std::fill(partial, partial + n, 0.0f);
     for (int64_t g = 0; g < group; ++g) {
-      const AttentionRowStats row =
-          ComputeAttentionRow(layer, h * group + g, w - 1, probs.data(), nullptr);
-      for (int64_t j = 0; j < row.visible; ++j) acc[j] += probs[j];
+      const AttentionRowStats row = ComputeAttentionRow(layer, h * group + g, w - 1, nullptr, &scratch);
+      const float* logits = scratch.logits.data();
+      for (int64_t j = 0; j < row.visible; ++j) {
+        partial[j] = CmAdd(partial[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
+      }
     }
   });
-  const double num_q = static_cast<double>(layer.shape.num_query_heads);
+  const float num_q = static_cast<float>(layer.shape.num_query_heads);
   for (int64_t j = 0; j < n; ++j) {
-    double sum = 0;
-    for (int64_t h = 0; h < num_kv; ++h) sum += partial[h * n + j];
-    scores[j] = static_cast<float>(sum / num_q);
+    float acc = 0.0f;
+    for (int64_t h = 0; h < num_kv; ++h) acc = CmAdd(acc, scores[h * n + j]);
+    scores[j] = CmDiv(acc, num_q);
   }
   for (int64_t h = 1; h < num_kv; ++h) std::copy(scores, scores + n, scores + h * n);
   return absl::OkStatus();

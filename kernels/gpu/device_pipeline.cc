@@ -1,0 +1,295 @@
+#include "kernels/gpu/device_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/budget.h"
+#include "kernels/cpu/allocate.h"
+#include "kernels/cpu/keydiff_block.h"
+#include "kernels/cpu/pooling.h"
+#include "kernels/gpu/device_error.h"
+#include "kernels/gpu/device_nan_probe.h"
+
+namespace kvtrim::gpu {
+
+namespace {
+
+/// Reads the pooling parameters ("pooling", "kernel") like the CPU's ResolvePooling.
+absl::Status ReadPooling(const char* scorer, const ResolvedParams& p, ScorerParams* out) {
+  const int64_t kernel = p.Int("kernel");
+  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, p.Text("pooling"), kernel);
+  if (!kind.ok()) return kind.status();
+  out->kernel = static_cast<int32_t>(kernel);
+  out->pool_max = *kind == PoolKind::kMax;
+  out->window = static_cast<int32_t>(p.Int("window"));
+  return absl::OkStatus();
+}
+
+/// ScorerParams of `kind` from the resolved parameters (only the ones the scorer declares).
+absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedParams& p,
+                                              DType dtype) {
+  ScorerParams out;
+  switch (kind) {
+    case ScorerKind::kStreamingLlm:
+    case ScorerKind::kRandom:
+    case ScorerKind::kKnorm:
+    case ScorerKind::kTova:
+      break;
+    case ScorerKind::kKeyDiff: {
+      absl::StatusOr<KeyDiffAnchor> anchor = ParseKeyDiffAnchor(p.Text("anchor"));
+      if (!anchor.ok()) return anchor.status();
+      out.anchor_raw_mean = *anchor == KeyDiffAnchor::kRawMean;
+      out.eps = static_cast<float>(p.Number("eps"));
+      break;
+    }
+    case ScorerKind::kSnapKV:
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("snapkv", p, &out));
+      break;
+    case ScorerKind::kH2O:
+      out.causal_normalize = p.Bool("causal_normalize");
+      break;
+    case ScorerKind::kDropKV: {
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("dropkv", p, &out));
+      out.eps = static_cast<float>(p.Number("eps"));
+      const std::string& round = p.Text("bf16_prob_round");
+      if (round == "on") {
+        out.bf16_prob_round = true;
+      } else if (round == "off") {
+        out.bf16_prob_round = false;
+      } else if (round == "auto") {
+        out.bf16_prob_round = dtype == DType::kBF16;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dropkv: bf16_prob_round '", round, "' is not one of {auto, on, off}"));
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<ScorerKind> ScorerKindFromName(std::string_view name) {
+  if (name == "streaming_llm") return ScorerKind::kStreamingLlm;
+  if (name == "random") return ScorerKind::kRandom;
+  if (name == "knorm") return ScorerKind::kKnorm;
+  if (name == "keydiff") return ScorerKind::kKeyDiff;
+  if (name == "snapkv") return ScorerKind::kSnapKV;
+  if (name == "h2o") return ScorerKind::kH2O;
+  if (name == "tova") return ScorerKind::kTova;
+  if (name == "dropkv") return ScorerKind::kDropKV;
+  return std::nullopt;
+}
+
+absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
+                                    DType dtype, int32_t layer_id, int32_t num_layers,
+                                    const LayerBudget& budget) {
+  LayerPlan plan;
+  plan.scorer_name = policy.scorer->name;
+  const std::optional<ScorerKind> kind = ScorerKindFromName(plan.scorer_name);
+  if (!kind.has_value()) {
+    return absl::UnimplementedError(
+        absl::StrCat("scorer '", plan.scorer_name, "' has no GPU implementation"));
+  }
+  plan.scorer = *kind;
+  absl::StatusOr<ScorerParams> params = ReadScorerParams(*kind, policy.params, dtype);
+  if (!params.ok()) return params.status();
+  plan.params = *params;
+  plan.protection = budget.protection;
+  plan.num_heads = static_cast<int32_t>(shape.num_kv_heads);
+  plan.num_tokens = shape.num_tokens;
+  const int64_t heads = shape.num_kv_heads;
+  const int64_t n = shape.num_tokens;
+  const int64_t k = budget.kept_per_head;
+
+  // Allocation (CpuBackend::CompressLayer): tokens kept per head.
+  const std::string& allocator = policy.allocator->name;
+  int64_t total = 0;
+  if (allocator == "pyramid") {
+    const int64_t protected_tokens = budget.protection.sink + budget.protection.recent;
+    const int64_t layer_k = PyramidLayerBudget(k, n, layer_id, num_layers,
+                                               policy.params.Number("beta"), protected_tokens);
+    plan.counts = AllocateUniform(heads, layer_k);
+    total = heads * layer_k;
+  } else if (allocator == "adakv") {
+    plan.adakv = true;
+    plan.adakv_k = k;
+    plan.adakv_safeguard = std::min<int64_t>(
+        n, static_cast<int64_t>(std::floor(policy.params.Number("safeguard_alpha") *
+                                           static_cast<double>(k))));
+    // AllocateAdaKV always hands out the whole layer total H_kv * k: the safeguard
+    // floor(alpha*k) <= k, and the H_kv*(k - safeguard) extra tokens fit in the
+    // H_kv*(n - safeguard) candidates because k <= n.
+    total = heads * k;
+  } else if (allocator == "uniform") {
+    plan.counts = AllocateUniform(heads, k);
+    total = heads * k;
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("allocator '", allocator, "' has no GPU implementation"));
+  }
+
+  // Output shape.
+  plan.shared = policy.settings.output_shape == OutputShape::kShared;
+  if (plan.shared) {
+    plan.adakv = false;  // only the total matters for a shared list, and it is known
+    plan.counts.assign(static_cast<size_t>(heads), 0);
+    plan.shared_count = std::clamp<int64_t>(
+        RoundHalfUp(static_cast<double>(total) / static_cast<double>(heads)), 1, n);
+    plan.total_indices = plan.shared_count;
+  } else {
+    if (plan.adakv) plan.counts.assign(static_cast<size_t>(heads), 0);
+    plan.total_indices = total;
+  }
+
+  // Inputs read on the device.
+  const uint32_t inputs = policy.scorer->required_inputs | policy.scorer->optional_inputs;
+  plan.perturbation = shape.has_values && shape.has_queries;
+  plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
+  plan.reads_queries = shape.has_queries && (plan.perturbation || (inputs & kInputQueries));
+  return plan;
+}
+
+DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DType dtype,
+                            float softmax_scale, int32_t layer_id, uint64_t seed,
+                            const void* keys, const void* values, const void* queries) {
+  DeviceLayer layer;
+  layer.keys = keys;
+  layer.values = plan.reads_values ? values : nullptr;
+  layer.queries = plan.reads_queries ? queries : nullptr;
+  layer.dtype = dtype;
+  layer.num_kv_heads = static_cast<int32_t>(shape.num_kv_heads);
+  layer.num_query_heads = plan.reads_queries ? static_cast<int32_t>(shape.num_query_heads) : 0;
+  layer.window_rows = plan.reads_queries ? static_cast<int32_t>(shape.window_rows) : 0;
+  layer.head_dim = static_cast<int32_t>(shape.head_dim);
+  layer.num_tokens = shape.num_tokens;
+  layer.softmax_scale = softmax_scale;
+  layer.layer_id = layer_id;
+  layer.seed = seed;
+  return layer;
+}
+
+PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& layer,
+                                   ArenaLayout* layout) {
+  PipelineRegions r;
+  const size_t heads = static_cast<size_t>(plan.num_heads);
+  const size_t n = static_cast<size_t>(plan.num_tokens);
+  r.scratch_bytes = std::max(ScoreScratchBytes(plan.scorer, layer, plan.params),
+                             SelectScratchBytes(plan.num_heads, plan.num_tokens));
+  if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationScratchBytes(layer));
+  r.scores = layout->Add(heads * n * sizeof(float));
+  r.meta = layout->Add((heads + static_cast<size_t>(plan.num_lists()) + 1) * sizeof(int64_t));
+  r.indices = layout->Add(static_cast<size_t>(std::max<int64_t>(plan.total_indices, 1)) *
+                          sizeof(int32_t));
+  r.perturbation = layout->Add(heads * sizeof(double));
+  r.first_nan = layout->Add(sizeof(unsigned long long));
+  r.scratch = layout->Add(r.scratch_bytes);
+  return r;
+}
+
+PipelineBuffers ResolveBuffers(const LayerPlan& plan, const PipelineRegions& regions, void* base) {
+  char* b = static_cast<char*>(base);
+  PipelineBuffers out;
+  out.scores = reinterpret_cast<float*>(b + regions.scores);
+  out.counts = reinterpret_cast<int64_t*>(b + regions.meta);
+  out.offsets = out.counts + plan.num_heads;
+  out.indices = reinterpret_cast<int32_t*>(b + regions.indices);
+  out.perturbation = reinterpret_cast<double*>(b + regions.perturbation);
+  out.first_nan = reinterpret_cast<unsigned long long*>(b + regions.first_nan);
+  out.scratch = regions.scratch_bytes ? b + regions.scratch : nullptr;
+  out.scratch_bytes = regions.scratch_bytes;
+  return out;
+}
+
+std::vector<int64_t> MetaInit(const LayerPlan& plan) {
+  std::vector<int64_t> meta(plan.counts);
+  meta.resize(static_cast<size_t>(plan.num_heads), 0);
+  meta.resize(meta.size() + static_cast<size_t>(plan.num_lists()) + 1, 0);
+  if (plan.shared) meta.back() = plan.shared_count;
+  return meta;
+}
+
+absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
+                          const PipelineBuffers& b, cudaStream_t stream,
+                          const PipelineEvents* events) {
+  const int32_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
+      absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      LaunchFindFirstNaN(b.scores, static_cast<int64_t>(heads) * n, b.first_nan, stream),
+      "LaunchFindFirstNaN");
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchApplyProtection(b.scores, heads, n, plan.protection.sink,
+                                                    plan.protection.recent, stream),
+                              "LaunchApplyProtection");
+  if (events != nullptr && events->after_score != nullptr) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_score, stream), "cudaEventRecord");
+  }
+  if (plan.shared) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchSelectShared(b.scores, heads, n, plan.shared_count,
+                                                   b.indices, b.scratch, b.scratch_bytes, stream),
+                                "LaunchSelectShared");
+  } else {
+    if (plan.adakv) {
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          LaunchAdaKVCounts(b.scores, heads, n, plan.adakv_k, plan.adakv_safeguard, b.counts,
+                            b.scratch, b.scratch_bytes, stream),
+          "LaunchAdaKVCounts");
+    }
+    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchSelectTopK(b.scores, heads, n, b.counts, b.offsets,
+                                                 b.indices, b.scratch, b.scratch_bytes, stream),
+                                "LaunchSelectTopK");
+  }
+  if (events != nullptr && events->after_select != nullptr) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_select, stream), "cudaEventRecord");
+  }
+  if (plan.perturbation) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchPerturbation(layer, b.offsets, plan.num_lists(), b.indices, b.perturbation,
+                           b.scratch, b.scratch_bytes, stream),
+        "LaunchPerturbation");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,
+                            LayerDecision* out) {
+  const int64_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  if (results.first_nan != kNoNaN) {
+    const int64_t i = static_cast<int64_t>(results.first_nan);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "keys: scorer '", plan.scorer_name, "' produced NaN for head ", i / n, " token ", i % n,
+        "; the input magnitudes overflow fp32 arithmetic"));
+  }
+  const std::vector<int64_t>& offsets = results.offsets;
+  bool consistent = offsets.size() == static_cast<size_t>(plan.num_lists()) + 1 &&
+                    offsets.front() == 0 && offsets.back() == plan.total_indices;
+  for (size_t i = 1; consistent && i < offsets.size(); ++i) {
+    consistent = offsets[i] >= offsets[i - 1] && offsets[i] - offsets[i - 1] <= n;
+  }
+  if (!consistent) {
+    return absl::InternalError(absl::StrCat(
+        "GPU selection returned inconsistent offsets for scorer '", plan.scorer_name,
+        "' (expected ", plan.total_indices, " indices in ", plan.num_lists(), " lists)"));
+  }
+  out->layer_id = layer_id;
+  out->num_tokens = n;
+  out->output_shape = plan.shared ? OutputShape::kShared : OutputShape::kPerHead;
+  out->offsets = offsets;
+  out->indices = std::move(results.indices);
+  out->kept_per_head.assign(static_cast<size_t>(heads), 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const size_t list = plan.shared ? 0 : static_cast<size_t>(h);
+    out->kept_per_head[static_cast<size_t>(h)] =
+        static_cast<int32_t>(offsets[list + 1] - offsets[list]);
+  }
+  out->perturbation = plan.perturbation ? std::move(results.perturbation) : std::vector<double>();
+  return absl::OkStatus();
+}
+
+}  // namespace kvtrim::gpu

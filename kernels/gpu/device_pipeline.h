@@ -1,0 +1,128 @@
+// The GPU launch sequence of one layer, shared by GpuBackend and kvtrim_gpu_bench:
+// scorer -> NaN probe -> protection -> allocator (host counts or AdaKV) -> selection
+// (per-head top-k or shared) -> perturbation. Mirrors CpuBackend::CompressLayer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "absl/status/statusor.h"
+#include "kernels/gpu/device_arena.h"
+#include "kernels/gpu/launchers.h"
+#include "kernels/layer.h"
+#include "kernels/policy_spec.h"
+
+namespace kvtrim::gpu {
+
+/// The scorer kind of a registry scorer name; nullopt when the GPU has no kernel for it.
+std::optional<ScorerKind> ScorerKindFromName(std::string_view name);
+
+/// Everything the launches of one layer need, resolved on the host from the policy, the
+/// layer's shape and its budget, exactly as CpuBackend::CompressLayer decides it.
+struct LayerPlan {
+  std::string scorer_name;
+  ScorerKind scorer = ScorerKind::kStreamingLlm;
+  ScorerParams params;
+  Protection protection;          // clamped sink / recent, identical for every head
+  int32_t num_heads = 0;          // H_kv
+  int64_t num_tokens = 0;         // n
+  bool adakv = false;             // counts from LaunchAdaKVCounts (per-head output only)
+  int64_t adakv_k = 0;            // uniform per-head budget k
+  int64_t adakv_safeguard = 0;    // min(n, floor(alpha * k))
+  std::vector<int64_t> counts;    // [H_kv] host counts (uniform / pyramid); empty for adakv
+  bool shared = false;            // one list for every head (SelectSharedRoundRobin)
+  int64_t shared_count = 0;       // length of the shared list
+  int64_t total_indices = 0;      // indices the selection writes (sum of counts, or shared)
+  bool perturbation = false;      // values and queries present: compute the statistic
+  bool reads_values = false;      // the scorer or the statistic reads V
+  bool reads_queries = false;     // the scorer or the statistic reads Q
+
+  /// Lists the selection writes: H_kv per head, 1 shared.
+  int32_t num_lists() const { return shared ? 1 : num_heads; }
+};
+
+/// Builds the plan: scorer kind and ScorerParams read from the resolved parameters as the
+/// CPU scorers read them (dropkv bf16_prob_round "auto" = on iff `dtype` is bf16; keydiff
+/// anchor; pooling max/avg), counts from the allocator (uniform; pyramid through
+/// PyramidLayerBudget on the host; adakv on the device), the output shape and whether the
+/// perturbation statistic runs. Errors: UNIMPLEMENTED for a scorer or allocator without a
+/// GPU path; INVALID_ARGUMENT for parameter values the CPU scorers reject too.
+absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
+                                    DType dtype, int32_t layer_id, int32_t num_layers,
+                                    const LayerBudget& budget);
+
+/// A DeviceLayer over device tensors (V and Q only when the plan reads them; nullptr
+/// pointers and zero query dims otherwise).
+DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DType dtype,
+                            float softmax_scale, int32_t layer_id, uint64_t seed,
+                            const void* keys, const void* values, const void* queries);
+
+/// Offsets of one layer's working regions inside an arena (see ArenaLayout).
+struct PipelineRegions {
+  size_t scores = 0;        // [H_kv, n] fp32
+  size_t meta = 0;          // int64: counts [H_kv], then offsets [num_lists + 1]
+  size_t indices = 0;       // [max(total_indices, 1)] int32
+  size_t perturbation = 0;  // [H_kv] double
+  size_t first_nan = 0;     // one unsigned long long
+  size_t scratch = 0;       // scratch_bytes
+  size_t scratch_bytes = 0; // max of the launchers' *ScratchBytes queries
+};
+
+/// Plans the working regions of `plan` for `layer` after whatever `layout` holds already.
+PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& layer,
+                                   ArenaLayout* layout);
+
+/// Device pointers of the working regions.
+struct PipelineBuffers {
+  float* scores = nullptr;                  // [H_kv, n]
+  int64_t* counts = nullptr;                // [H_kv]
+  int64_t* offsets = nullptr;               // [num_lists + 1]
+  int32_t* indices = nullptr;               // [total_indices]
+  double* perturbation = nullptr;           // [H_kv]
+  unsigned long long* first_nan = nullptr;  // [1]
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+/// Resolves `regions` against the arena start `base`.
+PipelineBuffers ResolveBuffers(const LayerPlan& plan, const PipelineRegions& regions, void* base);
+
+/// The int64 values the meta region must hold before EnqueueLayer: [H_kv] host counts
+/// (zeros for adakv) followed by the offsets (shared: {0, shared_count}; per head: zeros,
+/// written by the top-k).
+std::vector<int64_t> MetaInit(const LayerPlan& plan);
+
+/// Events EnqueueLayer records between phases (benchmarks); null members are skipped.
+struct PipelineEvents {
+  cudaEvent_t after_score = nullptr;   // after the scorer, NaN probe and protection
+  cudaEvent_t after_select = nullptr;  // after the counts and the selection
+};
+
+/// Enqueues the layer's launches on `stream`: LaunchScore, the NaN probe, protection,
+/// AdaKV counts (adakv, per head), selection (top-k or shared), perturbation (when
+/// planned). The meta region must hold MetaInit(plan) in stream order. Errors: CudaStatus()
+/// of the first failing launch.
+absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
+                          const PipelineBuffers& buffers, cudaStream_t stream,
+                          const PipelineEvents* events = nullptr);
+
+/// Results copied back from the device, before conversion into a LayerDecision.
+struct HostResults {
+  std::vector<int64_t> offsets;       // [num_lists + 1]
+  std::vector<int32_t> indices;       // [total_indices]
+  std::vector<double> perturbation;   // [H_kv] or empty
+  unsigned long long first_nan = 0;   // kNoNaN when no NaN
+};
+
+/// Checks `results` (NaN -> INVALID_ARGUMENT worded like the CPU backend; inconsistent
+/// offsets -> INTERNAL) and fills `out` like CpuBackend::CompressLayer (all fields but
+/// compute_seconds).
+absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,
+                            LayerDecision* out);
+
+}  // namespace kvtrim::gpu

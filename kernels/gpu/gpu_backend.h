@@ -1,0 +1,76 @@
+// The GPU backend: the CPU backend's composition (scorer -> protection -> allocator ->
+// selection -> perturbation) as CUDA launches on per-worker streams and memory.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/gpu/device_pool.h"
+
+namespace kvtrim::gpu {
+
+/// Construction options of GpuBackend.
+struct GpuBackendOptions {
+  int device = 0;                           // CUDA device ordinal
+  int workers = 1;                          // worker contexts = layers computed at once
+  size_t arena_limit_bytes = 0;             // cap of each worker's device arena (0 = none)
+  size_t staging_chunk_bytes = size_t{8} << 20;  // pinned upload chunk (two per worker)
+};
+
+/// Compresses validated layers on one CUDA device. Each call checks a worker context out
+/// of a DevicePool (blocking while all are busy), stages K/V/Q from host memory to the
+/// device through pinned chunks (asynchronous, on the worker's stream), sizes its working
+/// memory with the launchers' *ScratchBytes queries inside the worker's arena, runs the
+/// launch sequence of device_pipeline.h and copies offsets, indices and perturbation back.
+/// Errors: cudaErrorMemoryAllocation and arena caps -> RESOURCE_EXHAUSTED (the backend
+/// stays usable); any other CUDA error -> INTERNAL, and a sticky one (IsStickyCudaError or
+/// a stream that stays broken) marks the backend unhealthy for good: healthy() turns false
+/// and every later call fails INTERNAL at once. Thread-safe.
+class GpuBackend final : public Backend {
+ public:
+  /// Checks that `options.device` exists, selects it and creates the worker contexts.
+  /// Errors: FAILED_PRECONDITION when no CUDA device is visible or the ordinal is out of
+  /// range (the message says why); INVALID_ARGUMENT for workers < 1; INTERNAL for CUDA
+  /// failures while creating streams.
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(const GpuBackendOptions& options);
+
+  const char* name() const override { return "gpu"; }
+  absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                             const LayerBudget& budget, LayerDecision* out) override;
+  bool healthy() const override { return healthy_.load(); }
+
+  /// The sticky error that made the backend unhealthy (empty while healthy).
+  std::string failure() const;
+  /// "NVIDIA H100 80GB HBM3 (device 0, sm_90, 79.1 GiB)".
+  const std::string& device_description() const { return description_; }
+  /// The options the backend runs with.
+  const GpuBackendOptions& options() const { return options_; }
+  /// Device bytes the working set of the last successful layer needed (inputs, scores,
+  /// indices, scratch): the arena size one worker must hold for it.
+  size_t last_request_bytes() const { return last_request_bytes_.load(); }
+
+ private:
+  explicit GpuBackend(const GpuBackendOptions& options) : options_(options) {}
+
+  /// Runs one layer on a checked-out context.
+  absl::Status RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
+                        const ValidatedLayer& layer, const LayerBudget& budget,
+                        LayerDecision* out);
+  /// Classifies a failed call: marks the backend unhealthy when the CUDA error is sticky.
+  void HandleFailure(WorkerContext& context, const absl::Status& status);
+
+  GpuBackendOptions options_;
+  std::string description_;
+  std::unique_ptr<DevicePool> pool_;
+  std::atomic<bool> healthy_{true};
+  std::atomic<size_t> last_request_bytes_{0};
+  mutable std::mutex failure_mutex_;
+  std::string failure_;  // guarded by failure_mutex_
+};
+
+}  // namespace kvtrim::gpu

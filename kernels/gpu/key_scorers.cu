@@ -1,0 +1,356 @@
+// GPU key-only scorers (key_scorers.h): StreamingLLM, Random, K-norm and KeyDiff, bit for
+// bit equal to the CPU scorers. The canonical KeyDiff definition (8 steps) is documented in
+// kernels/cpu/score_keydiff.cc; the mapping of its steps onto kernels is:
+//   RowNormsKernel   step 1 (and K-norm): eight threads per row, one canonical lane each.
+//   GroupSumKernel   steps 2-3 and the first three tree levels of step 4: one block per 512
+//                    rows (8 aligned chunks of 64); each chunk sum is sequential over its
+//                    rows, then the 8 chunk sums are combined by their aligned tree.
+//   AnchorKernel     the rest of step 4 and step 5: the aligned tree over the group sums.
+//   CosineKernel     steps 6-8.
+// CmTreeSum over M values equals the aligned power-of-two tree over M values padded with
+// -0.0 (x + -0.0 == x for every x), so the tree can be cut into aligned subtrees and the
+// subtrees computed by different blocks.
+#include "kernels/gpu/key_scorers.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/canonical_math.h"
+#include "kernels/cpu/counter_hash.h"
+#include "kernels/gpu/key_scorers_device.cuh"
+
+namespace kvtrim::gpu {
+
+namespace {
+
+constexpr int kThreads = 256;                                   // threads per block
+constexpr int kGroupChunks = 8;                                 // chunks per GroupSumKernel block
+constexpr int64_t kGroupRows = kGroupChunks * kCanonicalChunk;  // 512 rows per group
+constexpr int kAnchorSlab = 32;                                 // dimensions per AnchorKernel block
+constexpr int kAnchorSegments = 32;                             // row threads per AnchorKernel block
+constexpr int kMaxBlocksPerHead = 2048;                         // grid-stride cap per head
+
+/// Rounds up to a multiple of 256 bytes (scratch region alignment).
+constexpr size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/// The KeyDiff scratch regions, carved from one buffer.
+struct KeyDiffScratch {
+  float* norms;      // [H, n] fp32: ||k_j||
+  float* group_sum;  // [H, G, d] fp32: aligned-tree sum of 8 chunk sums, G = ceil(n / 512)
+  float* anchor;     // [H, d] fp32
+  size_t bytes;      // total bytes
+};
+
+/// The scratch layout for `layer` (pointers relative to `base`).
+KeyDiffScratch KeyDiffLayout(const DeviceLayer& layer, void* base) {
+  const size_t heads = static_cast<size_t>(std::max<int32_t>(layer.num_kv_heads, 0));
+  const size_t n = static_cast<size_t>(std::max<int64_t>(layer.num_tokens, 0));
+  const size_t d = static_cast<size_t>(std::max<int32_t>(layer.head_dim, 0));
+  const size_t groups = (n + kGroupRows - 1) / kGroupRows;
+  const size_t norms_bytes = AlignUp(heads * n * sizeof(float));
+  const size_t group_bytes = AlignUp(heads * groups * d * sizeof(float));
+  const size_t anchor_bytes = AlignUp(heads * d * sizeof(float));
+  char* p = static_cast<char*>(base);
+  KeyDiffScratch s;
+  s.norms = reinterpret_cast<float*>(p);
+  s.group_sum = reinterpret_cast<float*>(p + norms_bytes);
+  s.anchor = reinterpret_cast<float*>(p + norms_bytes + group_bytes);
+  s.bytes = norms_bytes + group_bytes + anchor_bytes;
+  return s;
+}
+
+/// Blocks per head for a grid-stride loop over `items` items of one head.
+unsigned BlocksPerHead(int64_t items) {
+  const int64_t blocks = (items + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxBlocksPerHead));
+}
+
+// ---- StreamingLLM and Random ------------------------------------------------------------
+
+/// scores [H, n]: score[h, j] = float(j). Grid (x, H).
+__global__ void PositionKernel(float* scores, int64_t n) {
+  float* out = scores + static_cast<int64_t>(blockIdx.y) * n;
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    out[j] = static_cast<float>(j);
+  }
+}
+
+/// scores [H, n]: score[h, j] = CounterUniform(seed, layer, h, j). Grid (x, H).
+__global__ void RandomKernel(float* scores, int64_t n, uint64_t seed, int32_t layer) {
+  const int64_t h = blockIdx.y;
+  float* out = scores + h * n;
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    out[j] = CounterUniform(seed, layer, h, j);
+  }
+}
+
+// ---- K-norm and KeyDiff step 1 ----------------------------------------------------------
+
+/// Row norms of head blockIdx.y: eight threads per row (lane = thread % 8), the canonical
+/// CmSqrt(CmDot(k, k, d)). Writes norms [H, n] when non-null and, when `scores` is non-null,
+/// scores [H, n] = -norm (K-norm). Grid (x, H); blockDim a multiple of 32.
+template <typename Keys>
+__global__ void RowNormsKernel(Keys keys, int64_t n, int d, float* norms, float* scores) {
+  const int64_t h = blockIdx.y;
+  const int64_t items = n * kCanonicalLanes;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  // The loop bound is per warp, so all 32 threads reach the shuffles together.
+  const int64_t warp_base = blockIdx.x * int64_t{blockDim.x} + (threadIdx.x & ~31u);
+  for (int64_t base = warp_base; base < items; base += stride) {
+    const int64_t item = base + (threadIdx.x & 31u);
+    const bool valid = item < items;  // rows are whole: 8 | items and 8 | base
+    const int64_t j = item / kCanonicalLanes;
+    const int lane = static_cast<int>(item % kCanonicalLanes);
+    const float part = valid ? CanonicalSquareLane(keys, (h * n + j) * d, d, lane) : 0.0f;
+    const float nrm = CmSqrt(CombineCanonicalLanes(part));
+    if (valid && lane == 0) {
+      if (norms != nullptr) norms[h * n + j] = nrm;
+      if (scores != nullptr) scores[h * n + j] = -nrm;
+    }
+  }
+}
+
+// ---- KeyDiff steps 2-4 ------------------------------------------------------------------
+
+/// One block per (group g of 512 rows, head h): the 8 chunk sums of step 3 for every
+/// dimension (chunk q covers rows 512g + 64q .. +64, absent chunks are -0.0), combined by
+/// their aligned tree ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)).
+///   norms     [H, n] fp32 (from RowNormsKernel)
+///   group_sum [H, G, d] fp32 (written)
+/// Dynamic shared memory: kGroupChunks * d floats.
+template <typename Keys>
+__global__ void GroupSumKernel(Keys keys, int64_t n, int d, bool raw_mean, const float* norms,
+                               float* group_sum) {
+  extern __shared__ float chunk_sum[];  // [8, d]
+  __shared__ float row_norm[kGroupRows];
+  const int64_t h = blockIdx.y;
+  const int64_t g = blockIdx.x;
+  const int64_t groups = gridDim.x;
+  const int64_t row0 = g * kGroupRows;
+  const int64_t rows = n - row0 < kGroupRows ? n - row0 : kGroupRows;
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) row_norm[r] = norms[h * n + row0 + r];
+  __syncthreads();
+  for (int item = threadIdx.x; item < kGroupChunks * d; item += blockDim.x) {
+    const int q = item / d;
+    const int c = item % d;
+    const int64_t first = q * kCanonicalChunk;
+    float sum = -0.0f;  // an absent chunk is the tree's padding
+    if (first < rows) {
+      const int64_t last = first + kCanonicalChunk < rows ? first + kCanonicalChunk : rows;
+      sum = 0.0f;
+      const int64_t row_base = (h * n + row0) * d + c;
+      if (raw_mean) {
+#pragma unroll 8
+        for (int64_t r = first; r < last; ++r) sum = CmAdd(sum, keys[row_base + r * d]);
+      } else {
+#pragma unroll 8
+        for (int64_t r = first; r < last; ++r) {
+          const float nrm = row_norm[r];
+          sum = CmAdd(sum, nrm > 0.0f ? CmDiv(keys[row_base + r * d], nrm) : 0.0f);
+        }
+      }
+    }
+    chunk_sum[q * d + c] = sum;
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    const float* p = chunk_sum + c;
+    const float left = CmAdd(CmAdd(p[0], p[d]), CmAdd(p[2 * d], p[3 * d]));
+    const float right = CmAdd(CmAdd(p[4 * d], p[5 * d]), CmAdd(p[6 * d], p[7 * d]));
+    group_sum[(h * groups + g) * d + c] = CmAdd(left, right);
+  }
+}
+
+/// CmTreeSum of leaves[0..count) (`stride` floats apart), computed sequentially with a
+/// binary-counter stack of perfect subtrees: after i leaves, stack[l] holds the pending
+/// subtree of 2^l leaves for every set bit l of i. Padding the leaves to any power of two
+/// with -0.0 gives the same value, so the result is also the aligned subtree of a larger
+/// tree whose segment [0, count) this is. Returns -0.0 (the padding) for count = 0.
+__device__ float AlignedSegmentTree(const float* leaves, int64_t stride, int64_t count) {
+  float stack[64];  // stack[l]: the pending perfect subtree of 2^l leaves
+  for (int64_t i = 0; i < count; ++i) {
+    float v = leaves[i * stride];
+    // Merge with every completed left sibling: one per trailing 1 bit of i.
+    int level = 0;
+    for (int64_t bits = i; bits & 1; bits >>= 1) v = CmAdd(stack[level++], v);
+    stack[level] = v;
+  }
+  // The pending subtrees, left to right, are those of the set bits of count from the
+  // highest down; the padded tree adds them right to left: stack[hi] + (... + stack[lo]).
+  float acc = -0.0f;
+  bool have = false;
+  int level = 0;
+  for (int64_t bits = count; bits != 0; bits >>= 1, ++level) {
+    if (bits & 1) {
+      acc = have ? CmAdd(stack[level], acc) : stack[level];
+      have = true;
+    }
+  }
+  return acc;
+}
+
+/// One block per (slab of 32 dimensions, head): the anchor a[c] = CmDiv(tree over the G
+/// group sums, float(n)). Thread (r, c) (r < 32) reduces the aligned segment of
+/// span / 32 group sums starting at r * span / 32 (span = the power of two >= G, at least
+/// 32; segments past G are -0.0); the 32 segment values are then combined by their
+/// aligned tree across a warp.
+///   group_sum [H, G, d] fp32
+///   anchor    [H, d] fp32 (written)
+__global__ void AnchorKernel(const float* group_sum, int64_t groups, int64_t span, int d,
+                             float count, float* anchor) {
+  __shared__ float seg[kAnchorSegments][kAnchorSlab + 1];
+  const int64_t h = blockIdx.y;
+  const int c_local = threadIdx.x % kAnchorSlab;
+  const int r = threadIdx.x / kAnchorSlab;
+  const int c = blockIdx.x * kAnchorSlab + c_local;
+  const int64_t seg_len = span / kAnchorSegments;
+  const int64_t first = r * seg_len;
+  float v = -0.0f;
+  if (c < d && first < groups) {
+    const int64_t present = groups - first < seg_len ? groups - first : seg_len;
+    v = AlignedSegmentTree(group_sum + (h * groups + first) * d + c, d, present);
+  }
+  seg[r][c_local] = v;
+  __syncthreads();
+  // Warp w combines the 32 segments of dimension w of the slab: shuffle-down offsets 1, 2,
+  // 4, ... pair aligned neighbours, so lane 0 ends with the aligned tree.
+  const int w = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  float s = seg[lane][w];
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    s = CmAdd(s, __shfl_down_sync(0xffffffffu, s, offset));
+  }
+  const int cw = blockIdx.x * kAnchorSlab + w;
+  if (lane == 0 && cw < d) anchor[h * d + cw] = CmDiv(s, count);
+}
+
+// ---- KeyDiff steps 6-8 ------------------------------------------------------------------
+
+/// Scores of head blockIdx.y: an = CmSqrt(CmDot(a, a)), then for every row the canonical
+/// dot with the anchor (eight threads per row) and -CmDiv(dot, max(CmMul(nrm, an), eps)).
+///   norms  [H, n] fp32, anchor [H, d] fp32, scores [H, n] fp32 (written)
+/// Dynamic shared memory: d floats. blockDim a multiple of 32.
+template <typename Keys>
+__global__ void CosineKernel(Keys keys, int64_t n, int d, float eps, const float* norms,
+                             const float* anchor, float* scores) {
+  extern __shared__ float a[];  // [d]
+  __shared__ float anchor_norm;
+  const int64_t h = blockIdx.y;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) a[c] = anchor[h * d + c];
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x % kCanonicalLanes;
+    float part = 0.0f;
+    for (int c = lane; c < d; c += kCanonicalLanes) part = CmAdd(part, CmMul(a[c], a[c]));
+    const float an = CmSqrt(CombineCanonicalLanes(part));
+    if (threadIdx.x == 0) anchor_norm = an;
+  }
+  __syncthreads();
+  const float an = anchor_norm;
+  const int64_t items = n * kCanonicalLanes;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t warp_base = blockIdx.x * int64_t{blockDim.x} + (threadIdx.x & ~31u);
+  for (int64_t base = warp_base; base < items; base += stride) {
+    const int64_t item = base + (threadIdx.x & 31u);
+    const bool valid = item < items;
+    const int64_t j = item / kCanonicalLanes;
+    const int lane = static_cast<int>(item % kCanonicalLanes);
+    const float part = valid ? CanonicalDotLane(keys, (h * n + j) * d, a, d, lane) : 0.0f;
+    const float dot = CombineCanonicalLanes(part);
+    if (valid && lane == 0) {
+      const float prod = CmMul(norms[h * n + j], an);
+      const float denom = prod < eps ? eps : prod;
+      scores[h * n + j] = denom > 0.0f ? -CmDiv(dot, denom) : 0.0f;
+    }
+  }
+}
+
+/// Launches the three KeyDiff stages after RowNormsKernel.
+template <typename Keys>
+cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const ScorerParams& params,
+                                const KeyDiffScratch& s, float* scores, cudaStream_t stream) {
+  const int64_t n = layer.num_tokens;
+  const int d = layer.head_dim;
+  const unsigned heads = static_cast<unsigned>(layer.num_kv_heads);
+  const int64_t groups = (n + kGroupRows - 1) / kGroupRows;
+  const size_t group_smem = sizeof(float) * kGroupChunks * static_cast<size_t>(d);
+  if (group_smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        GroupSumKernel<Keys>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(group_smem));
+    if (e != cudaSuccess) return e;
+  }
+  GroupSumKernel<Keys><<<dim3(static_cast<unsigned>(groups), heads), kThreads, group_smem,
+                         stream>>>(keys, n, d, params.anchor_raw_mean, s.norms, s.group_sum);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  int64_t span = kAnchorSegments;
+  while (span < groups) span <<= 1;
+  const unsigned slabs = static_cast<unsigned>((d + kAnchorSlab - 1) / kAnchorSlab);
+  AnchorKernel<<<dim3(slabs, heads), kAnchorSlab * kAnchorSegments, 0, stream>>>(
+      s.group_sum, groups, span, d, static_cast<float>(n), s.anchor);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  CosineKernel<Keys><<<dim3(BlocksPerHead(n * kCanonicalLanes), heads), kThreads,
+                       sizeof(float) * static_cast<size_t>(d), stream>>>(
+      keys, n, d, params.eps, s.norms, s.anchor, scores);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool IsKeyScorer(ScorerKind kind) {
+  return kind == ScorerKind::kStreamingLlm || kind == ScorerKind::kRandom ||
+         kind == ScorerKind::kKnorm || kind == ScorerKind::kKeyDiff;
+}
+
+size_t KeyScorerScratchBytes(ScorerKind kind, const DeviceLayer& layer,
+                             const ScorerParams& params) {
+  if (kind != ScorerKind::kKeyDiff) return 0;
+  return KeyDiffLayout(layer, nullptr).bytes;
+}
+
+cudaError_t LaunchKeyScorer(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
+                            float* scores, void* scratch, size_t scratch_bytes,
+                            cudaStream_t stream) {
+  if (!IsKeyScorer(kind)) return cudaErrorInvalidValue;
+  const int64_t n = layer.num_tokens;
+  const int32_t heads = layer.num_kv_heads;
+  if (n < 0 || heads < 0 || heads > 65535) return cudaErrorInvalidValue;
+  if (n == 0 || heads == 0) return cudaSuccess;
+  if (scores == nullptr) return cudaErrorInvalidValue;
+  const unsigned grid_y = static_cast<unsigned>(heads);
+
+  if (kind == ScorerKind::kStreamingLlm) {
+    PositionKernel<<<dim3(BlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n);
+    return cudaGetLastError();
+  }
+  if (kind == ScorerKind::kRandom) {
+    RandomKernel<<<dim3(BlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n, layer.seed,
+                                                                          layer.layer_id);
+    return cudaGetLastError();
+  }
+
+  const int d = layer.head_dim;
+  if (d < 1 || layer.keys == nullptr) return cudaErrorInvalidValue;
+  const dim3 row_grid(BlocksPerHead(n * kCanonicalLanes), grid_y);
+  if (kind == ScorerKind::kKnorm) {
+    return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {
+      RowNormsKernel<<<row_grid, kThreads, 0, stream>>>(keys, n, d, nullptr, scores);
+      return cudaGetLastError();
+    });
+  }
+
+  // KeyDiff.
+  const KeyDiffScratch s = KeyDiffLayout(layer, scratch);
+  if (scratch == nullptr || scratch_bytes < s.bytes) return cudaErrorInvalidValue;
+  return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {
+    RowNormsKernel<<<row_grid, kThreads, 0, stream>>>(keys, n, d, s.norms, nullptr);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+    return LaunchKeyDiffStages(keys, layer, params, s, scores, stream);
+  });
+}
+
+}  // namespace kvtrim::gpu

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds kvtrim with CUDA here (sm_90a + PTX) and bundles the binaries with the non-glibc
+# shared libraries they link into gpu_bundle/ (git-ignored), for the GPU machine, which
+# has CUDA but no gRPC/Abseil/prometheus-cpp. Usage: bash scripts/gpu_bundle.sh [TARGET...]
+# Then on the GPU machine (device tool, carry gpu_bundle):
+#   LD_LIBRARY_PATH=gpu_bundle/lib gpu_bundle/bin/<binary>
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${BUILD_DIR:-build-gpu}"
+TARGETS=("$@")
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim kvtrim_kernels_test)
+fi
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DKVTRIM_CUDA=ON \
+  -DKVTRIM_BUILD_TESTS=ON -DKVTRIM_BUILD_BENCHMARKS=ON >/dev/null
+cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${TARGETS[@]}"
+rm -rf gpu_bundle && mkdir -p gpu_bundle/bin gpu_bundle/lib
+for t in "${TARGETS[@]}"; do
+  bin=$(find "$BUILD_DIR" -type f -name "$t" -perm -u+x | head -n 1)
+  [ -n "$bin" ] || { echo "gpu_bundle: $t not built" >&2; exit 1; }
+  cp "$bin" gpu_bundle/bin/
+  # Every resolved library except glibc's own and the CUDA driver (the GPU machine has both).
+  ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libcuda.so*|libgcc_s.so*|libstdc++.so*) ;;
+      *) cp -n "$lib" gpu_bundle/lib/ ;;
+    esac
+  done
+done
+cp -r samples gpu_bundle/ 2>/dev/null || true
+du -sh gpu_bundle
