@@ -10,11 +10,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #ifdef __CUDACC__
 #define KVTRIM_HD __host__ __device__ __forceinline__
+#define KVTRIM_UNROLL _Pragma("unroll")
 #else
 #define KVTRIM_HD inline
+#define KVTRIM_UNROLL
 #endif
 
 namespace kvtrim {
@@ -61,12 +64,30 @@ KVTRIM_HD float CmSqrt(float a) {
 #endif
 }
 
+/// 2^e as a float for e in [-126, 127], built from its bits (exact).
+KVTRIM_HD float CmPow2(int e) {
+  const uint32_t bits = static_cast<uint32_t>(e + 127) << 23;
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+/// rint(x) (round half to even) for |x| < 2^22 by the 1.5*2^23 trick, exact on both sides.
+KVTRIM_HD float CmRint(float x) {
+  const float magic = 12582912.0f;  // 1.5 * 2^23
+  return CmAdd(CmAdd(x, magic), -magic);
+}
+
 /// exp(x) from canonical operations only (relative error < 2 ulp). exp(-inf) = 0; results
 /// below e^-87 flush to 0 (no subnormals); x > 88.7 gives +inf.
 KVTRIM_HD float CmExp(float x) {
-  if (!(x >= -87.0f)) return 0.0f;  // also -inf and NaN-free inputs below the range
+  if (!(x >= -87.0f)) return 0.0f;  // also -inf
   if (x > 88.72f) return INFINITY;
-  const float n = rintf(CmMul(x, 1.44269504088896341f));
+  const float n = CmRint(CmMul(x, 1.44269504088896341f));
   const float r = CmAdd(CmAdd(x, -CmMul(n, 0.693145751953125f)), -CmMul(n, 1.428606765330187e-06f));
   float p = 2.4801587e-05f;                 // 1/8!
   p = CmAdd(CmMul(p, r), 1.9841270e-04f);   // 1/7!
@@ -77,7 +98,10 @@ KVTRIM_HD float CmExp(float x) {
   p = CmAdd(CmMul(p, r), 0.5f);
   p = CmAdd(CmMul(p, r), 1.0f);
   p = CmAdd(CmMul(p, r), 1.0f);
-  return ldexpf(p, static_cast<int>(n));
+  // p * 2^n in two exact power-of-two steps (n in [-126, 128]; the result is normal).
+  const int e = static_cast<int>(n);
+  const int e1 = e / 2;
+  return CmMul(CmMul(p, CmPow2(e1)), CmPow2(e - e1));
 }
 
 /// Canonical dot product of a[0..d) and b[0..d): lane l sums a[i]*b[i] for i = l (mod 8)
@@ -86,7 +110,7 @@ KVTRIM_HD float CmDot(const float* a, const float* b, int d) {
   float lane[kCanonicalLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
   int i = 0;
   for (; i + kCanonicalLanes <= d; i += kCanonicalLanes) {
-#pragma unroll
+    KVTRIM_UNROLL
     for (int l = 0; l < kCanonicalLanes; ++l) lane[l] = CmAdd(lane[l], CmMul(a[i + l], b[i + l]));
   }
   for (int l = 0; i + l < d; ++l) lane[l] = CmAdd(lane[l], CmMul(a[i + l], b[i + l]));

@@ -28,7 +28,9 @@ absl::StatusOr<PoolKind> ResolvePooling(const char* scorer, const std::string& n
 /// stride 1 and radius r = kernel / 2:
 ///   max: out[j] = max(in[max(0, j-r) .. min(n-1, j+r)])
 ///   avg: out[j] = (sum of in[i] over the same clipped range, in double) / kernel
-/// `in` and `out` must not overlap. kernel == 1 copies. Deterministic.
+/// `in` and `out` must not overlap. kernel == 1 copies. Deterministic: this is step 6 of the
+/// canonical window attention (window_attention.h); kernels/gpu/pooling.cuh reproduces it
+/// bit for bit (the avg sum uses IEEE double adds in index order and one double division).
 void Pool1D(PoolKind kind, const float* in, int64_t n, int64_t kernel, float* out);
 
 }  // namespace kvtrim

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -207,6 +208,75 @@ TEST(KeyDiffScore, ZeroEpsWithZeroKeyOrAnchorScoresZero) {
   for (int j = 3; j < 6; ++j) EXPECT_EQ(s[j], 0.0f) << "zero anchor, token " << j - 3;
   EXPECT_TRUE(std::isfinite(s[1]) && std::isfinite(s[2]));
   EXPECT_LT(s[1], 0.0f);
+}
+
+// ---- The canonical arithmetic (score_keydiff.cc), bit for bit --------------------------------
+
+// CmDot written out with its eight lanes.
+float LaneDot(const float* a, const float* b, int64_t d) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int64_t c = 0; c < d; ++c) lane[c % 8] = lane[c % 8] + a[c] * b[c];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+// The aligned power-of-two tree over x padded with -0.0 (the form the GPU computes), which
+// the definition claims equals CmTreeSum.
+float PaddedTree(std::vector<float> x) {
+  if (x.empty()) return 0.0f;
+  size_t span = 1;
+  while (span < x.size()) span *= 2;
+  x.resize(span, -0.0f);
+  for (; span > 1; span /= 2) {
+    for (size_t i = 0; i < span / 2; ++i) x[i] = x[2 * i] + x[2 * i + 1];
+  }
+  return x[0];
+}
+
+// The 8-step definition of score_keydiff.cc, written independently (lanes spelled out, the
+// padded tree instead of CmTreeSum). Builds with -ffp-contract=off like kvtrim_kernels.
+std::vector<float> CanonicalKeyDiff(const float* keys, int64_t n, int64_t d, bool raw, float eps) {
+  std::vector<float> nrm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) nrm[i] = std::sqrt(LaneDot(keys + i * d, keys + i * d, d));
+  const int64_t chunks = (n + 63) / 64;
+  std::vector<float> a(static_cast<size_t>(d));
+  for (int64_t c = 0; c < d; ++c) {
+    std::vector<float> leaves(static_cast<size_t>(chunks), 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+      const float x = keys[i * d + c];
+      leaves[i / 64] = leaves[i / 64] + (raw ? x : (nrm[i] > 0.0f ? x / nrm[i] : 0.0f));
+    }
+    a[c] = PaddedTree(leaves) / static_cast<float>(n);
+  }
+  const float an = std::sqrt(LaneDot(a.data(), a.data(), d));
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = nrm[i] * an;
+    const float den = p < eps ? eps : p;
+    out[i] = den > 0.0f ? -(LaneDot(keys + i * d, a.data(), d) / den) : 0.0f;
+  }
+  return out;
+}
+
+TEST(KeyDiffScore, BitIdenticalToTheCanonicalDefinition) {
+  int64_t checked = 0;
+  for (int64_t n : {1, 2, 63, 64, 65, 127, 129, 200, 1000, 4097}) {
+    for (int64_t d : {1, 7, 8, 64, 130}) {
+      std::vector<float> keys = StructuredKeys(2, n, d, 4000 + 7 * n + d);
+      if (n > 3) std::fill(keys.begin() + 2 * d, keys.begin() + 3 * d, 0.0f);  // a zero key
+      const CpuLayer layer = MakeLayer(keys, 2, n, d);
+      for (const std::string anchor : {"normalized_mean", "raw_mean"}) {
+        const std::vector<float> s = Score(layer, anchor);
+        for (int64_t h = 0; h < 2; ++h) {
+          const std::vector<float> ref =
+              CanonicalKeyDiff(layer.keys.row(h, 0), n, d, anchor == "raw_mean", 1e-8f);
+          ASSERT_EQ(0, std::memcmp(ref.data(), s.data() + h * n, sizeof(float) * n))
+              << anchor << " n=" << n << " d=" << d << " head " << h;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 200);
 }
 
 // ---- Conformance 1: Eq. 7 and Eq. 8 keep the same top-N ---------------------------------------

@@ -2,6 +2,7 @@
 // hash) and K-norm, against their definitions and an fp64 reference.
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -202,6 +203,28 @@ TEST(KnormScore, ZeroKeyScoresZero) {
   const std::vector<float> s = RunScorer(ScoreKnorm, layer, 1);
   EXPECT_EQ(s[0], 0.0f);
   EXPECT_EQ(s[1], -5.0f);
+}
+
+TEST(KnormScore, BitIdenticalToTheCanonicalEightLaneDot) {
+  // The canonical definition (kernels/canonical_math.h) written out: lane c % 8 accumulates
+  // k[c]^2 in increasing c, the lanes meet as ((0+1)+(2+3))+((4+5)+(6+7)), then sqrt.
+  for (int64_t d : {1, 5, 8, 9, 64, 128, 131}) {
+    const CpuLayer layer = MakeLayer(2, 77, d, 300 + d, 0, 0, 5.0f);
+    const std::vector<float> s = RunScorer(ScoreKnorm, layer, 3);
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t j = 0; j < 77; ++j) {
+        const float* k = layer.keys.row(h, j);
+        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int64_t c = 0; c < d; ++c) lane[c % 8] = lane[c % 8] + k[c] * k[c];
+        const float sq = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+        const float ref = -std::sqrt(sq);
+        ASSERT_EQ(0, std::memcmp(&ref, &s[h * 77 + j], sizeof(float)))
+            << "d=" << d << " head " << h << " token " << j << ": " << s[h * 77 + j] << " vs "
+            << ref;
+      }
+    }
+  }
 }
 
 }  // namespace

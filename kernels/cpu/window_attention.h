@@ -53,6 +53,7 @@
 #include "kernels/canonical_math.h"
 #include "kernels/cpu/cpu_layer.h"
 
+
 namespace kvtrim {
 
 /// Tokens per chunk of a canonical attention row (sequential sums inside a chunk).
@@ -74,7 +75,7 @@ struct TreeAccumulator {
   /// Appends x as the next value.
   KVTRIM_HD void Push(float x) {
     bool placed = false;
-#pragma unroll
+    KVTRIM_UNROLL
     for (int k = 0; k < kLevels; ++k) {
       if (!placed) {
         if (count & (1u << k)) {
@@ -92,7 +93,7 @@ struct TreeAccumulator {
   KVTRIM_HD float Sum() const {
     float acc = 0.0f;
     bool any = false;
-#pragma unroll
+    KVTRIM_UNROLL
     for (int k = 0; k < kLevels; ++k) {
       if (count & (1u << k)) {
         acc = any ? CmAdd(level[k], acc) : level[k];

@@ -1,10 +1,11 @@
 // GPU key-only scorers (key_scorers.h): StreamingLLM, Random, K-norm and KeyDiff, bit for
 // bit equal to the CPU scorers. The canonical KeyDiff definition (8 steps) is documented in
 // kernels/cpu/score_keydiff.cc; the mapping of its steps onto kernels is:
-//   RowNormsKernel   step 1 (and K-norm): eight threads per row, one canonical lane each.
-//   GroupSumKernel   steps 2-3 and the first three tree levels of step 4: one block per 512
-//                    rows (8 aligned chunks of 64); each chunk sum is sequential over its
-//                    rows, then the 8 chunk sums are combined by their aligned tree.
+//   KnormKernel      K-norm: eight threads per row, one canonical lane each.
+//   GroupSumKernel   steps 1-3 and the first three tree levels of step 4: one block per 512
+//                    rows (8 aligned chunks of 64): row norms with eight threads per row (one
+//                    canonical lane each), then each chunk sum sequential over its rows,
+//                    then the 8 chunk sums combined by their aligned tree.
 //   AnchorKernel     the rest of step 4 and step 5: the aligned tree over the group sums.
 //   CosineKernel     steps 6-8.
 // CmTreeSum over M values equals the aligned power-of-two tree over M values padded with
@@ -86,13 +87,13 @@ __global__ void RandomKernel(float* scores, int64_t n, uint64_t seed, int32_t la
   }
 }
 
-// ---- K-norm and KeyDiff step 1 ----------------------------------------------------------
+// ---- K-norm ------------------------------------------------------------------------------
 
-/// Row norms of head blockIdx.y: eight threads per row (lane = thread % 8), the canonical
-/// CmSqrt(CmDot(k, k, d)). Writes norms [H, n] when non-null and, when `scores` is non-null,
-/// scores [H, n] = -norm (K-norm). Grid (x, H); blockDim a multiple of 32.
+/// K-norm scores of head blockIdx.y: eight threads per row (lane = thread % 8) compute the
+/// canonical CmDot(k, k, d); scores [H, n] = -CmSqrt of it. Grid (x, H); blockDim a
+/// multiple of 32.
 template <typename Keys>
-__global__ void RowNormsKernel(Keys keys, int64_t n, int d, float* norms, float* scores) {
+__global__ void KnormKernel(Keys keys, int64_t n, int d, float* scores) {
   const int64_t h = blockIdx.y;
   const int64_t items = n * kCanonicalLanes;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -105,60 +106,94 @@ __global__ void RowNormsKernel(Keys keys, int64_t n, int d, float* norms, float*
     const int lane = static_cast<int>(item % kCanonicalLanes);
     const float part = valid ? CanonicalSquareLane(keys, (h * n + j) * d, d, lane) : 0.0f;
     const float nrm = CmSqrt(CombineCanonicalLanes(part));
-    if (valid && lane == 0) {
-      if (norms != nullptr) norms[h * n + j] = nrm;
-      if (scores != nullptr) scores[h * n + j] = -nrm;
-    }
+    if (valid && lane == 0) scores[h * n + j] = -nrm;
   }
 }
 
-// ---- KeyDiff steps 2-4 ------------------------------------------------------------------
+// ---- KeyDiff steps 1-4 ------------------------------------------------------------------
 
-/// One block per (group g of 512 rows, head h): the 8 chunk sums of step 3 for every
-/// dimension (chunk q covers rows 512g + 64q .. +64, absent chunks are -0.0), combined by
-/// their aligned tree ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)).
-///   norms     [H, n] fp32 (from RowNormsKernel)
+/// One block per (group g of 512 rows, head h), three phases:
+///  1. step 1 for the group's rows, eight threads per row (norms to shared memory and to
+///     `norms` for CosineKernel);
+///  2. steps 2-3: the 8 chunk sums (chunk q covers rows 512g + 64q .. +64) of every
+///     dimension, each sequential over its rows; a thread runs up to 8 chunks of one
+///     dimension side by side (independent chains, so their loads overlap); absent chunks
+///     are -0.0;
+///  3. their aligned tree ((P0 + P1) + (P2 + P3)) + ((P4 + P5) + (P6 + P7)).
+/// Phase 2 re-reads the rows phase 1 just read (L1/L2 hits), so keys cross HBM once.
+///   norms     [H, n] fp32 (written)
 ///   group_sum [H, G, d] fp32 (written)
-/// Dynamic shared memory: kGroupChunks * d floats.
+/// Dynamic shared memory: kGroupChunks * d floats. blockDim a multiple of 32.
 template <typename Keys>
-__global__ void GroupSumKernel(Keys keys, int64_t n, int d, bool raw_mean, const float* norms,
-                               float* group_sum) {
+__global__ void __launch_bounds__(kThreads)
+    GroupSumKernel(Keys keys, int64_t n, int d, bool raw_mean, float* norms, float* group_sum) {
   extern __shared__ float chunk_sum[];  // [8, d]
   __shared__ float row_norm[kGroupRows];
   const int64_t h = blockIdx.y;
   const int64_t g = blockIdx.x;
   const int64_t groups = gridDim.x;
   const int64_t row0 = g * kGroupRows;
-  const int64_t rows = n - row0 < kGroupRows ? n - row0 : kGroupRows;
-  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) row_norm[r] = norms[h * n + row0 + r];
+  const int rows = static_cast<int>(n - row0 < kGroupRows ? n - row0 : kGroupRows);
+  const int64_t head_base = (h * n + row0) * d;  // element offset of row 0 of the group
+
+  // Phase 1: norms. The loop bound is per warp, so all 32 threads reach the shuffles.
+  for (int base = threadIdx.x & ~31; base < kGroupRows * kCanonicalLanes; base += blockDim.x) {
+    const int item = base + (threadIdx.x & 31);
+    const int r = item / kCanonicalLanes;
+    const int lane = item % kCanonicalLanes;
+    const bool valid = r < rows;
+    const float part =
+        valid ? CanonicalSquareLane(keys, head_base + static_cast<int64_t>(r) * d, d, lane) : 0.0f;
+    const float nrm = CmSqrt(CombineCanonicalLanes(part));
+    if (valid && lane == 0) {
+      row_norm[r] = nrm;
+      norms[h * n + row0 + r] = nrm;
+    }
+  }
   __syncthreads();
-  for (int item = threadIdx.x; item < kGroupChunks * d; item += blockDim.x) {
-    const int q = item / d;
-    const int c = item % d;
-    const int64_t first = q * kCanonicalChunk;
-    float sum = -0.0f;  // an absent chunk is the tree's padding
-    if (first < rows) {
-      const int64_t last = first + kCanonicalChunk < rows ? first + kCanonicalChunk : rows;
-      sum = 0.0f;
-      const int64_t row_base = (h * n + row0) * d + c;
-      if (raw_mean) {
-#pragma unroll 8
-        for (int64_t r = first; r < last; ++r) sum = CmAdd(sum, keys[row_base + r * d]);
-      } else {
-#pragma unroll 8
-        for (int64_t r = first; r < last; ++r) {
-          const float nrm = row_norm[r];
-          sum = CmAdd(sum, nrm > 0.0f ? CmDiv(keys[row_base + r * d], nrm) : 0.0f);
+
+  // Phase 2: `ways` threads share a dimension (a power of two <= 8 with ways * d <= blockDim
+  // when possible); thread (c, p) runs chunks p, p + ways, ... as independent chains.
+  int ways = 1;
+  while (ways < kGroupChunks && 2 * ways * d <= static_cast<int>(blockDim.x)) ways *= 2;
+  const int chains = kGroupChunks / ways;
+  for (int unit = threadIdx.x; unit < ways * d; unit += blockDim.x) {
+    const int c = unit % d;
+    const int p = unit / d;
+    float sum[kGroupChunks];
+#pragma unroll
+    for (int k = 0; k < kGroupChunks; ++k) {
+      const int q = p + k * ways;
+      sum[k] = k < chains && q * kCanonicalChunk < rows ? 0.0f : -0.0f;
+    }
+#pragma unroll 2
+    for (int r = 0; r < kCanonicalChunk; ++r) {
+#pragma unroll
+      for (int k = 0; k < kGroupChunks; ++k) {
+        const int row = (p + k * ways) * kCanonicalChunk + r;
+        if (k < chains && row < rows) {
+          const float x = keys[head_base + static_cast<int64_t>(row) * d + c];
+          float u = x;
+          if (!raw_mean) {
+            const float nrm = row_norm[row];
+            u = nrm > 0.0f ? CmDiv(x, nrm) : 0.0f;
+          }
+          sum[k] = CmAdd(sum[k], u);
         }
       }
     }
-    chunk_sum[q * d + c] = sum;
+#pragma unroll
+    for (int k = 0; k < kGroupChunks; ++k) {
+      if (k < chains) chunk_sum[(p + k * ways) * d + c] = sum[k];
+    }
   }
   __syncthreads();
+
+  // Phase 3: the aligned tree of the 8 chunk sums.
   for (int c = threadIdx.x; c < d; c += blockDim.x) {
-    const float* p = chunk_sum + c;
-    const float left = CmAdd(CmAdd(p[0], p[d]), CmAdd(p[2 * d], p[3 * d]));
-    const float right = CmAdd(CmAdd(p[4 * d], p[5 * d]), CmAdd(p[6 * d], p[7 * d]));
+    const float* q = chunk_sum + c;
+    const float left = CmAdd(CmAdd(q[0], q[d]), CmAdd(q[2 * d], q[3 * d]));
+    const float right = CmAdd(CmAdd(q[4 * d], q[5 * d]), CmAdd(q[6 * d], q[7 * d]));
     group_sum[(h * groups + g) * d + c] = CmAdd(left, right);
   }
 }
@@ -267,7 +302,7 @@ __global__ void CosineKernel(Keys keys, int64_t n, int d, float eps, const float
   }
 }
 
-/// Launches the three KeyDiff stages after RowNormsKernel.
+/// Launches the three KeyDiff kernels.
 template <typename Keys>
 cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const ScorerParams& params,
                                 const KeyDiffScratch& s, float* scores, cudaStream_t stream) {
@@ -335,10 +370,10 @@ cudaError_t LaunchKeyScorer(ScorerKind kind, const DeviceLayer& layer, const Sco
 
   const int d = layer.head_dim;
   if (d < 1 || layer.keys == nullptr) return cudaErrorInvalidValue;
-  const dim3 row_grid(BlocksPerHead(n * kCanonicalLanes), grid_y);
   if (kind == ScorerKind::kKnorm) {
     return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {
-      RowNormsKernel<<<row_grid, kThreads, 0, stream>>>(keys, n, d, nullptr, scores);
+      KnormKernel<<<dim3(BlocksPerHead(n * kCanonicalLanes), grid_y), kThreads, 0, stream>>>(
+          keys, n, d, scores);
       return cudaGetLastError();
     });
   }
@@ -347,8 +382,6 @@ cudaError_t LaunchKeyScorer(ScorerKind kind, const DeviceLayer& layer, const Sco
   const KeyDiffScratch s = KeyDiffLayout(layer, scratch);
   if (scratch == nullptr || scratch_bytes < s.bytes) return cudaErrorInvalidValue;
   return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {
-    RowNormsKernel<<<row_grid, kThreads, 0, stream>>>(keys, n, d, s.norms, nullptr);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
     return LaunchKeyDiffStages(keys, layer, params, s, scores, stream);
   });
 }

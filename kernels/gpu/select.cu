@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cub/block/block_reduce.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <vector>
 
@@ -92,28 +93,29 @@ __device__ void ZeroRadix(const RadixScratch& r, int64_t segments) {
   for (int64_t i = first; i < segments; i += stride) r.done[i] = 0;
 }
 
-/// Top-k set-up: zeroes the radix bookkeeping; block 0 sets state[h] = {clamp(counts[h],
-/// 0, n), 0} and offsets [H + 1] = the exclusive scan of the clamped counts.
+/// Top-k set-up: zeroes the radix bookkeeping; warp 0 of block 0 sets state[h] =
+/// {clamp(counts[h], 0, n), 0} and offsets [H + 1] = the exclusive scan of the clamped
+/// counts, 32 heads at a time.
 __global__ void __launch_bounds__(kPrepareThreads)
     PrepareTopKKernel(const int64_t* counts, int32_t heads, int64_t n, RadixScratch r,
                       int64_t* offsets) {
   ZeroRadix(r, heads);
-  if (blockIdx.x != 0) return;
-  using BlockScan = cub::BlockScan<int64_t, kPrepareThreads>;
-  __shared__ typename BlockScan::TempStorage storage;
+  if (blockIdx.x != 0 || threadIdx.x >= 32) return;
+  const unsigned lane = threadIdx.x;
   int64_t carry = 0;
-  if (threadIdx.x == 0) offsets[0] = 0;
-  for (int64_t base = 0; base < heads; base += kPrepareThreads) {
-    const int64_t h = base + threadIdx.x;
+  if (lane == 0) offsets[0] = 0;
+  for (int64_t base = 0; base < heads; base += 32) {
+    const int64_t h = base + lane;
     int64_t k = h < heads ? counts[h] : 0;
     k = k < 0 ? 0 : (k > n ? n : k);
     if (h < heads) r.state[h] = SegmentState{static_cast<unsigned long long>(k), 0ull};
-    int64_t inclusive = 0;
-    int64_t total = 0;
-    BlockScan(storage).InclusiveSum(k, inclusive, total);
+    int64_t inclusive = k;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const int64_t up = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+      if (lane >= static_cast<unsigned>(offset)) inclusive += up;
+    }
     if (h < heads) offsets[h + 1] = carry + inclusive;
-    carry += total;
-    __syncthreads();  // storage is reused by the next chunk
+    carry += __shfl_sync(0xFFFFFFFFu, inclusive, 31);
   }
 }
 

@@ -1,0 +1,19 @@
+// 1-D pooling of score rows on the GPU, bit-identical to kvtrim::Pool1D
+// (kernels/cpu/pooling.h): max over the clipped window, or the double sum over the clipped
+// window in index order divided by the kernel in double and rounded once to fp32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace kvtrim::gpu {
+
+/// Pools every row of in [rows, n] fp32 (device) into out [rows, n] fp32 (device) with an odd
+/// `kernel` >= 1, stride 1, radius kernel / 2; `max_pool` picks max (else avg, zero padding,
+/// divided by the full kernel). kernel == 1 copies. `in` and `out` must not overlap.
+/// Returns cudaErrorInvalidValue for an even or non-positive kernel, else the launch error.
+cudaError_t LaunchPool1D(const float* in, int32_t rows, int64_t n, int32_t kernel, bool max_pool,
+                         float* out, cudaStream_t stream);
+
+}  // namespace kvtrim::gpu

@@ -1,0 +1,54 @@
+// ScoreScratchBytes / LaunchScore (launchers.h): the key-only scorers go to
+// kernels/gpu/key_scorers.h, the attention scorers (SnapKV, H2O, TOVA, DropKV) run the
+// canonical window attention of kernels/cpu/window_attention.h in three stages:
+//   1. LaunchAttentionStats   per-segment partials, then -M, 1/Z (and a, |a|^2) per row
+//   2. LaunchAttentionScores  per-token sums over the rows (pre-pooling scores)
+//   3. LaunchPool1D           SnapKV / DropKV with kernel > 1
+// Scratch (attention kinds, fp32 unless stated; H = H_kv, R = rows per KV head = G * rows
+// per query head, S = ceil(n / 512)): m_s, z_s [H, R, S]; DropKV o_s [H, R, S, d]; row
+// stats [H, R] x 16 B; DropKV a [H, R, d]; pre-pooling scores [H, n] when pooled. Each
+// region is 256-byte aligned. Nothing of size [w, n] or [n, d] is ever allocated.
+#include <cuda_runtime.h>
+
+#include "kernels/gpu/attention_plan.cuh"
+#include "kernels/gpu/attention_score.cuh"
+#include "kernels/gpu/attention_stats.cuh"
+#include "kernels/gpu/key_scorers.h"
+#include "kernels/gpu/launchers.h"
+#include "kernels/gpu/pooling.cuh"
+
+namespace kvtrim::gpu {
+
+size_t ScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params) {
+  if (IsKeyScorer(kind)) return KeyScorerScratchBytes(kind, layer, params);
+  attn::AttentionPlan plan;
+  if (attn::MakeAttentionPlan(kind, layer, params, &plan) != cudaSuccess) return 0;
+  return plan.scratch_bytes;
+}
+
+cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
+                        float* scores, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (IsKeyScorer(kind)) {
+    return LaunchKeyScorer(kind, layer, params, scores, scratch, scratch_bytes, stream);
+  }
+  attn::AttentionPlan plan;
+  cudaError_t err = attn::MakeAttentionPlan(kind, layer, params, &plan);
+  if (err != cudaSuccess) return err;
+  if (plan.num_tokens == 0) return cudaSuccess;
+  if (scores == nullptr || scratch_bytes < plan.scratch_bytes ||
+      (plan.scratch_bytes > 0 && scratch == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  err = attn::LaunchAttentionStats(plan, layer, scratch, stream);
+  if (err != cudaSuccess) return err;
+  float* pre = plan.pooled
+                   ? reinterpret_cast<float*>(static_cast<char*>(scratch) + plan.pre_pool_offset)
+                   : scores;
+  err = attn::LaunchAttentionScores(plan, layer, params, scratch, pre, stream);
+  if (err != cudaSuccess) return err;
+  if (!plan.pooled) return cudaSuccess;
+  return LaunchPool1D(pre, plan.num_kv_heads, plan.num_tokens, params.kernel, params.pool_max,
+                      scores, stream);
+}
+
+}  // namespace kvtrim::gpu
