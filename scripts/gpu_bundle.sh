@@ -2,14 +2,16 @@
 # Builds kvtrim with CUDA here (sm_90a + PTX) and bundles the binaries with the non-glibc
 # shared libraries they link into gpu_bundle/ (git-ignored), for the GPU machine, which
 # has CUDA but no gRPC/Abseil/prometheus-cpp. Usage: bash scripts/gpu_bundle.sh [TARGET...]
-# Then on the GPU machine (device tool, carry gpu_bundle):
+# The default targets are what scripts/gpu_run.sh runs there. Then on the GPU machine
+# (device tool, carry gpu_bundle):
+#   bash scripts/gpu_run.sh                      # tests, sanitizers, benchmarks, smoke
 #   LD_LIBRARY_PATH=gpu_bundle/lib gpu_bundle/bin/<binary>
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim kvtrim_kernels_test)
+  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim)
 fi
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DKVTRIM_CUDA=ON \
   -DKVTRIM_BUILD_TESTS=ON -DKVTRIM_BUILD_BENCHMARKS=ON >/dev/null

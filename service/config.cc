@@ -31,25 +31,33 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "rejected by gRPC with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int32_t, workers,
           static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency())),
-          "Compute threads of the CPU backend (1 .. 1024); default: hardware concurrency.");
+          "Compute threads of the CPU backend, or worker contexts of the GPU backend (layers "
+          "computed on the GPU at once, each with its own CUDA stream, device arena and pinned "
+          "staging buffers) (1 .. 1024); default: hardware concurrency.");
 ABSL_FLAG(int32_t, max_inflight, 64,
           "Most Compress and CompressSession calls served at once (1 .. 1048576); more get "
           "RESOURCE_EXHAUSTED \"max_inflight\".");
 ABSL_FLAG(std::string, backend, "auto",
-          "Compute backend: auto | cpu | gpu. auto picks cpu in a build without CUDA; gpu in "
-          "such a build is a start-up error.");
+          "Compute backend: auto | cpu | gpu. auto uses the GPU when this build has CUDA and a "
+          "CUDA device is visible, else the CPU. gpu in a build without CUDA exits 2; gpu "
+          "with no visible CUDA device exits 1 at start-up (\"cannot start: --backend=gpu: "
+          "no CUDA device is visible\").");
 ABSL_FLAG(int32_t, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: seconds to wait for in-flight calls before cancelling them "
           "(0 .. 86400).");
+ABSL_FLAG(int64_t, gpu_memory_limit_bytes, 0,
+          "GPU backend: device memory all worker arenas may hold together, in bytes; each "
+          "worker's arena is capped at this / --workers, and a layer needing more is answered "
+          "RESOURCE_EXHAUSTED. 0 = no cap but the device's free memory.");
 
 namespace kvtrim::service {
 
 namespace {
 
 /// Every kvtrimd flag, in --help order.
-constexpr const char* kOurFlags[] = {"listen",       "metrics_listen", "max_message_bytes",
-                                     "workers",      "max_inflight",   "backend",
-                                     "drain_timeout_s"};
+constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "max_message_bytes",
+                                     "workers",         "max_inflight",   "backend",
+                                     "drain_timeout_s", "gpu_memory_limit_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
 /// the flag takes a value ("--flagfile f" consumes the next argument).
@@ -158,6 +166,10 @@ absl::Status Config::Validate() const {
   if (auto st = CheckRange("workers", workers, 1, 1024); !st.ok()) return st;
   if (auto st = CheckRange("max_inflight", max_inflight, 1, 1 << 20); !st.ok()) return st;
   if (auto st = CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400); !st.ok()) return st;
+  if (gpu_memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--gpu_memory_limit_bytes: must be >= 0 (0 = no cap), got ", gpu_memory_limit_bytes));
+  }
   if (backend == BackendKind::kGpu && !BuiltWithCuda()) {
     return absl::InvalidArgumentError(
         "--backend=gpu: this kvtrimd was built without CUDA (KVTRIM_CUDA=OFF); "
@@ -166,8 +178,13 @@ absl::Status Config::Validate() const {
   return absl::OkStatus();
 }
 
-std::string Config::ResolvedBackendName() const {
-  return backend == BackendKind::kGpu ? "gpu" : "cpu";
+std::string Config::ResolvedBackendName(bool gpu_visible) const {
+  switch (backend) {
+    case BackendKind::kGpu: return "gpu";
+    case BackendKind::kCpu: return "cpu";
+    case BackendKind::kAuto: return BuiltWithCuda() && gpu_visible ? "gpu" : "cpu";
+  }
+  return "cpu";
 }
 
 bool WantsHelp(int argc, char** argv) {
@@ -242,7 +259,9 @@ std::string UsageText() {
       "kvtrimd ", KvtrimVersion(),
       " - the kvtrim KV-cache eviction sidecar. Serves the kvtrim.v1.Kvtrim gRPC service\n"
       "(plus grpc.health.v1 and server reflection) and exports Prometheus metrics.\n"
-      "Bad flag values exit with status 2. SIGTERM/SIGINT drain and exit 0.\n\nFlags:\n");
+      "Exit status: 0 after SIGTERM/SIGINT and a drain; 1 when the server cannot start\n"
+      "(address in use, --backend=gpu without a visible CUDA device, failed warm-up);\n"
+      "2 for a bad flag; 3 after a sticky CUDA error (health turns NOT_SERVING first).\n\nFlags:\n");
   for (const char* name : kOurFlags) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr) continue;
@@ -266,6 +285,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.workers = absl::GetFlag(FLAGS_workers);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
+  config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {
     config.backend = BackendKind::kAuto;

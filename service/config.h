@@ -11,9 +11,9 @@ namespace kvtrim::service {
 
 /// Which compute backend serves requests.
 enum class BackendKind {
-  kAuto,  // the best backend this build has (cpu in a build without CUDA)
+  kAuto,  // the GPU when this build has CUDA and a device is visible, else the CPU
   kCpu,   // the threaded CPU reference backend
-  kGpu,   // the CUDA backend (needs a CUDA build)
+  kGpu,   // the CUDA backend (needs a CUDA build and a visible device)
 };
 
 /// Lower-case flag spelling of `kind` ("auto", "cpu", "gpu").
@@ -30,7 +30,8 @@ struct Config {
   /// Largest gRPC message the server accepts, bytes. Larger messages are rejected by gRPC
   /// with RESOURCE_EXHAUSTED before the service sees them.
   int64_t max_message_bytes = int64_t{64} << 20;
-  /// Compute threads of the CPU backend.
+  /// Compute threads of the CPU backend, or worker contexts of the GPU backend (layers
+  /// computed on the device at once, each with its own stream and device arena).
   int workers = 1;
   /// Most Compress + CompressSession calls served at once; more get RESOURCE_EXHAUSTED.
   int max_inflight = 64;
@@ -38,11 +39,16 @@ struct Config {
   BackendKind backend = BackendKind::kAuto;
   /// Seconds to wait for in-flight calls after SIGTERM/SIGINT before cancelling them.
   int drain_timeout_s = 30;
+  /// GPU backend: device memory its worker arenas may hold together, bytes; each worker's
+  /// arena is capped at gpu_memory_limit_bytes / workers. 0 = no cap but free memory.
+  /// A layer that needs more than a worker's cap is answered RESOURCE_EXHAUSTED.
+  int64_t gpu_memory_limit_bytes = 0;
 
   /// Checks every field; errors are INVALID_ARGUMENT naming the flag ("--workers: ...").
   absl::Status Validate() const;
-  /// The backend actually used: "cpu" (or "gpu" in a CUDA build asked for it).
-  std::string ResolvedBackendName() const;
+  /// The backend to run: "gpu" for --backend=gpu, and for --backend=auto in a CUDA build
+  /// when `gpu_visible` (a CUDA device was found); "cpu" otherwise.
+  std::string ResolvedBackendName(bool gpu_visible = false) const;
 };
 
 /// True when this binary was built with the CUDA backend.

@@ -142,7 +142,7 @@ TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
     dup2(out_pipe[1], 1);
     close(out_pipe[0]);
     execl(KVTRIMD_PATH, "kvtrimd", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-          "--workers=1", "--drain_timeout_s=5", static_cast<char*>(nullptr));
+          "--workers=1", "--drain_timeout_s=5", "--backend=cpu", static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out_pipe[1]);

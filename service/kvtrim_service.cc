@@ -199,6 +199,9 @@ absl::StatusOr<LayerDecision> KvtrimService::ComputeLayer(const ResolvedPolicy& 
   const double wall = SecondsSince(start);
   if (!decision.ok()) {
     metrics_.ObserveStage(Stage::kValidate, wall);
+    if (decision.status().code() == absl::StatusCode::kInternal && backend_failure_hook_) {
+      backend_failure_hook_(decision.status());
+    }
     return decision.status();
   }
   const double compute = std::min(wall, std::max(0.0, decision->compute_seconds));

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <ostream>
 #include <set>
@@ -62,6 +63,12 @@ class KvtrimService final : public v1::Kvtrim::Service {
   grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
                            v1::DeleteModelResponse* response) override;
 
+  /// Called with the status of every layer whose computation failed INTERNAL (a backend
+  /// fault, e.g. a CUDA error), from the handler's thread; the server checks there whether
+  /// the backend is still healthy. Set it before the server starts; may be empty.
+  using BackendFailureHook = std::function<void(const absl::Status&)>;
+  void SetBackendFailureHook(BackendFailureHook hook) { backend_failure_hook_ = std::move(hook); }
+
   /// Calls admitted and not yet finished (Compress + CompressSession).
   int inflight() const { return inflight_.load(); }
 
@@ -113,6 +120,7 @@ class KvtrimService final : public v1::Kvtrim::Service {
   int active_calls_ = 0;
   bool draining_ = false;
   std::ostream* error_log_;
+  BackendFailureHook backend_failure_hook_;
   std::mutex log_mutex_;                     // serialises error_log_ lines
   std::set<std::string> policy_names_;       // presets and SCORER+ALLOCATOR compositions
   v1::ListPoliciesResponse policies_;        // the ListPolicies answer, built once

@@ -1,6 +1,7 @@
 // kvtrimd: the kvtrim sidecar daemon. Parses and validates flags (exit 2 on a bad flag),
-// starts the server (exit 1 when it cannot start), serves until SIGTERM/SIGINT, drains and
-// exits 0.
+// starts the server (exit 1 when it cannot start, e.g. --backend=gpu with no visible CUDA
+// device), serves until SIGTERM/SIGINT, drains and exits 0; after a sticky CUDA error it
+// turns NOT_SERVING, drains and exits 3 (kExitDeviceFailure).
 #include <iostream>
 
 #include "absl/flags/parse.h"
@@ -42,6 +43,5 @@ int main(int argc, char** argv) {
     std::cerr << "kvtrimd: cannot start: " << server.status().message() << std::endl;
     return 1;
   }
-  kvtrim::service::RunUntilSignal(**server, std::cout);
-  return 0;
+  return kvtrim::service::RunUntilSignal(**server, std::cout);
 }

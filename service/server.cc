@@ -11,8 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "prometheus/exposer.h"
+#include "service/backend_factory.h"
 #include "service/warmup.h"
 
 namespace kvtrim::service {
@@ -34,6 +34,12 @@ Server::Server(Config config) : config_(std::move(config)) {}
 
 Server::~Server() {
   Drain();
+  {
+    std::lock_guard<std::mutex> lock(fatal_mutex_);
+    closing_ = true;
+  }
+  fatal_signalled_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
   exposer_.reset();
   server_.reset();
 }
@@ -41,23 +47,66 @@ Server::~Server() {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config, std::ostream& log) {
   if (auto st = config.Validate(); !st.ok()) return st;
   std::unique_ptr<Server> server(new Server(config));
-  if (auto st = server->Init(log); !st.ok()) return st;
+  if (auto st = server->Init(log, nullptr); !st.ok()) return st;
   return server;
 }
 
-absl::Status Server::Init(std::ostream& log) {
+absl::StatusOr<std::unique_ptr<Server>> Server::StartWithBackend(const Config& config,
+                                                                 std::unique_ptr<Backend> backend,
+                                                                 std::ostream& log) {
+  if (backend == nullptr) return absl::InvalidArgumentError("StartWithBackend: backend is null");
+  if (auto st = config.Validate(); !st.ok()) return st;
+  std::unique_ptr<Server> server(new Server(config));
+  if (auto st = server->Init(log, std::move(backend)); !st.ok()) return st;
+  return server;
+}
+
+absl::Status Server::fatal_error() const {
+  std::lock_guard<std::mutex> lock(fatal_mutex_);
+  return fatal_;
+}
+
+void Server::OnBackendFailure(const absl::Status& status) {
+  if (backend_->healthy()) return;  // a failure of this request only
+  {
+    std::lock_guard<std::mutex> lock(fatal_mutex_);
+    if (!fatal_.ok()) return;  // already shutting down
+    fatal_ = status;
+  }
+  if (server_ != nullptr) {
+    if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus(false);
+    }
+  }
+  *log_ << "kvtrimd: sticky device error, NOT_SERVING, shutting down with exit status "
+        << kExitDeviceFailure << ": " << status << std::endl;
+  fatal_signalled_.notify_all();
+}
+
+void Server::WatchForFatalErrors() {
+  std::unique_lock<std::mutex> lock(fatal_mutex_);
+  fatal_signalled_.wait(lock, [this] { return !fatal_.ok() || closing_; });
+  if (fatal_.ok()) return;  // destruction
+  lock.unlock();
+  Drain();
+}
+
+absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
+  log_ = &log;
   RegisterBuiltinPolicies(&registry_);
-  if (config_.ResolvedBackendName() == "cpu") {
-    backend_ = std::make_unique<CpuBackend>(config_.workers);
+  if (backend != nullptr) {
+    backend_ = std::move(backend);
   } else {
-    return absl::UnimplementedError(
-        "--backend=gpu: the GPU backend is not part of this kvtrimd release; use --backend=cpu");
+    auto created = CreateBackend(config_, &backend_detail_);
+    if (!created.ok()) return created.status();
+    backend_ = *std::move(created);
   }
   engine_ = std::make_unique<PolicyEngine>(registry_, *backend_);
   std::vector<std::string> presets;
   for (const auto& preset : registry_.presets()) presets.push_back(preset.name);
   metrics_ = std::make_unique<Metrics>(KvtrimVersion(), std::string(backend_->name()), presets);
   service_ = std::make_unique<KvtrimService>(*engine_, *metrics_, config_.max_inflight, &log);
+  service_->SetBackendFailureHook([this](const absl::Status& status) { OnBackendFailure(status); });
 
   InitGrpcPluginsOnce();
   grpc::ServerBuilder builder;
@@ -100,11 +149,13 @@ absl::Status Server::Init(std::ostream& log) {
     metrics_port_ = ports.empty() ? 0 : ports.front();
   }
 
+  // Every preset once through the backend that will serve (the GPU's kernels load here).
   WarmUpReport report;
   if (auto st = WarmUp(*engine_, &report); !st.ok()) {
     log << "kvtrimd: warm-up failed, staying NOT_SERVING: " << st << std::endl;
     return st;
   }
+  watcher_ = std::thread([this] { WatchForFatalErrors(); });
   health->SetServingStatus("", true);
   health->SetServingStatus(kHealthServiceName, true);
 
@@ -115,7 +166,9 @@ absl::Status Server::Init(std::ostream& log) {
                          config_.metrics_listen.substr(0, config_.metrics_listen.rfind(':')), ":",
                          metrics_port_, "/metrics");
   log << "kvtrimd " << KvtrimVersion() << " serving on " << address_ << " metrics "
-      << metrics_address << " backend " << backend_->name() << " workers " << config_.workers
+      << metrics_address << " backend " << backend_->name()
+      << (backend_detail_.empty() ? std::string() : absl::StrCat(" (", backend_detail_, ")"))
+      << " workers " << config_.workers
       << " max_inflight " << config_.max_inflight << " max_message_bytes "
       << config_.max_message_bytes << " warmed " << report.warmed.size() << " policies"
       << (report.skipped.empty() ? std::string()
@@ -127,6 +180,7 @@ absl::Status Server::Init(std::ostream& log) {
 
 void Server::Drain() {
   std::call_once(drain_once_, [this] {
+    stopping_.store(true);
     if (server_ == nullptr) return;
     if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
       health->SetServingStatus(false);
@@ -160,22 +214,35 @@ void BlockShutdownSignals() {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
-void RunUntilSignal(Server& server, std::ostream& log) {
+int RunUntilSignal(Server& server, std::ostream& log) {
   std::thread waiter([&server, &log] {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGINT);
-    int signal_number = 0;
-    sigwait(&set, &signal_number);
-    log << "kvtrimd: " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
-        << ": NOT_SERVING, draining in-flight calls (up to " << server.config().drain_timeout_s
-        << " s)" << std::endl;
-    server.Drain();
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // sigtimedwait needs them blocked here
+    // Wakes every 100 ms to notice a drain that a fatal device error started on its own.
+    const timespec tick{0, 100 * 1000 * 1000};
+    while (!server.stopping()) {
+      const int signal_number = sigtimedwait(&set, nullptr, &tick);
+      if (signal_number != SIGTERM && signal_number != SIGINT) continue;  // timeout, EINTR
+      log << "kvtrimd: " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
+          << ": NOT_SERVING, draining in-flight calls (up to " << server.config().drain_timeout_s
+          << " s)" << std::endl;
+      server.Drain();
+      return;
+    }
   });
   server.Wait();
   waiter.join();
+  const absl::Status fatal = server.fatal_error();
+  if (!fatal.ok()) {
+    log << "kvtrimd: stopped after a sticky device error (exit status " << kExitDeviceFailure
+        << ")" << std::endl;
+    return kExitDeviceFailure;
+  }
   log << "kvtrimd: stopped" << std::endl;
+  return 0;
 }
 
 }  // namespace kvtrim::service

@@ -1,10 +1,13 @@
 // kvtrimd's server: gRPC builder, health, reflection, metrics exporter, warm-up and drain.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <ostream>
 #include <string>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
@@ -24,6 +27,9 @@ namespace kvtrim::service {
 /// The gRPC health service name of kvtrim (besides the server-wide name "").
 inline constexpr char kHealthServiceName[] = "kvtrim.v1.Kvtrim";
 
+/// kvtrimd's exit status after a sticky device error stopped it (RunUntilSignal).
+inline constexpr int kExitDeviceFailure = 3;
+
 /// One running kvtrimd: owns the policy registry, backend, engine, metrics, service, the
 /// gRPC server and the Prometheus exporter. Start() returns it SERVING; Drain() stops it.
 class Server {
@@ -35,6 +41,12 @@ class Server {
   /// INTERNAL when the warm-up fails. `log` receives the start-up line and server-side
   /// call failures; it must outlive the server.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const Config& config, std::ostream& log);
+
+  /// As Start(), but serves on `backend` instead of the one config.backend names (tests
+  /// inject failing backends; embedders bring their own). `backend` must not be null.
+  static absl::StatusOr<std::unique_ptr<Server>> StartWithBackend(const Config& config,
+                                                                  std::unique_ptr<Backend> backend,
+                                                                  std::ostream& log);
 
   /// Drains (if not already) and releases everything.
   ~Server();
@@ -48,6 +60,12 @@ class Server {
   void Drain();
   /// Blocks until the server has shut down (after Drain()).
   void Wait();
+  /// True once a drain has begun (SIGTERM/SIGINT, a fatal device error, or destruction).
+  bool stopping() const { return stopping_.load(); }
+  /// OK, or the INTERNAL error after which the backend reported itself unhealthy (a sticky
+  /// CUDA error): the server then turned NOT_SERVING, logged it and drained on its own;
+  /// kvtrimd exits with kExitDeviceFailure.
+  absl::Status fatal_error() const;
 
   /// The gRPC port actually bound (the ephemeral one for port 0; 0 for unix sockets).
   int port() const { return port_; }
@@ -66,7 +84,14 @@ class Server {
 
  private:
   explicit Server(Config config);
-  absl::Status Init(std::ostream& log);
+  /// Builds and starts everything; `backend` null = build the configured one.
+  absl::Status Init(std::ostream& log, std::unique_ptr<Backend> backend);
+  /// Called by the service after a layer failed INTERNAL: when the backend is no longer
+  /// healthy, records `status`, turns every health service NOT_SERVING, logs the error and
+  /// wakes the watcher thread, which drains the server.
+  void OnBackendFailure(const absl::Status& status);
+  /// Body of watcher_: waits for a fatal error (then drains) or for destruction.
+  void WatchForFatalErrors();
 
   Config config_;
   PolicyRegistry registry_;
@@ -79,7 +104,15 @@ class Server {
   int port_ = 0;
   int metrics_port_ = 0;
   std::string address_;
+  std::string backend_detail_;  // e.g. the GPU's name, for the start-up line
+  std::ostream* log_ = nullptr;
   std::once_flag drain_once_;
+  std::atomic<bool> stopping_{false};
+  mutable std::mutex fatal_mutex_;           // guards fatal_ and closing_
+  std::condition_variable fatal_signalled_;  // wakes watcher_
+  absl::Status fatal_;
+  bool closing_ = false;                     // the destructor runs: watcher_ ends
+  std::thread watcher_;
 };
 
 /// Blocks SIGTERM and SIGINT in the calling thread (call it in main() before any other
@@ -87,7 +120,8 @@ class Server {
 void BlockShutdownSignals();
 
 /// Waits for SIGTERM or SIGINT on a dedicated thread, then drains `server`; returns once
-/// the server has shut down. Requires BlockShutdownSignals() first.
-void RunUntilSignal(Server& server, std::ostream& log);
+/// the server has shut down, either way: 0 after a signal, kExitDeviceFailure when a
+/// sticky device error drained it. Requires BlockShutdownSignals() first.
+int RunUntilSignal(Server& server, std::ostream& log);
 
 }  // namespace kvtrim::service

@@ -30,9 +30,11 @@ namespace kvtrim::service::testing {
     EXPECT_THAT(_s.error_message(), ::testing::HasSubstr(fragment));                   \
   } while (0)
 
-/// A config for an in-process server on 127.0.0.1 with an ephemeral port, no exporter.
+/// A config for an in-process server on 127.0.0.1 with an ephemeral port, no exporter, on
+/// the CPU backend (the tests' expectations name it; a GPU machine would pick the GPU).
 inline Config TestConfig() {
   Config config;
+  config.backend = BackendKind::kCpu;
   config.listen = "127.0.0.1:0";
   config.metrics_listen = "";
   config.workers = 2;

@@ -145,9 +145,11 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
     plan.total_indices = total;
   }
 
-  // Inputs read on the device.
-  const uint32_t inputs = policy.scorer->required_inputs | policy.scorer->optional_inputs;
+  // Inputs read on the device (the CPU scorers read only their required inputs).
+  const uint32_t inputs = policy.scorer->required_inputs;
   plan.perturbation = shape.has_values && shape.has_queries;
+  plan.reads_keys = plan.perturbation || (plan.scorer != ScorerKind::kStreamingLlm &&
+                                          plan.scorer != ScorerKind::kRandom);
   plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
   plan.reads_queries = shape.has_queries && (plan.perturbation || (inputs & kInputQueries));
   return plan;
@@ -212,9 +214,8 @@ std::vector<int64_t> MetaInit(const LayerPlan& plan) {
   return meta;
 }
 
-absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
-                          const PipelineBuffers& b, cudaStream_t stream,
-                          const PipelineEvents* events) {
+absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
+                           const PipelineBuffers& b, cudaStream_t stream) {
   const int32_t heads = plan.num_heads;
   const int64_t n = plan.num_tokens;
   KVTRIM_CUDA_RETURN_IF_ERROR(
@@ -226,6 +227,15 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
   KVTRIM_CUDA_RETURN_IF_ERROR(LaunchApplyProtection(b.scores, heads, n, plan.protection.sink,
                                                     plan.protection.recent, stream),
                               "LaunchApplyProtection");
+  return absl::OkStatus();
+}
+
+absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
+                          const PipelineBuffers& b, cudaStream_t stream,
+                          const PipelineEvents* events) {
+  const int32_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  KVTRIM_RETURN_IF_ERROR(EnqueueScores(plan, layer, b, stream));
   if (events != nullptr && events->after_score != nullptr) {
     KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_score, stream), "cudaEventRecord");
   }
@@ -256,16 +266,20 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
   return absl::OkStatus();
 }
 
+absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan) {
+  if (first_nan == kNoNaN) return absl::OkStatus();
+  const int64_t n = plan.num_tokens;
+  const int64_t i = static_cast<int64_t>(first_nan);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "keys: scorer '", plan.scorer_name, "' produced NaN for head ", i / n, " token ", i % n,
+      "; the input magnitudes overflow fp32 arithmetic"));
+}
+
 absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,
                             LayerDecision* out) {
   const int64_t heads = plan.num_heads;
   const int64_t n = plan.num_tokens;
-  if (results.first_nan != kNoNaN) {
-    const int64_t i = static_cast<int64_t>(results.first_nan);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keys: scorer '", plan.scorer_name, "' produced NaN for head ", i / n, " token ", i % n,
-        "; the input magnitudes overflow fp32 arithmetic"));
-  }
+  KVTRIM_RETURN_IF_ERROR(NaNStatus(plan, results.first_nan));
   const std::vector<int64_t>& offsets = results.offsets;
   bool consistent = offsets.size() == static_cast<size_t>(plan.num_lists()) + 1 &&
                     offsets.front() == 0 && offsets.back() == plan.total_indices;

@@ -39,6 +39,8 @@ struct LayerPlan {
   int64_t shared_count = 0;       // length of the shared list
   int64_t total_indices = 0;      // indices the selection writes (sum of counts, or shared)
   bool perturbation = false;      // values and queries present: compute the statistic
+  bool reads_keys = true;         // the scorer or the statistic reads K (not StreamingLLM
+                                  // or Random alone)
   bool reads_values = false;      // the scorer or the statistic reads V
   bool reads_queries = false;     // the scorer or the statistic reads Q
 
@@ -57,7 +59,8 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
                                     const LayerBudget& budget);
 
 /// A DeviceLayer over device tensors (V and Q only when the plan reads them; nullptr
-/// pointers and zero query dims otherwise).
+/// pointers and zero query dims otherwise). `keys` is passed even when the plan does not
+/// read K (the launchers never dereference it then).
 DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DType dtype,
                             float softmax_scale, int32_t layer_id, uint64_t seed,
                             const void* keys, const void* values, const void* queries);
@@ -74,6 +77,8 @@ struct PipelineRegions {
 };
 
 /// Plans the working regions of `plan` for `layer` after whatever `layout` holds already.
+/// The launchers' *ScratchBytes queries read only shapes, but return 0 for null tensors:
+/// `layer` must carry non-null pointers for the tensors the plan reads.
 PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& layer,
                                    ArenaLayout* layout);
 
@@ -103,10 +108,15 @@ struct PipelineEvents {
   cudaEvent_t after_select = nullptr;  // after the counts and the selection
 };
 
-/// Enqueues the layer's launches on `stream`: LaunchScore, the NaN probe, protection,
-/// AdaKV counts (adakv, per head), selection (top-k or shared), perturbation (when
-/// planned). The meta region must hold MetaInit(plan) in stream order. Errors: CudaStatus()
-/// of the first failing launch.
+/// Enqueues the scoring launches on `stream`: LaunchScore, the NaN probe (into
+/// buffers.first_nan) and protection; buffers.scores then holds the protected scores
+/// [H_kv, n]. Errors: CudaStatus() of the first failing launch.
+absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
+                           const PipelineBuffers& buffers, cudaStream_t stream);
+
+/// Enqueues the whole layer on `stream`: EnqueueScores, AdaKV counts (adakv, per head),
+/// selection (top-k or shared), perturbation (when planned). The meta region must hold
+/// MetaInit(plan) in stream order. Errors: CudaStatus() of the first failing launch.
 absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
                           const PipelineBuffers& buffers, cudaStream_t stream,
                           const PipelineEvents* events = nullptr);
@@ -118,6 +128,10 @@ struct HostResults {
   std::vector<double> perturbation;   // [H_kv] or empty
   unsigned long long first_nan = 0;   // kNoNaN when no NaN
 };
+
+/// OK when `first_nan` is kNoNaN; else INVALID_ARGUMENT worded like the CPU backend's
+/// ("keys: scorer 'x' produced NaN for head h token j; ...").
+absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan);
 
 /// Checks `results` (NaN -> INVALID_ARGUMENT worded like the CPU backend; inconsistent
 /// offsets -> INTERNAL) and fills `out` like CpuBackend::CompressLayer (all fields but

@@ -42,20 +42,31 @@ std::string GpuBackend::failure() const {
 
 absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
+  return Run(policy, layer, budget, out, nullptr);
+}
+
+absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                    const LayerBudget& budget, std::vector<float>* scores) {
+  return Run(policy, layer, budget, nullptr, scores);
+}
+
+absl::Status GpuBackend::Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                             const LayerBudget& budget, LayerDecision* out,
+                             std::vector<float>* scores) {
   if (!healthy()) {
     return absl::InternalError(absl::StrCat(
         "the GPU backend is out of service after a sticky CUDA error (", failure(),
         "); kvtrimd must be restarted"));
   }
   DevicePool::Lease lease = pool_->Acquire();
-  absl::Status status = RunLayer(*lease, policy, layer, budget, out);
+  absl::Status status = RunLayer(*lease, policy, layer, budget, out, scores);
   if (!status.ok()) HandleFailure(*lease, status);
   return status;
 }
 
 absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                                   const ValidatedLayer& layer, const LayerBudget& budget,
-                                  LayerDecision* out) {
+                                  LayerDecision* out, std::vector<float>* scores) {
   KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
   cudaGetLastError();  // a stale non-sticky error of this thread is not ours
   const LayerShape& shape = layer.shape;
@@ -66,16 +77,19 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
 
   // Device working set: inputs first, then the pipeline's regions.
   ArenaLayout layout;
-  const size_t key_bytes = static_cast<size_t>(layer.keys.nbytes());
+  const size_t key_bytes = plan->reads_keys ? static_cast<size_t>(layer.keys.nbytes()) : 0;
   const size_t value_bytes = plan->reads_values ? static_cast<size_t>(layer.values.nbytes()) : 0;
   const size_t query_bytes =
       plan->reads_queries ? static_cast<size_t>(layer.queries.nbytes()) : 0;
   const size_t keys_at = layout.Add(key_bytes);
   const size_t values_at = layout.Add(value_bytes);
   const size_t queries_at = layout.Add(query_bytes);
-  // Regions depend on the DeviceLayer only through sizes: plan them on null pointers.
-  const DeviceLayer sizing = MakeDeviceLayer(*plan, shape, dtype, layer.softmax_scale,
-                                             layer.layer_id, layer.seed, nullptr, nullptr, nullptr);
+  // The scratch queries read shapes only, but reject null tensors: size the regions on a
+  // placeholder address (never dereferenced) before the arena's base is known.
+  static const char kPlaceholder = 0;
+  const DeviceLayer sizing =
+      MakeDeviceLayer(*plan, shape, dtype, layer.softmax_scale, layer.layer_id, layer.seed,
+                      &kPlaceholder, &kPlaceholder, &kPlaceholder);
   const PipelineRegions regions = AddPipelineRegions(*plan, sizing, &layout);
   KVTRIM_RETURN_IF_ERROR(context.arena().Reserve(layout.total()));
   char* base = static_cast<char*>(context.arena().data());
@@ -95,12 +109,17 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   const size_t indices_at = host.Add(total * sizeof(int32_t));
   const size_t perturbation_at = host.Add(heads * sizeof(double));
   const size_t nan_at = host.Add(sizeof(unsigned long long));
+  const size_t scores_at =
+      host.Add(scores != nullptr ? heads * static_cast<size_t>(shape.num_tokens) * sizeof(float)
+                                 : 0);
   KVTRIM_RETURN_IF_ERROR(context.transfer().Reserve(host.total()));
   char* pinned = context.transfer().data();
 
   // Uploads: K/V/Q through the staging chunks; the meta region from the transfer buffer.
   cudaStream_t stream = context.stream();
-  KVTRIM_RETURN_IF_ERROR(context.Upload(base + keys_at, layer.keys.data, key_bytes));
+  if (key_bytes) {
+    KVTRIM_RETURN_IF_ERROR(context.Upload(base + keys_at, layer.keys.data, key_bytes));
+  }
   if (value_bytes) {
     KVTRIM_RETURN_IF_ERROR(context.Upload(base + values_at, layer.values.data, value_bytes));
   }
@@ -113,6 +132,24 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
                                               cudaMemcpyHostToDevice, stream),
                               "cudaMemcpyAsync(meta)");
 
+  if (scores != nullptr) {  // scores alone
+    const size_t score_bytes = heads * static_cast<size_t>(shape.num_tokens) * sizeof(float);
+    KVTRIM_RETURN_IF_ERROR(EnqueueScores(*plan, device_layer, buffers, stream));
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + scores_at, buffers.scores, score_bytes,
+                                                cudaMemcpyDeviceToHost, stream),
+                                "cudaMemcpyAsync(scores)");
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + nan_at, buffers.first_nan,
+                                                sizeof(unsigned long long),
+                                                cudaMemcpyDeviceToHost, stream),
+                                "cudaMemcpyAsync(first_nan)");
+    KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+    unsigned long long first_nan = 0;
+    std::memcpy(&first_nan, pinned + nan_at, sizeof first_nan);
+    KVTRIM_RETURN_IF_ERROR(NaNStatus(*plan, first_nan));
+    const auto* values = reinterpret_cast<const float*>(pinned + scores_at);
+    scores->assign(values, values + score_bytes / sizeof(float));
+    return absl::OkStatus();
+  }
   KVTRIM_RETURN_IF_ERROR(EnqueueLayer(*plan, device_layer, buffers, stream));
 
   // Downloads, then one synchronisation.

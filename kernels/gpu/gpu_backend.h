@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -44,6 +45,11 @@ class GpuBackend final : public Backend {
                              const LayerBudget& budget, LayerDecision* out) override;
   bool healthy() const override { return healthy_.load(); }
 
+  /// Scores alone, protection applied, copied back (the GPU twin of CpuBackend::ScoreLayer,
+  /// for tests and diagnostics): scores [H_kv, n] fp32. Same errors as CompressLayer.
+  absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                          const LayerBudget& budget, std::vector<float>* scores);
+
   /// The sticky error that made the backend unhealthy (empty while healthy).
   std::string failure() const;
   /// "NVIDIA H100 80GB HBM3 (device 0, sm_90, 79.1 GiB)".
@@ -57,10 +63,14 @@ class GpuBackend final : public Backend {
  private:
   explicit GpuBackend(const GpuBackendOptions& options) : options_(options) {}
 
-  /// Runs one layer on a checked-out context.
+  /// Runs one layer on a checked-out context: the whole decision into `out`, or, when
+  /// `scores` is not null, only the protected scores [H_kv, n] into `scores`.
   absl::Status RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                         const ValidatedLayer& layer, const LayerBudget& budget,
-                        LayerDecision* out);
+                        LayerDecision* out, std::vector<float>* scores);
+  /// Checks a context out, runs RunLayer and classifies a failure (HandleFailure).
+  absl::Status Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                   const LayerBudget& budget, LayerDecision* out, std::vector<float>* scores);
   /// Classifies a failed call: marks the backend unhealthy when the CUDA error is sticky.
   void HandleFailure(WorkerContext& context, const absl::Status& status);
 

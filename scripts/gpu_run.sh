@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Runs kvtrim's GPU checks ON the GPU machine, in one command, from the repo copy with the
+# bundle built here by scripts/gpu_bundle.sh (device tool: carry gpu_bundle):
+#   bash scripts/gpu_run.sh
+# Sections (in order; SECTIONS="bench torch" runs a subset):
+#   info       nvidia-smi -L, driver, compute-sanitizer and python/torch versions
+#   test       kvtrim_gpu_test, every test (parity, errors, sticky-error child)
+#   memcheck   compute-sanitizer --tool memcheck over the small GPU tests
+#   racecheck  compute-sanitizer --tool racecheck over the small GPU tests
+#   bench      kvtrim_gpu_bench (scorer + selection, copy bandwidth) -> gpu_bench.{json,csv}
+#   torch      tools/torch_reference_bench.py (naive and best-effort PyTorch) -> torch_bench.json
+#   smoke      kvtrimd --backend=gpu: start, health and a dropkv compress of the sample
+#              through the bundled kvtrim CLI, SIGTERM, exit status 0
+# Every section has a time cap (20 + 200 + 90 + 90 + 40 + 70 + 25 = 535 s, under 9 minutes,
+# inside the device tool's 10-minute call; a section that hits its cap reports TIMEOUT). Output goes to $OUT (default ./out), at most 6 files so that the device
+# tool returns them all: gpu_run.log (every section's output), summary.txt, gpu_bench.json,
+# gpu_bench.csv, torch_bench.json, gpu_test.xml. The last lines printed are the summary.
+# Environment: OUT, SECTIONS, BUNDLE (default gpu_bundle), TEST_FILTER (gtest filter of the
+# test section, default all), MEMCHECK_FILTER / RACECHECK_FILTER (gtest filters of the
+# sanitizer runs, defaults below), BENCH_ARGS, TORCH_ARGS (extra benchmark arguments).
+# Exit status: 0 when every section that ran passed, 1 otherwise.
+# shellcheck disable=SC2317  # the section_* functions run through `bash -c` (exported)
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUNDLE="${BUNDLE:-gpu_bundle}"
+BIN="$ROOT/$BUNDLE/bin"
+export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PYTHONUNBUFFERED=1
+SECTIONS="${SECTIONS:-info test memcheck racecheck bench torch smoke}"
+# Small cases only under the sanitizers, and never the tests that fault on purpose (the
+# sticky-error child, the deliberate cudaMalloc failure, whose API error the sanitizer would
+# report). memcheck: every backend parity case with n <= 99 plus the launchers' edge and
+# error tests. racecheck (about 8 s per parity case on an H100): one case per kernel family
+# (attention scorers, key scorers, top-k, AdaKV, shared, perturbation).
+MEMCHECK_FILTER="${MEMCHECK_FILTER:-Presets/*_n1:Presets/*_n7:Presets/*_n99:ParityRule*:GpuBackendCreateTest.*:GpuBackendMemoryTest.ArenaCap*:KeyScorerErrors.*:AttentionLaunchTest.*:Scorers/AttentionParityTest.BitIdenticalOnEdgeShapes/*:SelectTopKParity.EmptyShapes*:SelectProtectionParity.*}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-Presets/*dropkv_n99:Presets/*snapkv_n99:Presets/*h2o_n7:Presets/*tova_n7:Presets/*adakv_n99:Presets/*keydiff_n99:Presets/*knorm_shared_n99}"
+TEST_FILTER="${TEST_FILTER:-*}"
+LOG="$OUT/gpu_run.log"
+: >"$LOG"
+SUMMARY=()
+FAILED=0
+
+# run_section NAME CAP_SECONDS COMMAND...: runs COMMAND with a time cap, appends its output
+# to gpu_run.log (and the terminal), records PASS / FAIL(rc) / TIMEOUT and the seconds taken.
+run_section() {
+  local name=$1 cap=$2
+  shift 2
+  case " $SECTIONS " in *" $name "*) ;; *) return 0 ;; esac
+  echo "===== $name (cap ${cap}s): $*" | tee -a "$LOG"
+  local start=$SECONDS rc
+  timeout --signal=TERM --kill-after=10 "$cap" "$@" 2>&1 | tee -a "$LOG"
+  rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - start)) status=PASS
+  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+    status=TIMEOUT
+  elif [ "$rc" -ne 0 ]; then
+    status="FAIL(rc=$rc)"
+  fi
+  [ "$status" = PASS ] || FAILED=1
+  SUMMARY+=("$(printf '%-10s %-14s %5ss' "$name" "$status" "$took")")
+  echo "===== $name: $status in ${took}s" | tee -a "$LOG"
+}
+
+section_info() {
+  nvidia-smi -L || return 1
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  compute-sanitizer --version | tail -n 1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  ls -l "$BIN"
+  ldd "$BIN/kvtrimd" | grep -E "not found" && return 1
+  return 0
+}
+
+section_test() {
+  "$BIN/kvtrim_gpu_test" --gtest_filter="$TEST_FILTER" --gtest_output="xml:$OUT/gpu_test.xml" \
+    --gtest_brief=1
+}
+
+section_sanitizer() {
+  local tool=$1 filter=$2
+  compute-sanitizer --tool "$tool" --error-exitcode 99 --print-limit 20 \
+    "$BIN/kvtrim_gpu_test" --gtest_filter="$filter" --gtest_brief=1
+}
+
+section_bench() {
+  # shellcheck disable=SC2086
+  "$BIN/kvtrim_gpu_bench" --out="$OUT" ${BENCH_ARGS:-}
+}
+
+section_torch() {
+  # shellcheck disable=SC2086
+  python3 tools/torch_reference_bench.py --out "$OUT/torch_bench.json" ${TORCH_ARGS:-}
+}
+
+# Starts kvtrimd on the GPU, checks health, compresses the sample with dropkv through the
+# CLI (expects backend=gpu), reads kvtrim_build_info, then SIGTERM and exit status 0.
+section_smoke() {
+  local server_log
+  server_log=$(mktemp)
+  "$BIN/kvtrimd" --backend=gpu --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --workers=4 \
+    >"$server_log" 2>&1 &
+  local pid=$! address="" metrics="" rc=0
+  for _ in $(seq 1 600); do
+    address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$server_log" | head -n 1)
+    [ -n "$address" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  cat "$server_log"
+  if [ -z "$address" ]; then
+    echo "smoke: kvtrimd did not start"
+    kill -9 "$pid" 2>/dev/null
+    return 1
+  fi
+  grep -q "backend gpu" "$server_log" || { echo "smoke: start-up line does not say backend gpu"; rc=1; }
+  metrics=$(sed -n 's/.* metrics \(http[^ ]*\) .*/\1/p' "$server_log" | head -n 1)
+  "$BIN/kvtrim" --target="$address" health || rc=1
+  local sample=samples/stories260k_prefill.safetensors
+  [ -f "$sample" ] || sample="$BUNDLE/samples/stories260k_prefill.safetensors"
+  local answer
+  answer=$("$BIN/kvtrim" --target="$address" compress --policy=dropkv --keep_fraction=0.25 \
+    --input="$sample" 2>&1)
+  echo "$answer"
+  echo "$answer" | grep -q "backend=gpu" || { echo "smoke: the answer does not say backend=gpu"; rc=1; }
+  if [ -n "$metrics" ]; then
+    python3 -c 'import sys, urllib.request; t = urllib.request.urlopen(sys.argv[1]).read().decode(); l = [x for x in t.splitlines() if x.startswith("kvtrim_build_info")]; print(*l); sys.exit(0 if any("backend=\"gpu\"" in x for x in l) else 1)' "$metrics" ||
+      { echo "smoke: kvtrim_build_info does not say backend=gpu"; rc=1; }
+  fi
+  kill -TERM "$pid"
+  local exit_status=0
+  wait "$pid" || exit_status=$?
+  tail -n 2 "$server_log"
+  rm -f "$server_log"
+  [ "$exit_status" -eq 0 ] || { echo "smoke: kvtrimd exited $exit_status after SIGTERM"; rc=1; }
+  return "$rc"
+}
+
+[ -x "$BIN/kvtrim_gpu_test" ] || { echo "gpu_run: $BIN/kvtrim_gpu_test missing; build it with scripts/gpu_bundle.sh and carry $BUNDLE" >&2; exit 1; }
+
+export -f section_info section_test section_sanitizer section_bench section_torch section_smoke
+export BIN OUT BUNDLE MEMCHECK_FILTER RACECHECK_FILTER TEST_FILTER
+run_section info 20 bash -c section_info
+run_section test 200 bash -c section_test
+# shellcheck disable=SC2016  # expanded by the child shell (the filters are exported)
+run_section memcheck 90 bash -c 'section_sanitizer memcheck "$MEMCHECK_FILTER"'
+# shellcheck disable=SC2016
+run_section racecheck 90 bash -c 'section_sanitizer racecheck "$RACECHECK_FILTER"'
+run_section bench 40 bash -c section_bench
+run_section torch 70 bash -c section_torch
+run_section smoke 25 bash -c section_smoke
+
+{
+  echo
+  echo "===== summary ($(date -u +%FT%TZ), $(nvidia-smi -L 2>/dev/null | head -n 1))"
+  printf '%-10s %-14s %6s\n' section status time
+  printf '%s\n' "${SUMMARY[@]}"
+  if [ -f "$OUT/gpu_bench.json" ] && [ -f "$OUT/torch_bench.json" ]; then
+    echo
+    python3 tools/torch_reference_bench.py --summary "$OUT/gpu_bench.json" --torch "$OUT/torch_bench.json"
+  fi
+} | tee "$OUT/summary.txt" | tee -a "$LOG"
+exit "$FAILED"

@@ -1,0 +1,209 @@
+// Device failures through the server (design.md convention 9): RESOURCE_EXHAUSTED and
+// non-sticky INTERNAL errors leave kvtrimd SERVING; a sticky one (the backend reports
+// itself unhealthy) turns it NOT_SERVING, drains it and makes RunUntilSignal return
+// kExitDeviceFailure. A scripted backend stands in for the GPU, so this runs everywhere.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <sstream>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "service/backend_factory.h"
+#include "service/test_util.h"
+
+#if KVTRIM_HAVE_CUDA
+#include "kernels/gpu/device_probe.h"
+#endif
+
+namespace kvtrim::service::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+/// Layer ids that script the backend's behaviour.
+constexpr int32_t kBlockingLayer = 7;   // waits until Release()
+constexpr int32_t kExhaustedLayer = 8;  // RESOURCE_EXHAUSTED, stays healthy
+constexpr int32_t kStickyLayer = 9;     // INTERNAL and unhealthy from then on
+constexpr int32_t kGlitchLayer = 6;     // INTERNAL, stays healthy
+
+/// The CPU backend, with failures scripted by layer id (see the constants above).
+class ScriptedBackend final : public Backend {
+ public:
+  const char* name() const override { return "scripted"; }
+  bool healthy() const override { return healthy_.load(); }
+
+  absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                             const LayerBudget& budget, LayerDecision* out) override {
+    switch (layer.layer_id) {
+      case kBlockingLayer: {
+        {
+          std::unique_lock<std::mutex> lock(mutex_);
+          blocked_ = true;
+          changed_.notify_all();
+          changed_.wait(lock, [this] { return released_; });
+        }
+        break;
+      }
+      case kExhaustedLayer:
+        return absl::ResourceExhaustedError("cudaMalloc: out of memory (scripted)");
+      case kGlitchLayer:
+        return absl::InternalError("LaunchScore: cudaErrorInvalidValue (scripted, not sticky)");
+      case kStickyLayer:
+        healthy_.store(false);
+        return absl::InternalError("LaunchScore: cudaErrorIllegalAddress (scripted, sticky)");
+      default:
+        break;
+    }
+    return cpu_.CompressLayer(policy, layer, budget, out);
+  }
+
+  /// Blocks until a kBlockingLayer call is waiting inside the backend.
+  void WaitUntilBlocked() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return blocked_; });
+  }
+  /// Lets kBlockingLayer calls finish.
+  void Release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  CpuBackend cpu_{1};
+  std::atomic<bool> healthy_{true};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool blocked_ = false;
+  bool released_ = false;
+};
+
+/// A request whose only layer has id `layer_id`.
+v1::CompressRequest RequestForLayer(int32_t layer_id) {
+  v1::CompressRequest r;
+  *r.mutable_settings() = MakeSettings("snapkv");
+  *r.add_layers() = MakeLayer(layer_id);
+  return r;
+}
+
+struct Fixture {
+  ScriptedBackend* backend = nullptr;  // owned by the server
+  std::ostringstream log;
+  std::unique_ptr<Server> server;
+  std::unique_ptr<v1::Kvtrim::Stub> stub;
+  std::shared_ptr<grpc::Channel> channel;
+
+  Fixture() {
+    auto owned = std::make_unique<ScriptedBackend>();
+    backend = owned.get();
+    auto started = Server::StartWithBackend(TestConfig(), std::move(owned), log);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    server = *std::move(started);
+    channel = Connect(*server);
+    stub = v1::Kvtrim::NewStub(channel);
+  }
+};
+
+TEST(DeviceFailureTest, ResourceExhaustedKeepsServing) {
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  EXPECT_GRPC_ERROR(CallCompress(*f.stub, RequestForLayer(kExhaustedLayer)),
+                    grpc::StatusCode::RESOURCE_EXHAUSTED, "out of memory");
+  EXPECT_EQ(HealthCheck(f.channel, kHealthServiceName), 1);
+  EXPECT_TRUE(CallCompress(*f.stub, RequestForLayer(0)).ok());
+  EXPECT_FALSE(f.server->stopping());
+  EXPECT_TRUE(f.server->fatal_error().ok());
+}
+
+TEST(DeviceFailureTest, NonStickyInternalKeepsServing) {
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  EXPECT_GRPC_ERROR(CallCompress(*f.stub, RequestForLayer(kGlitchLayer)), grpc::StatusCode::INTERNAL,
+                    "not sticky");
+  EXPECT_EQ(HealthCheck(f.channel, kHealthServiceName), 1);
+  EXPECT_TRUE(CallCompress(*f.stub, RequestForLayer(0)).ok());
+  EXPECT_FALSE(f.server->stopping());
+}
+
+TEST(DeviceFailureTest, StickyErrorTurnsNotServingDrainsAndExitsThree) {
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  Server& server = *f.server;
+  std::ostringstream run_log;
+  auto exit_code = std::async(std::launch::async, [&] { return RunUntilSignal(server, run_log); });
+
+  // A call in flight keeps the drain open, so NOT_SERVING can be observed before shutdown.
+  auto in_flight = std::async(std::launch::async,
+                              [&] { return CallCompress(*f.stub, RequestForLayer(kBlockingLayer)); });
+  f.backend->WaitUntilBlocked();
+
+  EXPECT_GRPC_ERROR(CallCompress(*f.stub, RequestForLayer(kStickyLayer)), grpc::StatusCode::INTERNAL,
+                    "cudaErrorIllegalAddress");
+  EXPECT_EQ(HealthCheck(f.channel, kHealthServiceName), 2);  // NOT_SERVING
+  EXPECT_EQ(HealthCheck(f.channel, ""), 2);
+  EXPECT_EQ(server.fatal_error().code(), absl::StatusCode::kInternal);
+  // New work is refused while the drain waits for the call in flight.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!server.stopping() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(server.stopping());
+  EXPECT_GRPC_ERROR(CallCompress(*f.stub, RequestForLayer(0)), grpc::StatusCode::UNAVAILABLE,
+                    "draining");
+
+  f.backend->Release();
+  EXPECT_TRUE(in_flight.get().ok());
+  ASSERT_EQ(exit_code.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(exit_code.get(), kExitDeviceFailure);
+  EXPECT_THAT(f.log.str(), HasSubstr("sticky device error, NOT_SERVING"));
+  EXPECT_THAT(f.log.str(), HasSubstr("cudaErrorIllegalAddress"));
+  EXPECT_THAT(run_log.str(), HasSubstr("stopped after a sticky device error"));
+}
+
+TEST(DeviceFailureTest, BackendAutoWithoutGpuIsCpu) {
+#if KVTRIM_HAVE_CUDA
+  if (gpu::CountCudaDevices().count > 0) GTEST_SKIP() << "a CUDA device is visible";
+#endif
+  Config config = TestConfig();
+  config.backend = BackendKind::kAuto;
+  std::string detail;
+  auto backend = CreateBackend(config, &detail);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_STREQ((*backend)->name(), "cpu");
+}
+
+TEST(DeviceFailureTest, BackendGpuWithoutDeviceCannotStart) {
+#if KVTRIM_HAVE_CUDA
+  if (gpu::CountCudaDevices().count > 0) GTEST_SKIP() << "a CUDA device is visible";
+  Config config = TestConfig();
+  config.backend = BackendKind::kGpu;
+  std::ostringstream log;
+  auto server = Server::Start(config, log);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(server.status().message()),
+              HasSubstr("--backend=gpu: no CUDA device is visible"));
+#else
+  GTEST_SKIP() << "built without CUDA: Config::Validate rejects --backend=gpu (exit 2)";
+#endif
+}
+
+#if KVTRIM_HAVE_CUDA
+TEST(DeviceFailureTest, BackendGpuOnDeviceServesAsGpu) {
+  if (gpu::CountCudaDevices().count == 0) GTEST_SKIP() << "no CUDA device";
+  Config config = TestConfig();
+  config.backend = BackendKind::kGpu;
+  auto server = Server::Start(config, std::clog);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Kvtrim::NewStub(Connect(**server));
+  v1::CompressResponse response;
+  ASSERT_TRUE(CallCompress(*stub, MakeRequest("dropkv"), &response).ok());
+  EXPECT_EQ(response.backend(), "gpu");
+}
+#endif
+
+}  // namespace
+}  // namespace kvtrim::service::testing

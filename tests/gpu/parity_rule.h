@@ -1,0 +1,70 @@
+// The GPU-vs-CPU parity rule (docs/gpu.md, "Parity rule"), shared by the parity test and
+// its own unit test.
+//  * Exact mode (fp32 always; f16/bf16 while the GPU scorers are bit-identical to the CPU,
+//    which they are today): offsets and kept indices are EQUAL, list for list.
+//  * Tolerance mode (f16/bf16 once a GPU path sums in another order, e.g. on tensor
+//    cores): a kept list may differ from the CPU's only in tokens whose CPU score lies
+//    within 4 * eps_dtype * |b| of the list's boundary score b, eps_dtype being the
+//    dtype's machine epsilon (bf16 2^-7, f16 2^-10) and b
+//      per head (uniform, pyramid): the lowest CPU score the CPU kept in that head;
+//      adakv: that, or the layer's extra-pool threshold (the lowest CPU score the CPU
+//             kept beyond a head's safeguard); counts may then move between heads;
+//      shared: in some head, that head's score at the CPU round robin's last rank (or
+//             the one before).
+//    Per-head counts must be equal except under adakv. Protected (+inf) tokens never
+//    differ: the comparison is false for infinities. The factor 4: two scores each off by
+//    up to 2 eps relative can swap order only when they lie within 4 eps of each other.
+//  * Perturbation: |gpu - cpu| <= 1e-9 * |cpu| + 1e-12 for every head whose kept list is
+//    identical on both backends (always, in exact mode).
+// Failures name policy, dtype, n, d, G, head and the first differing position.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/dtype.h"
+#include "kernels/layer.h"
+#include "kernels/policy_spec.h"
+
+namespace kvtrim::gpu::testing {
+
+/// The case a comparison is about: what failure messages print, and the dtype.
+struct CaseSpec {
+  std::string policy;                           // preset or composition
+  OutputShape shape = OutputShape::kPerHead;
+  DType dtype = DType::kF32;
+  int64_t num_kv_heads = 0;                     // H_kv
+  int64_t n = 0;
+  int64_t d = 0;
+  int64_t group = 0;                            // G
+  int64_t window = 0;                           // w
+
+  /// "policy=dropkv dtype=bf16 n=99 d=64 G=4 H_kv=3 w=32".
+  std::string Describe() const;
+};
+
+/// What the tolerance mode needs from the CPU (computed only when lists differ).
+struct CpuScores {
+  std::vector<float> scores;  // [H_kv, n] after protection
+  int64_t safeguard = 0;      // adakv: min(n, floor(alpha * k))
+};
+
+/// What one comparison found.
+struct Outcome {
+  bool exact = true;    // offsets and indices identical
+  std::string failure;  // empty when the rule holds
+};
+
+/// Machine epsilon of `dtype` (bf16 2^-7, f16 2^-10, f32 0).
+double DTypeEpsilon(DType dtype);
+
+/// Applies the rule to the CPU and GPU decisions of one layer. `exact_required` selects
+/// exact mode; otherwise the tolerance mode of c.dtype applies, with `cpu_scores` called
+/// at most once, only when some list differs. `policy` gives the allocator.
+Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
+                         const LayerDecision& cpu, const LayerDecision& gpu,
+                         const std::function<CpuScores()>& cpu_scores, bool exact_required);
+
+}  // namespace kvtrim::gpu::testing
