@@ -1,5 +1,6 @@
 // OutputPerturbation vs direct recomputation in the fp64 oracle, and Lemma 1.
 #include "kernels/cpu/perturbation.h"
+#include "kernels/cpu/attention_test_layer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,22 +13,7 @@
 namespace kvtrim {
 namespace {
 
-// Wraps an oracle problem as the fp32 layer the CPU scorers read.
-CpuLayer MakeLayer(const oracle::AttentionProblem& pb) {
-  CpuLayer layer;
-  layer.shape.num_kv_heads = pb.num_kv_heads;
-  layer.shape.num_tokens = pb.num_tokens;
-  layer.shape.head_dim = pb.head_dim;
-  layer.shape.num_query_heads = pb.num_query_heads;
-  layer.shape.window_rows = pb.window_rows;
-  layer.shape.has_values = true;
-  layer.shape.has_queries = true;
-  layer.keys = F32Tensor::Owning(pb.keys, {pb.num_kv_heads, pb.num_tokens, pb.head_dim});
-  layer.values = F32Tensor::Owning(pb.values, {pb.num_kv_heads, pb.num_tokens, pb.head_dim});
-  layer.queries = F32Tensor::Owning(pb.queries, {pb.num_query_heads, pb.window_rows, pb.head_dim});
-  layer.softmax_scale = static_cast<float>(pb.scale);
-  return layer;
-}std::vector<double> Perturbation(const oracle::AttentionProblem& pb,
+std::vector<double> Perturbation(const oracle::AttentionProblem& pb,
                                  const std::vector<int64_t>& offsets,
                                  const std::vector<int32_t>& kept, int threads = 2) {
   ThreadPool pool(threads);
