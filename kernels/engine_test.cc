@@ -1,5 +1,6 @@
 // PolicyEngine validation: every bad layer gets INVALID_ARGUMENT naming the field.
 #include "kernels/engine.h"
+#include "kernels/random_layer_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -11,24 +12,7 @@
 namespace kvtrim {
 namespace {
 
-/// Random fp32 layer: keys/values [H_kv, n, d], queries [H_q, w, d].
-struct Layer {
-  std::vector<float> k, v, q;
-  LayerRequest request;
-  Layer(int64_t hkv, int64_t n, int64_t d, int64_t hq, int64_t w) {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal;
-    k.resize(hkv * n * d);
-    v.resize(hkv * n * d);
-    q.resize(hq * w * d);
-    for (auto* t : {&k, &v, &q}) {
-      for (auto& x : *t) x = normal(rng);
-    }
-    request.keys = {k.data(), DType::kF32, {hkv, n, d}};
-    request.values = {v.data(), DType::kF32, {hkv, n, d}};
-    request.queries = {q.data(), DType::kF32, {hq, w, d}};
-  }
-};
+using Layer = RandomLayer;
 
 class EngineTest : public ::testing::Test {
  protected:

@@ -1,5 +1,6 @@
 // CpuBackend composition: protection, allocation, output shapes, determinism, dtypes.
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/random_layer_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -11,24 +12,7 @@
 namespace kvtrim {
 namespace {
 
-/// Random fp32 layer: keys/values [hkv, n, d], queries [hq, w, d].
-struct Layer {
-  std::vector<float> k, v, q;
-  LayerRequest request;
-  Layer(int64_t hkv, int64_t n, int64_t d, int64_t hq, int64_t w, uint32_t seed = 3) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal;
-    k.resize(hkv * n * d);
-    v.resize(hkv * n * d);
-    q.resize(hq * w * d);
-    for (auto* t : {&k, &v, &q}) {
-      for (auto& x : *t) x = normal(rng);
-    }
-    request.keys = {k.data(), DType::kF32, {hkv, n, d}};
-    request.values = {v.data(), DType::kF32, {hkv, n, d}};
-    request.queries = {q.data(), DType::kF32, {hq, w, d}};
-  }
-};
+using Layer = RandomLayer;
 
 std::vector<int32_t> Head(const LayerDecision& d, int h) {
   return std::vector<int32_t>(d.indices.begin() + d.offsets[h], d.indices.begin() + d.offsets[h + 1]);
