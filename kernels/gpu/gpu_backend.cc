@@ -1,6 +1,8 @@
 #include "kernels/gpu/gpu_backend.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/device_error.h"
@@ -25,6 +27,8 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
         absl::StrCat("the GPU backend needs at least one worker, got ", options.workers));
   }
   std::unique_ptr<GpuBackend> backend(new GpuBackend(options));
+  backend->cpu_fallback_ = std::make_unique<CpuBackend>(std::max(
+      1, std::min(options.workers, static_cast<int>(std::thread::hardware_concurrency()))));
   backend->description_ = DescribeCudaDevice(options.device);
   WorkerOptions worker;
   worker.arena_limit_bytes = options.arena_limit_bytes;
@@ -42,6 +46,9 @@ std::string GpuBackend::failure() const {
 
 absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim) {
+    return cpu_fallback_->CompressLayer(policy, layer, budget, out);
+  }
   return Run(policy, layer, budget, out, nullptr);
 }
 

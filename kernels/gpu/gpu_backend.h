@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpu/device_pool.h"
 
 namespace kvtrim::gpu {
@@ -40,6 +41,10 @@ class GpuBackend final : public Backend {
   /// failures while creating streams.
   static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(const GpuBackendOptions& options);
 
+  /// Largest head dimension d the GPU kernels take; larger layers run on the CPU backend
+  /// (same canonical arithmetic, so the same answer).
+  static constexpr int64_t kMaxGpuHeadDim = 256;
+
   const char* name() const override { return "gpu"; }
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
@@ -62,6 +67,9 @@ class GpuBackend final : public Backend {
 
  private:
   explicit GpuBackend(const GpuBackendOptions& options) : options_(options) {}
+
+  /// Serves layers with d > kMaxGpuHeadDim.
+  std::unique_ptr<CpuBackend> cpu_fallback_;
 
   /// Runs one layer on a checked-out context: the whole decision into `out`, or, when
   /// `scores` is not null, only the protected scores [H_kv, n] into `scores`.

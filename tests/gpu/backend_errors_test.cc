@@ -122,19 +122,19 @@ TEST(GpuBackendMemoryTest, DeviceOutOfMemoryIsResourceExhaustedAndBackendRecover
   auto backend = GpuBackend::Create(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
 
-  // A validated layer of 16 x 4M x 1024 f32 keys = 256 GiB: more than any GPU holds, so
+  // A validated layer of 64 x 4M x 256 f32 keys = 256 GiB: more than any GPU holds, so
   // the arena's cudaMalloc fails before a byte is uploaded (the data pointer is a stand-in
-  // that is never read).
+  // that is never read; d stays within the GPU kernels' limit so no CPU fallback runs).
   KnormLayer small(99, 64);
   PolicyEngine engine(small.registry, **backend);
   auto policy = engine.Prepare(small.Settings(), "settings");
   ASSERT_TRUE(policy.ok()) << policy.status();
   ValidatedLayer huge;
-  huge.shape.num_kv_heads = 16;
+  huge.shape.num_kv_heads = 64;
   huge.shape.num_tokens = int64_t{4} << 20;
-  huge.shape.head_dim = 1024;
-  huge.keys = {small.keys.data(), DType::kF32, {16, int64_t{4} << 20, 1024}};
-  huge.softmax_scale = 1.0f / 32.0f;
+  huge.shape.head_dim = GpuBackend::kMaxGpuHeadDim;
+  huge.keys = {small.keys.data(), DType::kF32, {64, int64_t{4} << 20, GpuBackend::kMaxGpuHeadDim}};
+  huge.softmax_scale = 1.0f / 16.0f;
   LayerBudget budget;
   budget.kept_per_head = KeptCount(policy->settings.budget, huge.shape.num_tokens);
   LayerDecision decision;
