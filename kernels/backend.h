@@ -1,9 +1,11 @@
 // The compute interface a backend (CPU or GPU) implements for one validated layer.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "kernels/decide.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
 
@@ -19,6 +21,16 @@ class Backend {
   /// Scores, allocates and selects one layer; fills `out` (all fields but compute_seconds).
   virtual absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                      const LayerBudget& budget, LayerDecision* out) = 0;
+  /// Scores one layer without selecting (model-wide policies buffer these between layers):
+  /// fills out->scores [H_kv, n] with the raw scorer output (no protection) and, for
+  /// CriticalKV, out->critical. Every other LayerScores field is set by the caller.
+  /// The default answers UNIMPLEMENTED.
+  virtual absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                  const LayerBudget& budget, LayerScores* out) {
+    (void)policy, (void)layer, (void)budget, (void)out;
+    return absl::UnimplementedError(std::string(name()) +
+                                    " backend: scoring without selection is not implemented");
+  }
   /// False once the backend hit an unrecoverable (sticky) device error: the server must
   /// turn NOT_SERVING and exit non-zero. The CPU backend is always healthy.
   virtual bool healthy() const { return true; }

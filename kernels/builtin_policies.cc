@@ -184,6 +184,87 @@ void AddScorers(PolicyRegistry* r) {
   s.default_protection = WindowProtection;
   s.validate = ValidateWindowed;
   r->AddScorer(s);
+
+  s = {};
+  s.name = "criticalkv";
+  s.description = "two-stage: the top alpha*b by pooled window attention, then the rest by "
+                  "(attention + eps) * ||v W_O^h||_1 (GQA-mean); window protected";
+  s.paper = "Feng et al., CriticalKV: Optimizing KV Cache Eviction from an Output Perturbation "
+            "Perspective (Identify Critical KV Cache in LLM Inference), 2025";
+  s.required_inputs = kInputKeys | kInputValues | kInputQueries | kInputModel;
+  s.params = {
+      WindowParam(32),
+      KernelParam(7),
+      PoolingParam(),
+      ParamSpec::Float("alpha", 0.5, 0, 1,
+                       "stage-1 share: the first floor(alpha * b) prefix tokens by attention"),
+      ParamSpec::Float("eps", 1e-4, 0, 1, "added to the attention in the stage-2 product"),
+      ParamSpec::Enum("norm", "l1", {"l1", "l2"},
+                      "projected-value norm ||v W_O^h||: l1 (paper) or l2 (Gram matrices)"),
+  };
+  s.doc_default_recent = "window";
+  s.default_protection = WindowProtection;
+  s.validate = ValidateWindowed;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "laprox";
+  s.description = "||mean-attention column||_2 over the window (avg-pooled) * ||v W_O^h||_2; "
+                  "normalised per layer; one top-K over every layer and head";
+  s.paper = "Mai & Kim, Reformulating KV Cache Eviction Problem for Long-Context LLM "
+            "Inference (LaProx), 2026";
+  s.required_inputs = kInputKeys | kInputValues | kInputQueries | kInputModel;
+  s.params = {
+      WindowParam(32),
+      KernelParam(7),
+      ParamSpec::Enum("pooling", "avg", {"max", "avg"},
+                      "pooling of the column-norm vector (avg: zero padding, divides by kernel)"),
+      ParamSpec::Enum("mode", "model", {"model", "model_raw", "layer", "local"},
+                      "model: one top-K over all layers on layer-normalised scores (answered "
+                      "at the end); model_raw: same without normalisation; layer: one top-k "
+                      "over the heads of a layer; local: per-head top-k"),
+      ParamSpec::Enum("gqa", "mean", {"mean", "head_bound", "summed_wo"},
+                      "GQA: mean = ||mean_h A_h col|| * mean_h ||v W_O^h||; head_bound = "
+                      "mean_h ||A_h col|| ||v W_O^h||; summed_wo = ||mean col|| * ||v sum_h "
+                      "W_O^h||"),
+  };
+  s.scope = DecisionScope::kModel;
+  s.doc_default_recent = "window";
+  s.default_protection = WindowProtection;
+  s.validate = ValidateWindowed;
+  r->AddScorer(s);
+
+  s = {};
+  s.name = "expected_attention";
+  s.description = "softmax of the expected logit under Gaussian future queries rotated by the "
+                  "mean RoPE of the next positions, (EA + eps) * ||v||, GQA-mean; sink 4";
+  s.paper = "Devoto, Jeblick & Jegou, Expected Attention: KV-cache compression by estimating "
+            "attention from future queries distribution, 2025 (kvpress)";
+  s.required_inputs = kInputKeys | kInputValues | kInputModel;
+  s.optional_inputs = kInputQueries;
+  s.params = {
+      ParamSpec::Int("n_future_positions", 512, 1, 1 << 20,
+                     "future positions averaged into the mean RoPE rotation"),
+      ParamSpec::Float("eps", 0.02, 0, 1e3, "added to the expected attention before * ||v||"),
+      ParamSpec::Bool("use_vnorm", true, "multiply by the value norm"),
+      ParamSpec::Enum("query_stats", "auto", {"auto", "model", "window"},
+                      "query mean/covariance: model = registered pre-RoPE statistics; window = "
+                      "estimated from the sent query rows un-rotated to pre-RoPE (an "
+                      "approximation); auto = model when registered, else window"),
+  };
+  s.doc_default_sink = 4;
+  s.doc_default_recent = "0";
+  s.default_protection = [](const ResolvedParams&, int64_t) { return Protection{4, 0}; };
+  s.validate = [](const LayerShape& shape, const ResolvedParams& p, int64_t,
+                  const std::string& field) -> absl::Status {
+    if (p.Text("query_stats") == "window" && !shape.has_queries) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".queries: expected_attention with query_stats=window estimates the query "
+                 "statistics from the window rows [H_q, w, d]; send them"));
+    }
+    return absl::OkStatus();
+  };
+  r->AddScorer(s);
 }
 
 void AddAllocators(PolicyRegistry* r) {
@@ -213,6 +294,19 @@ void AddAllocators(PolicyRegistry* r) {
                                "share of the uniform budget each head is guaranteed")};
   a.scope = DecisionScope::kLayer;
   r->AddAllocator(a);
+
+  a = {};
+  a.name = "lukv";
+  a.description = "per-head budgets read from the model's offline LU-KV profile (nearest "
+                  "row of the global evicted ratio), largest remainder per layer";
+  a.paper = "Tang et al., Predicting Future Utility: Global Combinatorial Optimization for "
+            "Task-Agnostic KV Cache Eviction (LU-KV), 2026";
+  a.params = {ParamSpec::Bool("interpolate", false,
+                              "interpolate linearly between the two nearest profile rows "
+                              "instead of taking the nearest")};
+  a.scope = DecisionScope::kHead;
+  a.required_inputs = kInputModel | kInputProfile;
+  r->AddAllocator(a);
 }
 
 }  // namespace
@@ -229,6 +323,16 @@ void RegisterBuiltinPolicies(PolicyRegistry* registry) {
                        "snapkv", "pyramid"});
   registry->AddPreset({"adakv", "SnapKV scores with the AdaKV per-head budget", "snapkv",
                        "adakv"});
+  for (const char* scorer : {"criticalkv", "laprox", "expected_attention"}) {
+    const ScorerSpec* s = registry->FindScorer(scorer);
+    registry->AddPreset({scorer, s->description, scorer, "uniform"});
+  }
+  registry->AddPreset({"criticalkv_adakv",
+                       "CriticalKV inside AdaKV budgets (allocation on attention-only scores)",
+                       "criticalkv", "adakv"});
+  registry->AddPreset({"lukv",
+                       "LU-KV profile budgets over SnapKV scores (needs profile.snapkv)",
+                       "snapkv", "lukv"});
 }
 
 }  // namespace kvtrim

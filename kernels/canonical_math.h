@@ -132,4 +132,18 @@ KVTRIM_HD float CmTreeSum(float* x, int64_t m) {
   return x[0];
 }
 
+/// Canonical long sum of x[0..m): z_c = left-to-right CmAdd chain (from +0.0f) over each
+/// chunk of kCanonicalChunk consecutive values, then CmTreeSum over the chunk sums in order.
+/// `chunks` is scratch of at least ceil(m / kCanonicalChunk) floats. Returns 0 for m == 0.
+KVTRIM_HD float CmChunkedSum(const float* x, int64_t m, float* chunks) {
+  int64_t c = 0;
+  for (int64_t start = 0; start < m; start += kCanonicalChunk, ++c) {
+    float z = 0.0f;
+    const int64_t end = start + kCanonicalChunk < m ? start + kCanonicalChunk : m;
+    for (int64_t i = start; i < end; ++i) z = CmAdd(z, x[i]);
+    chunks[c] = z;
+  }
+  return CmTreeSum(chunks, c);
+}
+
 }  // namespace kvtrim

@@ -85,7 +85,71 @@ absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& 
     return absl::InvalidArgumentError(absl::StrCat(field_prefix, ".num_layers: must be >= 0, got ",
                                                    settings.num_layers));
   }
+  if (settings.output_shape == OutputShape::kBlockAligned && settings.block_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field_prefix, ".block_size: BLOCK_ALIGNED needs block_size >= 1, got ",
+        settings.block_size));
+  }
   return registry_.Resolve(settings, field_prefix);
+}
+
+absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
+                                       std::shared_ptr<const RegisteredModel> model,
+                                       const std::string& field) const {
+  policy->model = std::move(model);
+  const ScorerSpec& scorer = *policy->scorer;
+  const AllocatorSpec& allocator = *policy->allocator;
+  const uint32_t needs = scorer.required_inputs | allocator.required_inputs;
+  if ((needs & kInputModel) != 0 && policy->model == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".model_digest: policy '", policy->name,
+        "' needs a registered model (RegisterModel: W_O, RoPE, optional query statistics and "
+        "LU-KV profiles); set model_digest to the digest RegisterModel returned"));
+  }
+  if (scorer.name == "laprox") {
+    if (allocator.name != "uniform") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".policy.name: laprox allocates by its own top-K (policy.params.mode); it "
+                 "does not compose with allocator '", allocator.name, "'"));
+    }
+    const OutputShape shape = policy->settings.output_shape;
+    if (shape != OutputShape::kPerHead && shape != OutputShape::kEqualCount) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".output_shape: laprox answers PER_HEAD (ragged) or EQUAL_COUNT lists; SHARED "
+                 "and BLOCK_ALIGNED are not defined for it"));
+    }
+  }
+  if (scorer.name == "expected_attention" && policy->params.Text("query_stats") == "model" &&
+      policy->model != nullptr && !policy->model->has_query_stats()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".model_digest: expected_attention with query_stats=model needs query "
+               "statistics, and model ", policy->model->digest, " was registered without them"));
+  }
+  if (allocator.name == "lukv") {
+    const LukvProfile* profile = policy->model->FindProfile(scorer.name);
+    if (profile == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ".model_digest: lukv over scorer '", scorer.name, "' needs profile.",
+          scorer.name, " registered with the model (kvtrim profile builds it); model ",
+          policy->model->digest, " has none"));
+    }
+    if (profile->metric != scorer.name) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".policy.name: profile.", scorer.name, " was built for metric '",
+          profile->metric, "', not '", scorer.name, "'"));
+    }
+    Protection requested = scorer.default_protection(policy->params, 0);
+    if (policy->settings.sink_tokens) requested.sink = *policy->settings.sink_tokens;
+    if (policy->settings.recent_tokens) requested.recent = *policy->settings.recent_tokens;
+    if (requested.sink != profile->sink || requested.recent != profile->window) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".sink_tokens/recent_tokens: profile.", scorer.name, " was built with sink=",
+          profile->sink, " window=", profile->window, " but this request protects sink=",
+          requested.sink, " recent=", requested.recent,
+          "; rebuild the profile or match its protection"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& policy,
@@ -168,6 +232,26 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
     return absl::InvalidArgumentError(absl::StrCat(field, ".queries: policy '", policy.name,
                                                    "' needs window queries [H_q, w, d]"));
   }
+  // The registered model's head layout, for policies that read it.
+  const uint32_t needs = scorer.required_inputs | policy.allocator->required_inputs;
+  if (policy.model != nullptr && (needs & kInputModel) != 0) {
+    const ModelLayout& m = policy.model->layout;
+    if (layer.layer_id >= m.num_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".layer_id: ", layer.layer_id,
+                                                     " is not below the model's num_layers=",
+                                                     m.num_layers));
+    }
+    if (v.shape.num_kv_heads != m.num_kv_heads || v.shape.head_dim != m.head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".keys.shape: [H_kv=", v.shape.num_kv_heads, ", n, d=", v.shape.head_dim,
+          "] does not match the registered model's H_kv=", m.num_kv_heads, ", d=", m.head_dim));
+    }
+    if (v.shape.has_queries && v.shape.num_query_heads != m.num_query_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".queries.shape[0]: H_q=", v.shape.num_query_heads,
+          " does not match the registered model's H_q=", m.num_query_heads));
+    }
+  }
   // Budget against n.
   const Budget& b = policy.settings.budget;
   if (!b.by_fraction && b.keep_tokens > v.shape.num_tokens) {
@@ -202,18 +286,56 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
   return v;
 }
 
-absl::StatusOr<LayerDecision> PolicyEngine::CompressLayer(const ResolvedPolicy& policy,
-                                                          const LayerRequest& layer,
-                                                          const std::string& field) const {
-  auto validated = Validate(policy, layer, field);
-  if (!validated.ok()) return validated.status();
-  const int64_t n = validated->shape.num_tokens;
+namespace {
+
+/// The per-head budget of a validated layer: rule 2, the scorer's protection, rule 3.
+LayerBudget BudgetFor(const ResolvedPolicy& policy, int64_t n) {
   LayerBudget budget;
   budget.kept_per_head = KeptCount(policy.settings.budget, n);
   Protection requested = policy.scorer->default_protection(policy.params, budget.kept_per_head);
   if (policy.settings.sink_tokens) requested.sink = *policy.settings.sink_tokens;
   if (policy.settings.recent_tokens) requested.recent = *policy.settings.recent_tokens;
   budget.protection = ClampProtection(requested, budget.kept_per_head, n);
+  budget.requested = requested;
+  return budget;
+}
+
+}  // namespace
+
+bool ResolvedPolicy::model_wide() const {
+  if (scorer == nullptr || scorer->name != "laprox") return false;
+  if (settings.output_shape == OutputShape::kEqualCount) return false;
+  const std::string& mode = params.Text("mode");
+  return mode == "model" || mode == "model_raw";
+}
+
+absl::StatusOr<LayerScores> PolicyEngine::ScoreLayer(const ResolvedPolicy& policy,
+                                                     const LayerRequest& layer,
+                                                     const std::string& field,
+                                                     double* compute_seconds) const {
+  auto validated = Validate(policy, layer, field);
+  if (!validated.ok()) return validated.status();
+  LayerScores scores;
+  scores.layer_id = validated->layer_id;
+  scores.num_layers = validated->num_layers;
+  scores.num_heads = validated->shape.num_kv_heads;
+  scores.num_tokens = validated->shape.num_tokens;
+  scores.budget = BudgetFor(policy, scores.num_tokens);
+  const auto start = std::chrono::steady_clock::now();
+  if (auto st = backend_.ScoreLayer(policy, *validated, scores.budget, &scores); !st.ok()) {
+    return st;
+  }
+  *compute_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return scores;
+}
+
+absl::StatusOr<LayerDecision> PolicyEngine::CompressLayer(const ResolvedPolicy& policy,
+                                                          const LayerRequest& layer,
+                                                          const std::string& field) const {
+  auto validated = Validate(policy, layer, field);
+  if (!validated.ok()) return validated.status();
+  const LayerBudget budget = BudgetFor(policy, validated->shape.num_tokens);
 
   LayerDecision decision;
   const auto start = std::chrono::steady_clock::now();

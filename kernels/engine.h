@@ -28,12 +28,28 @@ class PolicyEngine {
   absl::StatusOr<ResolvedPolicy> Prepare(const CompressionSettings& settings,
                                          const std::string& field_prefix) const;
 
+  /// Attaches the registered model named by the settings (nullptr when none was named or
+  /// found by the caller) and checks what the policy needs from it: FAILED_PRECONDITION
+  /// "<field>.model_digest: ..." when a model, its query statistics or its LU-KV profile is
+  /// missing; INVALID_ARGUMENT when a profile was built for another scorer, sink or window,
+  /// or for combinations a policy does not define (laprox with a non-uniform allocator or a
+  /// shared/block output).
+  absl::Status AttachModel(ResolvedPolicy* policy, std::shared_ptr<const RegisteredModel> model,
+                           const std::string& field_prefix) const;
+
   /// Validates one layer against the policy (ranks, matching dims, GQA divisibility,
   /// inputs the policy needs, NaN/Inf, budget vs n) and compresses it. Errors are
   /// INVALID_ARGUMENT naming `field_prefix` (e.g. "layers[2]") and the sub-field.
   absl::StatusOr<LayerDecision> CompressLayer(const ResolvedPolicy& policy,
                                               const LayerRequest& layer,
                                               const std::string& field_prefix) const;
+
+  /// Validates one layer and scores it without selecting (model-wide policies: the caller
+  /// buffers the scores of every layer and decides with DecideLaProx). Same errors as
+  /// CompressLayer. `compute_seconds` receives the scoring time.
+  absl::StatusOr<LayerScores> ScoreLayer(const ResolvedPolicy& policy, const LayerRequest& layer,
+                                         const std::string& field_prefix,
+                                         double* compute_seconds) const;
 
   /// Validation alone (used by CompressLayer and by tests).
   absl::StatusOr<ValidatedLayer> Validate(const ResolvedPolicy& policy, const LayerRequest& layer,

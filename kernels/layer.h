@@ -14,7 +14,11 @@
 namespace kvtrim {
 
 /// Shape of the answer for one layer.
-enum class OutputShape { kPerHead, kShared };
+///  kPerHead     one ascending list per KV head (lengths may differ with ragged allocators)
+///  kShared      one list for all heads: heads' rankings merged round-robin
+///  kBlockAligned one list for all heads made of whole blocks of `block_size` tokens
+///  kEqualCount  one list per head, every head of every layer keeps exactly the uniform k
+enum class OutputShape { kPerHead, kShared, kBlockAligned, kEqualCount };
 
 /// Settings shared by every layer of a request or session (proto CompressionSettings).
 struct CompressionSettings {
@@ -26,6 +30,8 @@ struct CompressionSettings {
   OutputShape output_shape = OutputShape::kPerHead;
   int32_t num_layers = 0;                      // 0 = unknown (max layer id + 1)
   uint64_t seed = 0;
+  int32_t block_size = 0;                      // kBlockAligned: tokens per block (>= 1)
+  std::string model_digest;                    // registered model, or empty
 };
 
 /// The raw tensors of one layer, as received (any dtype, not yet validated).
@@ -66,6 +72,7 @@ struct ValidatedLayer {
 struct LayerBudget {
   int64_t kept_per_head = 0;   // uniform k before any allocator
   Protection protection;       // clamped protected counts (identical for every head)
+  Protection requested;        // protection before rule 3 (per-head clamps, e.g. lukv)
 };
 
 /// The decision for one layer: kept indices in CSR form plus per-head statistics.

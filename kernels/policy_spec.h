@@ -3,12 +3,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/budget.h"
 #include "kernels/layer.h"
+#include "kernels/model.h"
 #include "kernels/params.h"
 
 namespace kvtrim {
@@ -52,6 +54,7 @@ struct AllocatorSpec {
   std::string paper;
   std::vector<ParamSpec> params;
   DecisionScope scope = DecisionScope::kHead;
+  uint32_t required_inputs = 0;   // kInputModel | kInputProfile for lukv
 };
 
 /// A named policy: a preset of scorer + allocator (+ selector).
@@ -71,6 +74,12 @@ struct ResolvedPolicy {
   std::string selector = "topk";
   ResolvedParams params;            // scorer and allocator parameters together
   CompressionSettings settings;
+  /// The registered model named by settings.model_digest (nullptr when none). Immutable and
+  /// shared: it outlives the request even if the model is deleted meanwhile.
+  std::shared_ptr<const RegisteredModel> model;
+
+  /// True when the decision needs every layer before any selection (LaProx model modes).
+  bool model_wide() const;
 };
 
 }  // namespace kvtrim

@@ -3,13 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/allocate.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/cpu/select.h"
 
 namespace kvtrim {
 
@@ -29,82 +26,95 @@ void ApplyProtection(const Protection& p, int64_t num_heads, int64_t n, float* s
   }
 }
 
-absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer& layer,
-                                    const LayerBudget& budget, std::vector<float>* scores) {
-  auto it = scorers_.find(policy.scorer->name);
-  if (it == scorers_.end()) {
-    return absl::UnimplementedError(
-        absl::StrCat("scorer '", policy.scorer->name, "' has no CPU implementation"));
+namespace {
+
+/// INVALID_ARGUMENT naming the first NaN of `scores` [H, n], or OK.
+absl::Status CheckNoNaN(const std::string& scorer, const std::vector<float>& scores, int64_t n) {
+  for (size_t i = 0; i < scores.size(); ++i) {
+    if (std::isnan(scores[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keys: scorer '", scorer, "' produced NaN for head ", static_cast<int64_t>(i) / n,
+          " token ", static_cast<int64_t>(i) % n,
+          "; the input magnitudes overflow fp32 arithmetic"));
+    }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuBackend::ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& layer,
+                                  std::vector<float>* scores, std::vector<float>* critical) {
+  const std::string& name = policy.scorer->name;
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;
   scores->assign(static_cast<size_t>(heads * n), 0.0f);
-  if (auto st = it->second(layer, policy.params, pool_, scores->data()); !st.ok()) return st;
-  for (int64_t i = 0; i < heads * n; ++i) {
-    if (std::isnan((*scores)[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "keys: scorer '", policy.scorer->name, "' produced NaN for head ", i / n, " token ",
-          i % n, "; the input magnitudes overflow fp32 arithmetic"));
+  critical->clear();
+  absl::Status st;
+  if (name == "criticalkv" || name == "laprox" || name == "expected_attention") {
+    if (policy.model == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("settings.model_digest: scorer '", name, "' needs a registered model"));
     }
+    if (name == "criticalkv") {
+      critical->assign(static_cast<size_t>(heads * n), 0.0f);
+      st = ScoreCriticalKV(layer, policy.params, *policy.model, pool_, scores->data(),
+                           critical->data());
+    } else if (name == "laprox") {
+      st = ScoreLaProx(layer, policy.params, *policy.model, pool_, scores->data());
+    } else {
+      st = ScoreExpectedAttention(layer, policy.params, *policy.model, pool_, scores->data());
+    }
+  } else {
+    auto it = scorers_.find(name);
+    if (it == scorers_.end()) {
+      return absl::UnimplementedError(
+          absl::StrCat("scorer '", name, "' has no CPU implementation"));
+    }
+    st = it->second(layer, policy.params, pool_, scores->data());
   }
-  ApplyProtection(budget.protection, heads, n, scores->data());
+  if (!st.ok()) return st;
+  if (auto nan = CheckNoNaN(name, *scores, n); !nan.ok()) return nan;
+  return CheckNoNaN(name, *critical, n);
+}
+
+absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer& layer,
+                                    const LayerBudget& budget, std::vector<float>* scores) {
+  std::vector<float> critical;
+  if (auto st = ScoreRaw(policy, layer, scores, &critical); !st.ok()) return st;
+  ApplyProtection(budget.protection, layer.shape.num_kv_heads, layer.shape.num_tokens,
+                  scores->data());
   return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                    const LayerBudget& budget, LayerScores* out) {
+  const CpuLayer cpu = CpuLayer::From(layer);
+  return ScoreRaw(policy, cpu, &out->scores, &out->critical);
 }
 
 absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
   const CpuLayer cpu = CpuLayer::From(layer);
-  const int64_t heads = cpu.shape.num_kv_heads;
-  const int64_t n = cpu.shape.num_tokens;
-  std::vector<float> scores;
-  if (auto st = ScoreLayer(policy, cpu, budget, &scores); !st.ok()) return st;
-
-  // Allocation: tokens kept per head.
-  std::vector<int64_t> counts;
-  const std::string& allocator = policy.allocator->name;
-  if (allocator == "pyramid") {
-    const int64_t protected_tokens = budget.protection.sink + budget.protection.recent;
-    const int64_t layer_k =
-        PyramidLayerBudget(budget.kept_per_head, n, cpu.layer_id, cpu.num_layers,
-                           policy.params.Number("beta"), protected_tokens);
-    counts = AllocateUniform(heads, layer_k);
-  } else if (allocator == "adakv") {
-    counts = AllocateAdaKV(scores.data(), heads, n, budget.kept_per_head,
-                           policy.params.Number("safeguard_alpha"));
-  } else {
-    counts = AllocateUniform(heads, budget.kept_per_head);
+  LayerScores scores;
+  scores.layer_id = cpu.layer_id;
+  scores.num_layers = cpu.num_layers;
+  scores.num_heads = cpu.shape.num_kv_heads;
+  scores.num_tokens = cpu.shape.num_tokens;
+  scores.budget = budget;
+  if (auto st = ScoreRaw(policy, cpu, &scores.scores, &scores.critical); !st.ok()) return st;
+  if (policy.scorer->name == "laprox") {
+    // One layer alone: local / layer modes decide here; model-wide modes are the caller's.
+    auto decisions = DecideLaProx(policy, {scores});
+    if (!decisions.ok()) return decisions.status();
+    *out = std::move((*decisions)[0]);
+  } else if (auto st = DecideLayer(policy, scores, out); !st.ok()) {
+    return st;
   }
-
-  // Selection.
-  out->layer_id = cpu.layer_id;
-  out->num_tokens = n;
-  out->output_shape = policy.settings.output_shape;
-  out->offsets.assign(1, 0);
-  out->indices.clear();
-  out->kept_per_head.assign(static_cast<size_t>(heads), 0);
-  if (policy.settings.output_shape == OutputShape::kShared) {
-    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
-    const int64_t shared = std::clamp<int64_t>(
-        RoundHalfUp(static_cast<double>(total) / static_cast<double>(heads)), 1, n);
-    SelectSharedRoundRobin(scores.data(), heads, n, shared, &out->indices);
-    out->offsets.push_back(static_cast<int64_t>(out->indices.size()));
-    for (auto& kept : out->kept_per_head) kept = static_cast<int32_t>(out->indices.size());
-  } else {
-    std::vector<std::vector<int32_t>> per_head(static_cast<size_t>(heads));
-    pool_.ParallelFor(heads, [&](int64_t h) {
-      SelectTopK(scores.data() + h * n, n, counts[h], &per_head[h]);
-    });
-    for (int64_t h = 0; h < heads; ++h) {
-      out->indices.insert(out->indices.end(), per_head[h].begin(), per_head[h].end());
-      out->offsets.push_back(static_cast<int64_t>(out->indices.size()));
-      out->kept_per_head[h] = static_cast<int32_t>(per_head[h].size());
-    }
-  }
-
   // Exact output perturbation on the observation window.
   out->perturbation.clear();
   if (cpu.shape.has_values && cpu.shape.has_queries) {
-    out->perturbation.assign(static_cast<size_t>(heads), 0.0);
+    out->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
     OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
   }
   return absl::OkStatus();

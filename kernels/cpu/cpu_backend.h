@@ -22,9 +22,15 @@ class CpuBackend final : public Backend {
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
 
+  absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                          const LayerBudget& budget, LayerScores* out) override;
+
   /// Scores alone, protection applied (used by tests and benchmarks): scores [H_kv, n].
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const CpuLayer& layer,
                           const LayerBudget& budget, std::vector<float>* scores);
+  /// Raw scores [H_kv, n] without protection and, for CriticalKV, critical [H_kv, n].
+  absl::Status ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& layer,
+                        std::vector<float>* scores, std::vector<float>* critical);
 
  private:
   ThreadPool pool_;

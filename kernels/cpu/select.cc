@@ -1,6 +1,7 @@
 #include "kernels/cpu/select.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 
 namespace kvtrim {
@@ -55,6 +56,34 @@ void SelectSharedRoundRobin(const float* scores, int64_t num_heads, int64_t n, i
   }
   std::sort(chosen.begin(), chosen.end());
   out->insert(out->end(), chosen.begin(), chosen.end());
+}
+
+}  // namespace kvtrim
+
+namespace kvtrim {
+
+void SelectBlocks(const float* scores, int64_t num_heads, int64_t n, int64_t block_size,
+                  int64_t num_blocks, std::vector<int32_t>* out) {
+  const int64_t blocks = (n + block_size - 1) / block_size;
+  num_blocks = std::min(num_blocks, blocks);
+  // Block scores [H, blocks] = max of the head's token scores in the block.
+  std::vector<float> block_scores(static_cast<size_t>(num_heads * blocks));
+  for (int64_t h = 0; h < num_heads; ++h) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t j = b * block_size; j < std::min(n, (b + 1) * block_size); ++j) {
+        best = std::max(best, scores[h * n + j]);
+      }
+      block_scores[h * blocks + b] = best;
+    }
+  }
+  std::vector<int32_t> chosen;
+  SelectSharedRoundRobin(block_scores.data(), num_heads, blocks, num_blocks, &chosen);
+  for (int32_t b : chosen) {
+    for (int64_t j = b * block_size; j < std::min(n, (b + 1) * block_size); ++j) {
+      out->push_back(static_cast<int32_t>(j));
+    }
+  }
 }
 
 }  // namespace kvtrim

@@ -19,4 +19,11 @@ void RankTokens(const float* scores, int64_t n, std::vector<int32_t>* ranking);
 void SelectSharedRoundRobin(const float* scores, int64_t num_heads, int64_t n, int64_t count,
                             std::vector<int32_t>* out);
 
+/// Block-aligned output: tokens grouped in blocks [b*B, min((b+1)*B, n)). Each head ranks
+/// blocks by its highest token score in the block (ties: lower block); the heads' block
+/// rankings are merged round-robin (like SelectSharedRoundRobin) until `num_blocks` distinct
+/// blocks are chosen. Appends every token of the chosen blocks, ascending, to `out`.
+void SelectBlocks(const float* scores, int64_t num_heads, int64_t n, int64_t block_size,
+                  int64_t num_blocks, std::vector<int32_t>* out);
+
 }  // namespace kvtrim

@@ -1,0 +1,103 @@
+// LaProx scores (laprox.md §2.1): window column L2 norm of the mean attention, avg-pooled,
+// times the projected value L2 norm through the Gram matrices. Canonical definition:
+// scorers.h. Selection (per head, per layer or model-wide) is DecideLaProx (decide.h).
+#include <vector>
+
+#include "kernels/cpu/pooling.h"
+#include "kernels/cpu/projected_norms.h"
+#include "kernels/cpu/scorers.h"
+#include "kernels/cpu/window_attention.h"
+
+namespace kvtrim {
+
+absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
+                         const RegisteredModel& model, ThreadPool& pool, float* scores) {
+  const int64_t window = params.Int("window");
+  const int64_t kernel = params.Int("kernel");
+  const std::string& gqa = params.Text("gqa");
+  if (absl::Status st = CheckQueryWindow("laprox", layer, window); !st.ok()) return st;
+  absl::StatusOr<PoolKind> kind = ResolvePooling("laprox", params.Text("pooling"), kernel);
+  if (!kind.ok()) return kind.status();
+
+  const int64_t n = layer.shape.num_tokens;
+  const int64_t w = layer.shape.window_rows;
+  const int64_t d = layer.shape.head_dim;
+  const int64_t group = layer.shape.group_size();
+  const int64_t prefix = n - window;
+  const float fgroup = static_cast<float>(group);
+  const float* head_gram = model.head_gram[layer.layer_id].data();
+  const float* group_gram = model.group_gram[layer.layer_id].data();
+  const bool per_head_column = gqa == "head_bound";
+
+  pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
+    AttentionRowScratch scratch;
+    std::vector<float> y(static_cast<size_t>(d));
+    std::vector<float> col(static_cast<size_t>(prefix));
+    std::vector<float> pooled(static_cast<size_t>(prefix));
+    float* out = scores + h * n;
+    for (int64_t j = 0; j < n; ++j) out[j] = 0.0f;
+    if (prefix <= 0) return;
+    if (per_head_column) {
+      // mean_g ||A_q[:, j]||_2 * ||v W_O^q||_2, pooling each head's column norm.
+      std::vector<float> acc(static_cast<size_t>(prefix), 0.0f);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t q = h * group + g;
+        std::fill(col.begin(), col.end(), 0.0f);
+        for (int64_t t = w - window; t < w; ++t) {
+          const AttentionRowStats row = ComputeAttentionRow(layer, q, t, nullptr, &scratch);
+          const int64_t visible = std::min(row.visible, prefix);
+          for (int64_t j = 0; j < visible; ++j) {
+            const float p = CanonicalProb(scratch.logits[j], row.neg_max, row.inv_sum);
+            col[j] = CmAdd(col[j], CmMul(p, p));
+          }
+        }
+        for (int64_t j = 0; j < prefix; ++j) col[j] = CmSqrt(col[j]);
+        Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+        for (int64_t j = 0; j < prefix; ++j) {
+          const float norm = GramNorm(layer.values.row(h, j), head_gram + q * d * d, d, y.data());
+          acc[j] = CmAdd(acc[j], CmMul(pooled[j], norm));
+        }
+      }
+      for (int64_t j = 0; j < prefix; ++j) out[j] = CmDiv(acc[j], fgroup);
+      return;
+    }
+    // Column norm of the group-mean attention: per row t, m_t = mean_g p; sum_t m_t^2.
+    std::vector<float> rowsum(static_cast<size_t>(group * prefix));  // [G, P] p of row t
+    std::fill(col.begin(), col.end(), 0.0f);
+    for (int64_t t = w - window; t < w; ++t) {
+      std::fill(rowsum.begin(), rowsum.end(), 0.0f);
+      for (int64_t g = 0; g < group; ++g) {
+        const AttentionRowStats row = ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
+        const int64_t visible = std::min(row.visible, prefix);
+        for (int64_t j = 0; j < visible; ++j) {
+          rowsum[g * prefix + j] = CanonicalProb(scratch.logits[j], row.neg_max, row.inv_sum);
+        }
+      }
+      for (int64_t j = 0; j < prefix; ++j) {
+        float s = 0.0f;
+        for (int64_t g = 0; g < group; ++g) s = CmAdd(s, rowsum[g * prefix + j]);
+        const float m = CmDiv(s, fgroup);
+        col[j] = CmAdd(col[j], CmMul(m, m));
+      }
+    }
+    for (int64_t j = 0; j < prefix; ++j) col[j] = CmSqrt(col[j]);
+    Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+    for (int64_t j = 0; j < prefix; ++j) {
+      const float* v = layer.values.row(h, j);
+      float norm;
+      if (gqa == "summed_wo") {
+        norm = GramNorm(v, group_gram + h * d * d, d, y.data());
+      } else {
+        float s = 0.0f;
+        for (int64_t g = 0; g < group; ++g) {
+          s = CmAdd(s, GramNorm(v, head_gram + (h * group + g) * d * d, d, y.data()));
+        }
+        norm = CmDiv(s, fgroup);
+      }
+      out[j] = CmMul(pooled[j], norm);
+    }
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace kvtrim

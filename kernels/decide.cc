@@ -1,0 +1,262 @@
+#include "kernels/decide.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/canonical_math.h"
+#include "kernels/cpu/allocate.h"
+#include "kernels/cpu/select.h"
+#include "kernels/lukv_budget.h"
+
+namespace kvtrim {
+
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+/// Sets the first p.sink and last p.recent scores of one head row [n] to +inf.
+void ProtectRow(const Protection& p, int64_t n, float* row) {
+  for (int64_t j = 0; j < p.sink && j < n; ++j) row[j] = kInf;
+  for (int64_t j = std::max<int64_t>(0, n - p.recent); j < n; ++j) row[j] = kInf;
+}
+
+/// Appends one head's (or one shared) list to the CSR of `out`.
+void AppendList(const std::vector<int32_t>& list, LayerDecision* out) {
+  out->indices.insert(out->indices.end(), list.begin(), list.end());
+  out->offsets.push_back(static_cast<int64_t>(out->indices.size()));
+}
+
+void StartDecision(const LayerScores& layer, OutputShape shape, LayerDecision* out) {
+  out->layer_id = layer.layer_id;
+  out->num_tokens = layer.num_tokens;
+  out->output_shape = shape;
+  out->offsets.assign(1, 0);
+  out->indices.clear();
+  out->kept_per_head.assign(static_cast<size_t>(layer.num_heads), 0);
+  out->perturbation.clear();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy,
+                                                    const LayerScores& layer,
+                                                    const std::vector<float>& protected_scores) {
+  const int64_t heads = layer.num_heads;
+  const int64_t n = layer.num_tokens;
+  const int64_t k = layer.budget.kept_per_head;
+  const std::string& allocator = policy.allocator->name;
+  if (policy.settings.output_shape == OutputShape::kEqualCount || allocator == "uniform") {
+    return AllocateUniform(heads, k);
+  }
+  if (allocator == "pyramid") {
+    const int64_t protected_tokens = layer.budget.protection.sink + layer.budget.protection.recent;
+    return AllocateUniform(heads, PyramidLayerBudget(k, n, layer.layer_id, layer.num_layers,
+                                                     policy.params.Number("beta"),
+                                                     protected_tokens));
+  }
+  if (allocator == "adakv") {
+    return AllocateAdaKV(protected_scores.data(), heads, n, k,
+                         policy.params.Number("safeguard_alpha"));
+  }
+  if (allocator == "lukv") {
+    const LukvProfile* profile =
+        policy.model ? policy.model->FindProfile(policy.scorer->name) : nullptr;
+    if (profile == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "settings.model_digest: lukv needs the model's profile.", policy.scorer->name));
+    }
+    const ModelLayout& m = policy.model->layout;
+    if (layer.layer_id >= m.num_layers || heads != m.num_kv_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer: layer_id ", layer.layer_id, " / H_kv ", heads,
+          " do not fit the profile's [99, L=", m.num_layers, ", H_kv=", m.num_kv_heads, "]"));
+    }
+    return LukvHeadBudgets(*profile, m.num_layers, m.num_kv_heads, layer.layer_id, n,
+                           LukvEvictedRatio(policy.settings.budget, n),
+                           policy.params.Bool("interpolate"));
+  }
+  return absl::UnimplementedError(absl::StrCat("allocator '", allocator, "' is not implemented"));
+}
+
+absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
+                         LayerDecision* out) {
+  const int64_t heads = layer.num_heads;
+  const int64_t n = layer.num_tokens;
+  const OutputShape shape = policy.settings.output_shape;
+  const bool lukv = policy.allocator->name == "lukv" && shape != OutputShape::kEqualCount;
+  const bool critical = !layer.critical.empty();
+
+  // Protection: uniform (rule 3 on the uniform k), or per head on lukv's own counts.
+  std::vector<float> ranked = layer.scores;  // [H, n]
+  if (!lukv) {
+    for (int64_t h = 0; h < heads; ++h) ProtectRow(layer.budget.protection, n, ranked.data() + h * n);
+  }
+  auto counts = AllocateCounts(policy, layer, ranked);
+  if (!counts.ok()) return counts.status();
+  std::vector<Protection> protection(static_cast<size_t>(heads), layer.budget.protection);
+  if (lukv) {
+    for (int64_t h = 0; h < heads; ++h) {
+      protection[h] = ClampProtection(layer.budget.requested, (*counts)[h], n);
+      ProtectRow(protection[h], n, ranked.data() + h * n);
+    }
+  }
+
+  // CriticalKV: stage 1 = the top (protected + floor(alpha * b)) by attention; the final
+  // ranking is the stage-2 score with stage-1 tokens forced to +inf.
+  if (critical) {
+    const double alpha = policy.params.Number("alpha");
+    std::vector<float> stage2 = layer.critical;
+    std::vector<int32_t> stage1;
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t guarded = protection[h].sink + protection[h].recent;
+      const int64_t b = std::max<int64_t>(0, (*counts)[h] - guarded);
+      const int64_t b1 = static_cast<int64_t>(std::floor(alpha * static_cast<double>(b)));
+      stage1.clear();
+      SelectTopK(ranked.data() + h * n, n, std::min(n, guarded + b1), &stage1);
+      float* row = stage2.data() + h * n;
+      ProtectRow(protection[h], n, row);
+      for (int32_t j : stage1) row[j] = kInf;
+    }
+    ranked.swap(stage2);
+  }
+
+  StartDecision(layer, shape, out);
+  std::vector<int32_t> list;
+  if (shape == OutputShape::kShared || shape == OutputShape::kBlockAligned) {
+    const int64_t total = std::accumulate(counts->begin(), counts->end(), int64_t{0});
+    const double mean = static_cast<double>(total) / static_cast<double>(heads);
+    if (shape == OutputShape::kShared) {
+      SelectSharedRoundRobin(ranked.data(), heads, n, std::clamp<int64_t>(RoundHalfUp(mean), 1, n),
+                             &list);
+    } else {
+      const int64_t block = policy.settings.block_size;
+      const int64_t blocks = (n + block - 1) / block;
+      const int64_t wanted =
+          std::clamp<int64_t>(RoundHalfUp(mean / static_cast<double>(block)), 1, blocks);
+      SelectBlocks(ranked.data(), heads, n, block, wanted, &list);
+    }
+    AppendList(list, out);
+    for (auto& kept : out->kept_per_head) kept = static_cast<int32_t>(list.size());
+    return absl::OkStatus();
+  }
+  for (int64_t h = 0; h < heads; ++h) {
+    list.clear();
+    SelectTopK(ranked.data() + h * n, n, (*counts)[h], &list);
+    AppendList(list, out);
+    out->kept_per_head[h] = static_cast<int32_t>(list.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& policy,
+                                                        const std::vector<LayerScores>& layers) {
+  const std::string& mode = policy.params.Text("mode");
+  const bool equal = policy.settings.output_shape == OutputShape::kEqualCount;
+  if (policy.settings.output_shape != OutputShape::kPerHead && !equal) {
+    return absl::InvalidArgumentError(
+        "settings.output_shape: laprox answers PER_HEAD (ragged) or EQUAL_COUNT lists; "
+        "SHARED and BLOCK_ALIGNED are not defined for it");
+  }
+  // Candidate entries: unprotected (layer, head, token) triples; their normalised scores.
+  struct Span {
+    size_t begin = 0;  // first candidate of the layer in `values`
+    int64_t budget = 0;  // evictable tokens kept: H * (k - protected)
+  };
+  std::vector<Span> spans(layers.size());
+  std::vector<float> values;
+  std::vector<float> chunks;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerScores& layer = layers[l];
+    const Protection& p = layer.budget.protection;
+    const int64_t n = layer.num_tokens;
+    spans[l].begin = values.size();
+    spans[l].budget = layer.num_heads * (layer.budget.kept_per_head - p.sink - p.recent);
+    for (int64_t h = 0; h < layer.num_heads; ++h) {
+      for (int64_t j = p.sink; j < n - p.recent; ++j) values.push_back(layer.scores[h * n + j]);
+    }
+    if (mode == "model" && !equal) {
+      const size_t count = values.size() - spans[l].begin;
+      std::vector<float> copy(values.begin() + static_cast<std::ptrdiff_t>(spans[l].begin),
+                              values.end());
+      chunks.resize(count / kCanonicalChunk + 1);
+      const float z = CmChunkedSum(copy.data(), static_cast<int64_t>(count), chunks.data());
+      for (size_t i = spans[l].begin; i < values.size(); ++i) {
+        values[i] = z > 0.0f ? CmDiv(values[i], z) : 0.0f;
+      }
+    }
+  }
+  // Which candidates are kept: a top-K of (value desc, position asc) over a range.
+  std::vector<uint8_t> keep(values.size(), 0);
+  auto select_range = [&](size_t begin, size_t end, int64_t count) {
+    count = std::clamp<int64_t>(count, 0, static_cast<int64_t>(end - begin));
+    if (count == 0) return;
+    std::vector<float> sorted(values.begin() + static_cast<std::ptrdiff_t>(begin),
+                              values.begin() + static_cast<std::ptrdiff_t>(end));
+    std::nth_element(sorted.begin(), sorted.begin() + (count - 1), sorted.end(),
+                     std::greater<float>());
+    const float threshold = sorted[static_cast<size_t>(count - 1)];
+    int64_t above = 0;
+    for (size_t i = begin; i < end; ++i) above += values[i] > threshold;
+    int64_t ties = count - above;
+    for (size_t i = begin; i < end; ++i) {
+      if (values[i] > threshold) {
+        keep[i] = 1;
+      } else if (values[i] == threshold && ties > 0) {
+        keep[i] = 1;
+        --ties;
+      }
+    }
+  };
+  if (equal || mode == "local") {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const LayerScores& layer = layers[l];
+      const int64_t per_head = layer.num_heads ? spans[l].budget / layer.num_heads : 0;
+      const size_t width = layer.num_heads
+                               ? (layer.num_tokens - layer.budget.protection.sink -
+                                  layer.budget.protection.recent)
+                               : 0;
+      for (int64_t h = 0; h < layer.num_heads; ++h) {
+        const size_t begin = spans[l].begin + static_cast<size_t>(h) * width;
+        select_range(begin, begin + width, per_head);
+      }
+    }
+  } else if (mode == "layer") {
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const size_t end = l + 1 < layers.size() ? spans[l + 1].begin : values.size();
+      select_range(spans[l].begin, end, spans[l].budget);
+    }
+  } else {  // model, model_raw
+    int64_t total = 0;
+    for (const Span& s : spans) total += s.budget;
+    select_range(0, values.size(), total);
+  }
+  // Decisions: protected tokens plus the kept candidates, ascending per head.
+  std::vector<LayerDecision> out(layers.size());
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerScores& layer = layers[l];
+    const Protection& p = layer.budget.protection;
+    const int64_t n = layer.num_tokens;
+    StartDecision(layer, policy.settings.output_shape, &out[l]);
+    size_t i = spans[l].begin;
+    std::vector<int32_t> list;
+    for (int64_t h = 0; h < layer.num_heads; ++h) {
+      list.clear();
+      for (int64_t j = 0; j < n; ++j) {
+        const bool guarded = j < p.sink || j >= n - p.recent;
+        if (guarded) {
+          list.push_back(static_cast<int32_t>(j));
+        } else if (keep[i++]) {
+          list.push_back(static_cast<int32_t>(j));
+        }
+      }
+      AppendList(list, &out[l]);
+      out[l].kept_per_head[h] = static_cast<int32_t>(list.size());
+    }
+  }
+  return out;
+}
+
+}  // namespace kvtrim

@@ -1,0 +1,134 @@
+#include "kernels/expected_attention_stats.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvtrim {
+
+namespace {
+
+/// Mean RoPE rotation over positions [start, start + count): per pair i, (mean cos, mean sin).
+void MeanRotation(const std::vector<double>& inv_freq, int64_t start, int64_t count,
+                  std::vector<double>* cos_bar, std::vector<double>* sin_bar) {
+  const size_t half = inv_freq.size();
+  cos_bar->assign(half, 0.0);
+  sin_bar->assign(half, 0.0);
+  for (size_t i = 0; i < half; ++i) {
+    double c = 0, s = 0;
+    for (int64_t p = start; p < start + count; ++p) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      c += std::cos(angle);
+      s += std::sin(angle);
+    }
+    (*cos_bar)[i] = c / static_cast<double>(count);
+    (*sin_bar)[i] = s / static_cast<double>(count);
+  }
+}
+
+/// R x for the block-diagonal rotation with per-pair (c, s): (a, b) -> (c a - s b, s a + c b).
+void Rotate(const RopeConfig& rope, int64_t d, const std::vector<double>& c,
+            const std::vector<double>& s, const double* x, double* out) {
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const auto [a, b] = rope.PairDims(i, d);
+    out[a] = c[i] * x[a] - s[i] * x[b];
+    out[b] = s[i] * x[a] + c[i] * x[b];
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<ExpectedQueryStats> ComputeExpectedQueryStats(const RegisteredModel& model,
+                                                             const ResolvedParams& params,
+                                                             int32_t layer_id, int64_t n,
+                                                             const TensorView& queries,
+                                                             float softmax_scale) {
+  const std::string& source = params.Text("query_stats");
+  const int64_t hq = model.layout.num_query_heads;
+  const int64_t d = model.layout.head_dim;
+  const RopeConfig& rope = model.rope;
+  const std::vector<double> inv_freq = rope.InverseFrequencies(d);
+  bool use_model = source == "model" || (source == "auto" && model.has_query_stats());
+  if (use_model && !model.has_query_stats()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "settings.model_digest: expected_attention with query_stats=model needs the model's "
+        "query statistics (layers.{l}.query_mean / query_cov); model ", model.digest,
+        " was registered without them"));
+  }
+  // Pre-RoPE mean [H_q, d] and covariance [H_q, d, d] in double.
+  std::vector<double> mean(static_cast<size_t>(hq * d), 0.0);
+  std::vector<double> cov(static_cast<size_t>(hq * d * d), 0.0);
+  ExpectedQueryStats out;
+  if (use_model) {
+    for (size_t i = 0; i < mean.size(); ++i) mean[i] = model.query_mean[layer_id][i];
+    for (size_t i = 0; i < cov.size(); ++i) cov[i] = model.query_cov[layer_id][i];
+  } else {
+    if (!queries.present()) {
+      return absl::InvalidArgumentError(
+          "queries: expected_attention without registered query statistics estimates them "
+          "from the query window [H_q, w, d]; send it");
+    }
+    out.from_window = true;
+    const int64_t w = queries.shape[1];
+    std::vector<float> row(static_cast<size_t>(d));
+    std::vector<double> pre(static_cast<size_t>(w * d));
+    std::vector<double> c(static_cast<size_t>(d / 2)), s(static_cast<size_t>(d / 2));
+    std::vector<double> x(static_cast<size_t>(d));
+    for (int64_t q = 0; q < hq; ++q) {
+      for (int64_t t = 0; t < w; ++t) {
+        ConvertToF32(queries.dtype,
+                     static_cast<const char*>(queries.data) +
+                         ((q * w + t) * d) * static_cast<int64_t>(DTypeSize(queries.dtype)),
+                     static_cast<size_t>(d), row.data());
+        const double position = static_cast<double>(n - w + t);
+        // Inverse rotation R(-position).
+        for (int64_t i = 0; i < d / 2; ++i) {
+          c[i] = std::cos(position * inv_freq[i]);
+          s[i] = -std::sin(position * inv_freq[i]);
+        }
+        for (int64_t i = 0; i < d; ++i) x[i] = row[i];
+        Rotate(rope, d, c, s, x.data(), pre.data() + t * d);
+      }
+      double* mu = mean.data() + q * d;
+      for (int64_t t = 0; t < w; ++t) {
+        for (int64_t i = 0; i < d; ++i) mu[i] += pre[t * d + i];
+      }
+      for (int64_t i = 0; i < d; ++i) mu[i] /= static_cast<double>(w);
+      double* sigma = cov.data() + q * d * d;
+      for (int64_t t = 0; t < w; ++t) {
+        for (int64_t i = 0; i < d; ++i) {
+          const double a = pre[t * d + i] - mu[i];
+          for (int64_t k = 0; k < d; ++k) sigma[i * d + k] += a * (pre[t * d + k] - mu[k]);
+        }
+      }
+      for (int64_t i = 0; i < d * d; ++i) sigma[i] /= static_cast<double>(w);
+    }
+  }
+  // Mean rotation over the next positions; mu_bar = R mu, Sigma_bar = R Sigma R^T.
+  std::vector<double> cbar, sbar;
+  MeanRotation(inv_freq, n, params.Int("n_future_positions"), &cbar, &sbar);
+  out.mean.resize(static_cast<size_t>(hq * d));
+  out.cov.resize(static_cast<size_t>(hq * d * d));
+  std::vector<double> tmp(static_cast<size_t>(d * d)), col(static_cast<size_t>(d)),
+      rotated(static_cast<size_t>(d));
+  for (int64_t q = 0; q < hq; ++q) {
+    Rotate(rope, d, cbar, sbar, mean.data() + q * d, rotated.data());
+    for (int64_t i = 0; i < d; ++i) out.mean[q * d + i] = static_cast<float>(rotated[i]);
+    // tmp = R Sigma (rotate every column), then out = tmp R^T (rotate every row of tmp).
+    const double* sigma = cov.data() + q * d * d;
+    for (int64_t k = 0; k < d; ++k) {
+      for (int64_t i = 0; i < d; ++i) col[i] = sigma[i * d + k];
+      Rotate(rope, d, cbar, sbar, col.data(), rotated.data());
+      for (int64_t i = 0; i < d; ++i) tmp[i * d + k] = rotated[i];
+    }
+    for (int64_t i = 0; i < d; ++i) {
+      Rotate(rope, d, cbar, sbar, tmp.data() + i * d, rotated.data());
+      for (int64_t k = 0; k < d; ++k) out.cov[(q * d + i) * d + k] = static_cast<float>(rotated[k]);
+    }
+  }
+  out.half_scale2 = static_cast<float>(0.5 * static_cast<double>(softmax_scale) *
+                                       static_cast<double>(softmax_scale));
+  return out;
+}
+
+}  // namespace kvtrim
