@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/allocate.h"
 #include "kernels/engine.h"
+#include "kernels/random_model_test_util.h"
 
 namespace kvtrim {
 namespace {
@@ -22,11 +23,25 @@ class CpuBackendTest : public ::testing::Test {
  protected:
   CpuBackendTest() { RegisterBuiltinPolicies(&registry_); }
 
+  /// Compresses `layer`; presets that need a model get a random one of the layer's layout
+  /// (with query statistics and a snapkv profile).
   LayerDecision Run(const CompressionSettings& s, const LayerRequest& layer, int threads = 2) {
     CpuBackend backend(threads);
     PolicyEngine engine(registry_, backend);
     auto p = engine.Prepare(s, "settings");
     EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return {};
+    RandomModelOptions o;
+    o.layers = 1;
+    o.kv_heads = static_cast<int32_t>(layer.keys.shape[0]);
+    o.query_heads = static_cast<int32_t>(layer.queries.shape[0]);
+    o.head_dim = static_cast<int32_t>(layer.keys.shape[2]);
+    o.query_stats = true;
+    o.profile_metric = "snapkv";
+    const uint32_t needs = p->scorer->required_inputs | p->allocator->required_inputs;
+    const absl::Status attached =
+        engine.AttachModel(&*p, (needs & kInputModel) ? RandomModel(o) : nullptr, "settings");
+    EXPECT_TRUE(attached.ok()) << attached;
     auto d = engine.CompressLayer(*p, layer, "layer");
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *d : LayerDecision{};
