@@ -1,5 +1,6 @@
 #include "client/kvtrim_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -37,8 +38,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
         absl::StrCat("max_message_bytes: must be positive, got ", options.max_message_bytes));
   }
   if (options.default_deadline <= absl::ZeroDuration() ||
-      options.session_deadline <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("default_deadline and session_deadline must be positive");
+      options.session_deadline <= absl::ZeroDuration() ||
+      options.register_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "default_deadline, session_deadline and register_deadline must be positive");
+  }
+  if (options.register_chunk_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register_chunk_bytes: must be positive, got ", options.register_chunk_bytes));
   }
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
@@ -97,17 +104,143 @@ absl::StatusOr<v1::ListPoliciesResponse> Client::ListPolicies() {
 }
 
 absl::StatusOr<v1::CompressResponse> Client::Compress(const v1::CompressRequest& request) {
-  v1::CompressResponse response;
-  auto context = UnaryContext();
-  absl::Status status =
-      FromGrpcStatus(stubs_->kvtrim->Compress(context.get(), request, &response));
-  if (!status.ok()) return status;
-  return response;
+  auto call = [&]() -> absl::StatusOr<v1::CompressResponse> {
+    v1::CompressResponse response;
+    auto context = UnaryContext();
+    absl::Status status =
+        FromGrpcStatus(stubs_->kvtrim->Compress(context.get(), request, &response));
+    if (!status.ok()) return status;
+    return response;
+  };
+  absl::StatusOr<v1::CompressResponse> response = call();
+  const std::string& digest = request.settings().model_digest();
+  if (response.ok() || !IsUnknownModelDigest(response.status()) ||
+      RememberedBundle(digest) == nullptr) {
+    return response;
+  }
+  // The server lost the model (restart without its data directory, another replica):
+  // register it again and retry once.
+  if (absl::Status registered = Reregister(digest); !registered.ok()) {
+    return absl::Status(registered.code(),
+                        absl::StrCat("re-registering the model after \"",
+                                     response.status().message(), "\" failed: ",
+                                     registered.message()));
+  }
+  return call();
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(
     const v1::CompressionSettings& settings) {
-  return Session::Open(stubs_->kvtrim.get(), settings, options_.session_deadline);
+  SessionRetry retry;
+  const std::string digest = settings.model_digest();
+  if (RememberedBundle(digest) != nullptr) {
+    retry.reregister = [this, digest] { return Reregister(digest); };
+    retry.max_replay_bytes = options_.session_replay_bytes;
+  }
+  return Session::Open(stubs_->kvtrim.get(), settings, options_.session_deadline,
+                       std::move(retry));
+}
+
+absl::StatusOr<std::string> Client::SendRegistration(const ModelBundle& bundle) {
+  // Each chunk is one message: leave room for its name, shape and manifest.
+  constexpr int kOverhead = 64 << 10;
+  const int cap = options_.max_message_bytes > 2 * kOverhead
+                      ? options_.max_message_bytes - kOverhead
+                      : std::max(1, options_.max_message_bytes / 2);
+  const size_t chunk = static_cast<size_t>(std::min(options_.register_chunk_bytes, cap));
+
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.register_deadline));
+  v1::RegisterModelResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
+      stubs_->kvtrim->RegisterModel(&context, &response);
+  v1::RegisterModelRequest message;
+  *message.mutable_header() = bundle.header;
+  bool open = writer->Write(message);
+  for (auto it = bundle.weights.begin(); open && it != bundle.weights.end(); ++it) {
+    const auto& [name, tensor] = *it;
+    size_t offset = 0;
+    do {  // at least one chunk, even for an empty tensor, so the server sees its shape
+      message.Clear();
+      v1::ModelWeightChunk* c = message.mutable_weight();
+      c->set_name(name);
+      c->set_offset_bytes(offset);
+      if (offset == 0) {
+        c->set_dtype(ToProtoDType(tensor.dtype));
+        for (int64_t extent : tensor.shape) c->add_shape(extent);
+        auto manifest = bundle.manifests.find(name);
+        if (manifest != bundle.manifests.end()) c->set_manifest_json(manifest->second);
+      }
+      const size_t size = std::min(chunk, tensor.data.size() - offset);
+      c->set_data(tensor.data.substr(offset, size));
+      offset += size;
+      open = writer->Write(message);
+    } while (open && offset < tensor.data.size());
+  }
+  if (open) writer->WritesDone();
+  // When a write failed the server already ended the call; Finish has its status.
+  absl::Status status = FromGrpcStatus(writer->Finish());
+  if (!status.ok()) return status;
+  if (response.digest().empty()) {
+    return absl::InternalError("RegisterModel: the server answered OK without a digest");
+  }
+  return response.digest();
+}
+
+absl::StatusOr<std::string> Client::RegisterModel(const ModelBundle& bundle) {
+  return RegisterModel(std::make_shared<const ModelBundle>(bundle));
+}
+
+absl::StatusOr<std::string> Client::RegisterModel(std::shared_ptr<const ModelBundle> bundle) {
+  if (bundle == nullptr) return absl::InvalidArgumentError("RegisterModel: bundle is null");
+  absl::StatusOr<std::string> digest = SendRegistration(*bundle);
+  if (!digest.ok()) return digest.status();
+  std::lock_guard<std::mutex> lock(bundles_mutex_);
+  bundles_[*digest] = std::move(bundle);
+  return digest;
+}
+
+std::shared_ptr<const ModelBundle> Client::RememberedBundle(const std::string& digest) const {
+  if (digest.empty()) return nullptr;
+  std::lock_guard<std::mutex> lock(bundles_mutex_);
+  auto it = bundles_.find(digest);
+  return it == bundles_.end() ? nullptr : it->second;
+}
+
+absl::Status Client::Reregister(const std::string& digest) {
+  std::shared_ptr<const ModelBundle> bundle = RememberedBundle(digest);
+  if (bundle == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no bundle remembered for model ", digest));
+  }
+  absl::StatusOr<std::string> again = SendRegistration(*bundle);
+  if (!again.ok()) return again.status();
+  if (*again != digest) {
+    return absl::InternalError(absl::StrCat("the server registered the bundle as ", *again,
+                                            ", not as ", digest));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
+  v1::ListModelsResponse response;
+  auto context = UnaryContext();
+  absl::Status status = FromGrpcStatus(
+      stubs_->kvtrim->ListModels(context.get(), v1::ListModelsRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
+absl::Status Client::DeleteModel(const std::string& digest) {
+  v1::DeleteModelRequest request;
+  request.set_digest(digest);
+  v1::DeleteModelResponse response;
+  auto context = UnaryContext();
+  absl::Status status =
+      FromGrpcStatus(stubs_->kvtrim->DeleteModel(context.get(), request, &response));
+  if (!status.ok()) return status;
+  std::lock_guard<std::mutex> lock(bundles_mutex_);
+  bundles_.erase(digest);
+  return absl::OkStatus();
 }
 
 }  // namespace kvtrim

@@ -4,11 +4,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/model_bundle.h"
 #include "client/session.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 
@@ -20,6 +23,13 @@ struct ClientOptions {
   absl::Duration default_deadline = absl::Seconds(30);
   /// Deadline of a whole CompressSession stream, from OpenSession to Finish.
   absl::Duration session_deadline = absl::Minutes(10);
+  /// Deadline of one RegisterModel stream (all of a model's weights).
+  absl::Duration register_deadline = absl::Minutes(10);
+  /// Data bytes per RegisterModel weight chunk (each chunk is one gRPC message, so it is
+  /// also capped at max_message_bytes minus 64 KiB for the message's other fields).
+  int register_chunk_bytes = 4 << 20;
+  /// Session layers kept for a replay after "unknown model digest" (SessionRetry), bytes.
+  int64_t session_replay_bytes = int64_t{256} << 20;
   /// Largest message the channel sends or receives, in bytes (gRPC's default cap is 4 MiB;
   /// the server's --max_message_bytes must allow at least as much).
   int max_message_bytes = 64 << 20;
@@ -39,6 +49,12 @@ const char* HealthStateName(HealthState state);
 /// A connection to one kvtrim server. Thread-safe: calls may run concurrently from several
 /// threads. Every method returns the server's gRPC status code and message on failure
 /// (converted by FromGrpcStatus), or DEADLINE_EXCEEDED when the call's deadline passes.
+///
+/// Registered models: the client remembers every bundle it registered (digest -> bundle).
+/// When Compress, or a session before any layer answer, fails FAILED_PRECONDITION
+/// "unknown model digest" for one of those digests (the server restarted without its data
+/// directory, or another replica answered), the client registers the bundle again and
+/// retries once by itself.
 class Client {
  public:
   /// The health-check service name under which kvtrimd reports its serving state.
@@ -65,8 +81,22 @@ class Client {
   absl::StatusOr<v1::CompressResponse> Compress(const v1::CompressRequest& request);
 
   /// Opens a CompressSession stream and sends `settings` as its `begin` message. The
-  /// returned Session streams layers and collects the server's answers as they arrive.
+  /// returned Session streams layers and collects the server's answers as they arrive; it
+  /// must not outlive the client.
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(const v1::CompressionSettings& settings);
+
+  /// Streams `bundle` to RegisterModel (header, then each weight in register_chunk_bytes
+  /// chunks) and returns its digest ("sha256:<hex>"), which compression settings name in
+  /// model_digest. Registering the same content again returns the same digest. The bundle
+  /// is remembered for automatic re-registration (the first overload copies it).
+  absl::StatusOr<std::string> RegisterModel(const ModelBundle& bundle);
+  absl::StatusOr<std::string> RegisterModel(std::shared_ptr<const ModelBundle> bundle);
+
+  /// Every model the server holds (digest, header, weight names).
+  absl::StatusOr<v1::ListModelsResponse> ListModels();
+
+  /// Deletes the model `digest` on the server and forgets its bundle here.
+  absl::Status DeleteModel(const std::string& digest);
 
   /// The options the client was created with.
   const ClientOptions& options() const { return options_; }
@@ -77,10 +107,19 @@ class Client {
 
   /// A context whose deadline is now + options_.default_deadline.
   std::unique_ptr<grpc::ClientContext> UnaryContext() const;
+  /// One RegisterModel stream of `bundle`; the digest the server answered.
+  absl::StatusOr<std::string> SendRegistration(const ModelBundle& bundle);
+  /// Registers the remembered bundle of `digest` again; NOT_FOUND when none is remembered,
+  /// INTERNAL when the server answers another digest.
+  absl::Status Reregister(const std::string& digest);
+  /// The remembered bundle of `digest`, or null.
+  std::shared_ptr<const ModelBundle> RememberedBundle(const std::string& digest) const;
 
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stubs> stubs_;
+  mutable std::mutex bundles_mutex_;  // guards bundles_
+  std::map<std::string, std::shared_ptr<const ModelBundle>> bundles_;  // by digest
 };
 
 }  // namespace kvtrim

@@ -2,35 +2,51 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/grpc_status.h"
 
 namespace kvtrim {
 
+bool IsUnknownModelDigest(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         absl::StrContains(status.message(), "unknown model digest");
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Open(v1::Kvtrim::StubInterface* stub,
                                                        const v1::CompressionSettings& settings,
-                                                       absl::Duration deadline) {
+                                                       absl::Duration deadline,
+                                                       SessionRetry retry) {
   std::unique_ptr<Session> session(new Session());
-  session->context_.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  session->stream_ = stub->CompressSession(&session->context_);
-  Session* raw = session.get();
-  session->reader_ = std::thread([raw] { raw->ReadLoop(); });
-
-  v1::SessionRequest begin;
-  *begin.mutable_begin() = settings;
-  if (!session->stream_->Write(begin)) {
+  session->stub_ = stub;
+  *session->begin_.mutable_begin() = settings;
+  session->deadline_ = absl::Now() + deadline;
+  session->retry_ = std::move(retry);
+  if (!session->StartStream()) {
     absl::Status status = session->CloseStream();
-    if (!status.ok()) return status;
-    return absl::InternalError("CompressSession: stream closed before `begin` was sent");
+    if (status.ok()) {
+      return absl::InternalError("CompressSession: stream closed before `begin` was sent");
+    }
+    if (auto recovered = session->RecoverOnce(status); !recovered.ok()) return recovered;
   }
   return session;
 }
 
 Session::~Session() {
   if (!closed_) {
-    context_.TryCancel();
+    context_->TryCancel();
     CloseStream().IgnoreError();
   }
+}
+
+bool Session::StartStream() {
+  stream_.reset();  // the previous stream (if any) before its context
+  context_ = std::make_unique<grpc::ClientContext>();
+  context_->set_deadline(absl::ToChronoTime(deadline_));
+  stream_ = stub_->CompressSession(context_.get());
+  closed_ = false;
+  reader_ = std::thread([this] { ReadLoop(); });
+  return stream_->Write(begin_);
 }
 
 void Session::ReadLoop() {
@@ -50,11 +66,13 @@ void Session::ReadLoop() {
           result_.round_trip_seconds[id] = absl::ToDoubleSeconds(now - sent->second);
         }
         result_.layers.push_back(std::move(*response.mutable_layer()));
+        answered_ = true;
         break;
       }
       case v1::SessionResponse::kFinished:
         result_.summary = response.finished();
         have_summary_ = true;
+        answered_ = true;
         break;
       default:
         protocol_error_ = "CompressSession: a reply carried neither `layer` nor `finished`";
@@ -71,19 +89,73 @@ absl::Status Session::CloseStream() {
   return final_status_;
 }
 
+void Session::DisarmRetry() {
+  retry_.reregister = nullptr;
+  replay_.clear();
+  replay_.shrink_to_fit();
+  replay_bytes_ = 0;
+}
+
+absl::Status Session::RecoverOnce(const absl::Status& status) {
+  if (!retry_.reregister || !IsUnknownModelDigest(status)) return status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (answered_) return status;  // layers were answered: replaying would answer them twice
+  }
+  const std::function<absl::Status()> reregister = std::move(retry_.reregister);
+  std::vector<v1::SessionRequest> replay = std::move(replay_);
+  DisarmRetry();  // once only
+  if (absl::Status registered = reregister(); !registered.ok()) {
+    return absl::Status(registered.code(),
+                        absl::StrCat("re-registering the model after \"", status.message(),
+                                     "\" failed: ", registered.message()));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    result_ = SessionResult();
+    have_summary_ = false;
+    protocol_error_.clear();
+  }
+  bool written = StartStream();
+  for (size_t i = 0; written && i < replay.size(); ++i) {
+    {
+      absl::MutexLock lock(&mu_);
+      sent_at_[replay[i].layer().layer_id()] = absl::Now();
+    }
+    written = stream_->Write(replay[i]);
+  }
+  if (written) return absl::OkStatus();
+  absl::Status closed = CloseStream();
+  return closed.ok() ? absl::InternalError("CompressSession: the server closed the replayed "
+                                           "stream before every layer was sent")
+                     : closed;
+}
+
 absl::Status Session::SendLayer(v1::LayerInput layer) {
   if (finished_) return absl::FailedPreconditionError("SendLayer: the session is finished");
   if (closed_) return final_status_;
   const int32_t id = layer.layer_id();
+  bool answered = false;
   {
     absl::MutexLock lock(&mu_);
     sent_at_[id] = absl::Now();
+    answered = answered_;
   }
+  if (answered && retry_.reregister) DisarmRetry();
   v1::SessionRequest request;
   request.mutable_layer()->Swap(&layer);
-  if (stream_->Write(request)) return absl::OkStatus();
+  const bool written = stream_->Write(request);
+  if (retry_.reregister) {
+    replay_bytes_ += static_cast<int64_t>(request.ByteSizeLong());
+    if (replay_bytes_ > retry_.max_replay_bytes) {
+      DisarmRetry();
+    } else {
+      replay_.push_back(std::move(request));
+    }
+  }
+  if (written) return absl::OkStatus();
   absl::Status status = CloseStream();
-  if (!status.ok()) return status;
+  if (!status.ok()) return RecoverOnce(status);
   return absl::InternalError(
       absl::StrCat("CompressSession: the server closed the stream before layer ", id,
                    " was sent"));
@@ -91,12 +163,19 @@ absl::Status Session::SendLayer(v1::LayerInput layer) {
 
 absl::StatusOr<SessionResult> Session::Finish() {
   if (finished_) return absl::FailedPreconditionError("Finish: the session is finished");
-  if (!closed_) {
-    v1::SessionRequest request;
-    request.mutable_finish();
-    if (stream_->Write(request)) stream_->WritesDone();
+  auto finish_stream = [this] {
+    if (!closed_) {
+      v1::SessionRequest request;
+      request.mutable_finish();
+      if (stream_->Write(request)) stream_->WritesDone();
+    }
+    return CloseStream();
+  };
+  absl::Status status = finish_stream();
+  if (!status.ok()) {
+    status = RecoverOnce(status);
+    if (status.ok()) status = finish_stream();
   }
-  absl::Status status = CloseStream();
   if (!status.ok()) return status;
   finished_ = true;
   absl::MutexLock lock(&mu_);

@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -27,6 +28,21 @@ struct SessionResult {
   std::map<int32_t, double> round_trip_seconds;
 };
 
+/// True for the server's answer to a model digest it does not hold: FAILED_PRECONDITION
+/// whose message contains "unknown model digest".
+bool IsUnknownModelDigest(const absl::Status& status);
+
+/// How a session may recover once from "unknown model digest" (the server restarted or
+/// lost the model): `reregister` registers the model again and returns OK when the session
+/// may be opened anew. The session then replays `begin` and every layer sent so far on a new
+/// stream -- but only while no layer answer has arrived (so nothing is answered twice) and
+/// the layers sent so far total at most `max_replay_bytes` (they are kept until the first
+/// answer arrives); past either point the failure is returned as is.
+struct SessionRetry {
+  std::function<absl::Status()> reregister;
+  int64_t max_replay_bytes = int64_t{256} << 20;
+};
+
 /// One open CompressSession stream. A background thread reads the server's replies as they
 /// come, so the server is never blocked on an unread stream; SendLayer only writes.
 /// Use from one thread: SendLayer any number of times, then Finish once. Destroying an
@@ -36,10 +52,14 @@ class Session {
   using Stream = grpc::ClientReaderWriterInterface<v1::SessionRequest, v1::SessionResponse>;
 
   /// Starts the stream on `stub` with a deadline of now + `deadline` and sends `begin`.
-  /// Created by Client::OpenSession; the stub must outlive the session.
+  /// Created by Client::OpenSession; the stub must outlive the session. With `retry`
+  /// (reregister set), a FAILED_PRECONDITION "unknown model digest" failure before any
+  /// layer answer re-registers and replays once (see SessionRetry); the deadline stays
+  /// the original one.
   static absl::StatusOr<std::unique_ptr<Session>> Open(v1::Kvtrim::StubInterface* stub,
                                                        const v1::CompressionSettings& settings,
-                                                       absl::Duration deadline);
+                                                       absl::Duration deadline,
+                                                       SessionRetry retry = {});
 
   ~Session();
   Session(const Session&) = delete;
@@ -58,12 +78,27 @@ class Session {
  private:
   Session() = default;
 
+  /// Opens the stream and the reader thread and writes `begin`; false when the write failed.
+  bool StartStream();
   /// Reader thread body: stores every reply until the stream ends.
   void ReadLoop();
-  /// Joins the reader and collects the final stream status (once).
+  /// Joins the reader and collects the final stream status (once per stream).
   absl::Status CloseStream();
+  /// After the stream failed with `status`: when the retry applies, re-registers, opens a
+  /// new stream and replays begin and the layers sent so far; returns OK when the session
+  /// goes on, else `status` (or the re-registration / replay error).
+  absl::Status RecoverOnce(const absl::Status& status);
+  /// Drops the replay buffer and the retry (an answer arrived, or the buffer grew too big).
+  void DisarmRetry();
 
-  grpc::ClientContext context_;
+  v1::Kvtrim::StubInterface* stub_ = nullptr;
+  v1::SessionRequest begin_;
+  absl::Time deadline_;
+  SessionRetry retry_;
+  std::vector<v1::SessionRequest> replay_;  // layers sent while the retry is armed
+  int64_t replay_bytes_ = 0;
+
+  std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<Stream> stream_;
   std::thread reader_;
   bool closed_ = false;      // CloseStream ran
@@ -73,6 +108,7 @@ class Session {
   absl::Mutex mu_;
   SessionResult result_ ABSL_GUARDED_BY(mu_);
   bool have_summary_ ABSL_GUARDED_BY(mu_) = false;
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;  // a layer answer or the summary arrived
   std::string protocol_error_ ABSL_GUARDED_BY(mu_);  // unexpected reply order
   std::map<int32_t, absl::Time> sent_at_ ABSL_GUARDED_BY(mu_);
 };

@@ -281,10 +281,12 @@ TEST_F(CompressErrorsTest, SharedMemoryTensorIsUnimplemented) {
   EXPECT_GRPC_ERROR(Call(r), StatusCode::UNIMPLEMENTED, "layers[0].keys.cuda_ipc");
 }
 
-TEST_F(CompressErrorsTest, OutputShapeOfLaterRelease) {
+TEST_F(CompressErrorsTest, OutputShapeUnknownOrWithoutBlockSize) {
   auto r = MakeRequest("knorm");
   r.mutable_settings()->set_output_shape(v1::BLOCK_ALIGNED);
-  EXPECT_GRPC_ERROR(Call(r), StatusCode::UNIMPLEMENTED, "settings.output_shape: BLOCK_ALIGNED");
+  EXPECT_GRPC_ERROR(Call(r), StatusCode::INVALID_ARGUMENT, "settings.block_size: BLOCK_ALIGNED");
+  r.mutable_settings()->set_block_size(-3);
+  EXPECT_GRPC_ERROR(Call(r), StatusCode::INVALID_ARGUMENT, "settings.block_size: must be >= 0");
   r.mutable_settings()->set_output_shape(static_cast<v1::OutputShape>(42));
   EXPECT_GRPC_ERROR(Call(r), StatusCode::INVALID_ARGUMENT, "settings.output_shape: unknown");
 }
@@ -362,32 +364,6 @@ TEST_F(CompressErrorsTest, DeadlineExpiresBetweenLayers) {
   v1::CompressResponse response;
   const grpc::Status s = stub_->Compress(&context, r, &response);
   EXPECT_EQ(s.error_code(), StatusCode::DEADLINE_EXCEEDED) << s.error_message();
-}
-
-TEST_F(CompressErrorsTest, ModelRpcsAreUnimplemented) {
-  {
-    grpc::ClientContext context;
-    v1::ListModelsResponse response;
-    EXPECT_GRPC_ERROR(stub_->ListModels(&context, v1::ListModelsRequest(), &response),
-                      StatusCode::UNIMPLEMENTED, "model registration arrives in a later release");
-  }
-  {
-    grpc::ClientContext context;
-    v1::DeleteModelResponse response;
-    EXPECT_GRPC_ERROR(stub_->DeleteModel(&context, v1::DeleteModelRequest(), &response),
-                      StatusCode::UNIMPLEMENTED, "model registration arrives in a later release");
-  }
-  {
-    grpc::ClientContext context;
-    v1::RegisterModelResponse response;
-    auto writer = stub_->RegisterModel(&context, &response);
-    v1::RegisterModelRequest request;
-    request.mutable_header()->set_name("m");
-    writer->Write(request);
-    writer->WritesDone();
-    EXPECT_GRPC_ERROR(writer->Finish(), StatusCode::UNIMPLEMENTED,
-                      "model registration arrives in a later release");
-  }
 }
 
 TEST_F(CompressErrorsTest, ListPoliciesDescribesPresetsAndParts) {

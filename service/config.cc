@@ -50,6 +50,19 @@ ABSL_FLAG(int64_t, gpu_memory_limit_bytes, 0,
           "worker's arena is capped at this / --workers, and a layer needing more is answered "
           "RESOURCE_EXHAUSTED. 0 = no cap but the device's free memory.");
 
+ABSL_FLAG(std::string, data_dir, "",
+          "Directory where registered models are persisted (one <hex>.kvtmodel file each) and "
+          "loaded from at start-up; created when missing. A corrupt or truncated file is "
+          "skipped with one line on stderr. Empty = models are kept in memory only and lost "
+          "on restart.");
+ABSL_FLAG(int32_t, max_models, 16,
+          "Most registered models held at once (1 .. 4096); RegisterModel beyond it gets "
+          "RESOURCE_EXHAUSTED \"--max_models\".");
+ABSL_FLAG(int64_t, max_model_bytes, int64_t{16} << 30,
+          "Largest model registration accepted, in bytes: the sum of its weights (W_O, query "
+          "statistics, profiles) (1024 .. 2^40). Each RegisterModel message is also bounded "
+          "by --max_message_bytes.");
+
 namespace kvtrim::service {
 
 namespace {
@@ -57,7 +70,8 @@ namespace {
 /// Every kvtrimd flag, in --help order.
 constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "max_message_bytes",
                                      "workers",         "max_inflight",   "backend",
-                                     "drain_timeout_s", "gpu_memory_limit_bytes"};
+                                     "drain_timeout_s", "gpu_memory_limit_bytes",
+                                     "data_dir",        "max_models",     "max_model_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
 /// the flag takes a value ("--flagfile f" consumes the next argument).
@@ -169,6 +183,17 @@ absl::Status Config::Validate() const {
   if (gpu_memory_limit_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--gpu_memory_limit_bytes: must be >= 0 (0 = no cap), got ", gpu_memory_limit_bytes));
+  }
+  if (auto st = CheckRange("max_models", max_models, 1, 4096); !st.ok()) return st;
+  if (auto st = CheckRange("max_model_bytes", max_model_bytes, 1024, int64_t{1} << 40);
+      !st.ok()) {
+    return st;
+  }
+  for (char c : data_dir) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--data_dir: '", data_dir, "' contains control characters"));
+    }
   }
   if (backend == BackendKind::kGpu && !BuiltWithCuda()) {
     return absl::InvalidArgumentError(
@@ -286,6 +311,9 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
+  config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.max_models = absl::GetFlag(FLAGS_max_models);
+  config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {
     config.backend = BackendKind::kAuto;

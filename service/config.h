@@ -43,6 +43,14 @@ struct Config {
   /// arena is capped at gpu_memory_limit_bytes / workers. 0 = no cap but free memory.
   /// A layer that needs more than a worker's cap is answered RESOURCE_EXHAUSTED.
   int64_t gpu_memory_limit_bytes = 0;
+  /// Directory where registered models are persisted, one "<hex>.kvtmodel" file each, and
+  /// loaded from at start-up; created when missing. Empty = models live in memory only and
+  /// are lost on restart.
+  std::string data_dir;
+  /// Most registered models held at once; RegisterModel beyond it is RESOURCE_EXHAUSTED.
+  int max_models = 16;
+  /// Largest model registration (the sum of its weights' bytes) RegisterModel accepts.
+  int64_t max_model_bytes = int64_t{16} << 30;
 
   /// Checks every field; errors are INVALID_ARGUMENT naming the flag ("--workers: ...").
   absl::Status Validate() const;

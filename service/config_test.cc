@@ -24,6 +24,9 @@ TEST(ConfigTest, DefaultsAreValid) {
   Config config;
   EXPECT_TRUE(config.Validate().ok());
   EXPECT_EQ(config.ResolvedBackendName(), "cpu");
+  EXPECT_EQ(config.data_dir, "");  // models in memory unless --data_dir is set
+  EXPECT_EQ(config.max_models, 16);
+  EXPECT_EQ(config.max_model_bytes, int64_t{16} << 30);
 }
 
 TEST(ConfigTest, EveryBadValueNamesItsFlag) {
@@ -44,6 +47,10 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {[](Config& c) { c.workers = 0; }, "--workers"},
       {[](Config& c) { c.max_inflight = 0; }, "--max_inflight"},
       {[](Config& c) { c.drain_timeout_s = -1; }, "--drain_timeout_s"},
+      {[](Config& c) { c.max_models = 0; }, "--max_models"},
+      {[](Config& c) { c.max_models = 5000; }, "--max_models"},
+      {[](Config& c) { c.max_model_bytes = 10; }, "--max_model_bytes"},
+      {[](Config& c) { c.data_dir = "/tmp/a\nb"; }, "--data_dir"},
   };
   for (const auto& c : cases) {
     Config config;
@@ -81,9 +88,14 @@ TEST(ConfigTest, StrictParserNamesTheFlag) {
   EXPECT_THAT(Message(parse({"kvtrimd", "--bogus=1"})), HasSubstr("--bogus: unknown flag"));
   EXPECT_THAT(Message(parse({"kvtrimd", "--max_inflight"})), HasSubstr("--max_inflight: missing"));
   EXPECT_THAT(Message(parse({"kvtrimd", "stray"})), HasSubstr("unexpected argument 'stray'"));
-  EXPECT_TRUE(parse({"kvtrimd", "--workers", "3", "--backend=cpu", "--metrics_listen="}).ok());
+  EXPECT_TRUE(parse({"kvtrimd", "--workers", "3", "--backend=cpu", "--metrics_listen=",
+                     "--data_dir=/var/lib/kvtrim", "--max_models=4",
+                     "--max_model_bytes=1048576"}).ok());
   auto config = ConfigFromFlags();
   ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->data_dir, "/var/lib/kvtrim");
+  EXPECT_EQ(config->max_models, 4);
+  EXPECT_EQ(config->max_model_bytes, 1048576);
   EXPECT_EQ(config->workers, 3);
   EXPECT_EQ(config->backend, BackendKind::kCpu);
   EXPECT_EQ(config->metrics_listen, "");
@@ -107,7 +119,8 @@ TEST(KvtrimdBinaryTest, HelpDocumentsEveryFlag) {
   std::string out;
   EXPECT_EQ(RunKvtrimd("--help", &out), 0);
   for (const char* flag : {"--listen", "--metrics_listen", "--max_message_bytes", "--workers",
-                           "--max_inflight", "--backend", "--drain_timeout_s"}) {
+                           "--max_inflight", "--backend", "--drain_timeout_s", "--data_dir",
+                           "--max_models", "--max_model_bytes"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }
@@ -123,6 +136,8 @@ TEST(KvtrimdBinaryTest, BadFlagsExitTwoNamingTheFlag) {
       {"--backend=tpu", "--backend"},
       {"--backend=gpu", "--backend"},
       {"--drain_timeout_s=-5", "--drain_timeout_s"},
+      {"--max_models=0", "--max_models"},
+      {"--max_model_bytes=abc", "--max_model_bytes"},
       {"--no_such_flag", "--no_such_flag"},
   };
   for (const auto& [args, flag] : cases) {
@@ -131,6 +146,16 @@ TEST(KvtrimdBinaryTest, BadFlagsExitTwoNamingTheFlag) {
     EXPECT_EQ(RunKvtrimd(args, &out), 2) << args << ": " << out;
     EXPECT_THAT(out, HasSubstr(flag)) << args;
   }
+}
+
+TEST(KvtrimdBinaryTest, UnusableDataDirExitsOne) {
+  std::string out;
+  EXPECT_EQ(RunKvtrimd("--listen=127.0.0.1:0 --metrics_listen= --backend=cpu --workers=1 "
+                       "--data_dir=/dev/null/models",
+                       &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("cannot start: --data_dir: cannot create '/dev/null/models'"));
 }
 
 TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {

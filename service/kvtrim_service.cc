@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "service/model_codec.h"
 #include "service/response_codec.h"
 #include "service/settings_codec.h"
 #include "service/status.h"
@@ -20,11 +21,6 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-/// Message of the model-registration RPCs.
-constexpr char kModelsLater[] =
-    "model registration arrives in a later release of kvtrimd; today no models can be "
-    "registered";
 
 }  // namespace
 
@@ -114,10 +110,11 @@ absl::Status CheckCallAlive(const grpc::ServerContext& context, const std::strin
   return absl::OkStatus();
 }
 
-KvtrimService::KvtrimService(const PolicyEngine& engine, Metrics& metrics, int max_inflight,
-                             std::ostream* error_log)
+KvtrimService::KvtrimService(const PolicyEngine& engine, Metrics& metrics, ModelStore& models,
+                             int max_inflight, std::ostream* error_log)
     : engine_(engine),
       metrics_(metrics),
+      models_(models),
       max_inflight_(std::max(1, max_inflight)),
       error_log_(error_log) {
   EncodePolicies(engine_.registry(), &policies_);
@@ -158,36 +155,17 @@ absl::StatusOr<ResolvedPolicy> KvtrimService::PreparePolicy(const CompressionSet
                                                             bool in_session) {
   auto policy = engine_.Prepare(settings, field);
   if (!policy.ok()) return policy.status();
+  std::shared_ptr<const RegisteredModel> model;
   if (!model_digest.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ".model_digest: unknown model digest '", model_digest,
-        "'; no models are registered (model registration arrives in a later release)"));
+    model = models_.Find(model_digest);
+    if (model == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ".model_digest: unknown model digest '", model_digest,
+          "'; register the model (RegisterModel) and retry"));
+    }
   }
-  const ScorerSpec& scorer = *policy->scorer;
-  if ((scorer.required_inputs & kInputModel) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ".model_digest: policy '", settings.policy,
-        "' needs a registered model (W_O, RoPE, query statistics); model registration "
-        "arrives in a later release"));
-  }
-  if ((scorer.required_inputs & kInputProfile) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ".policy.name: policy '", settings.policy,
-        "' needs an offline profile, registered with its model; model registration arrives "
-        "in a later release"));
-  }
-  const bool model_wide = scorer.scope == DecisionScope::kModel ||
-                          policy->allocator->scope == DecisionScope::kModel;
-  if (model_wide && !in_session) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ".policy.name: policy '", settings.policy,
-        "' is model-wide (it selects over every layer); use CompressSession"));
-  }
-  if (model_wide) {
-    return absl::UnimplementedError(absl::StrCat(
-        field, ".policy.name: policy '", settings.policy,
-        "' is model-wide; model-wide selection in sessions arrives in a later release"));
-  }
+  if (auto st = engine_.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
+  (void)in_session;
   return policy;
 }
 
@@ -208,6 +186,47 @@ absl::StatusOr<LayerDecision> KvtrimService::ComputeLayer(const ResolvedPolicy& 
   metrics_.ObserveStage(Stage::kCompute, compute);
   metrics_.ObserveStage(Stage::kValidate, wall - compute);
   return decision;
+}
+
+absl::Status KvtrimService::ScoreForModelWide(const ResolvedPolicy& policy,
+                                               const LayerRequest& layer,
+                                               const std::string& field,
+                                               ModelWideScores* buffered) {
+  const auto start = Clock::now();
+  double compute = 0;
+  auto scores = engine_.ScoreLayer(policy, layer, field, &compute);
+  const double wall = SecondsSince(start);
+  if (!scores.ok()) {
+    metrics_.ObserveStage(Stage::kValidate, wall);
+    if (scores.status().code() == absl::StatusCode::kInternal && backend_failure_hook_) {
+      backend_failure_hook_(scores.status());
+    }
+    return scores.status();
+  }
+  compute = std::min(wall, std::max(0.0, compute));
+  metrics_.ObserveStage(Stage::kCompute, compute);
+  metrics_.ObserveStage(Stage::kValidate, wall - compute);
+  buffered->layers.push_back(*std::move(scores));
+  buffered->compute_seconds.push_back(compute);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LayerDecision>> KvtrimService::DecideModelWide(
+    const ResolvedPolicy& policy, ModelWideScores* buffered) {
+  if (buffered->layers.empty()) return std::vector<LayerDecision>{};
+  const auto start = Clock::now();
+  auto decisions = DecideLaProx(policy, buffered->layers);
+  const double select = SecondsSince(start);
+  metrics_.ObserveStage(Stage::kCompute, select);
+  if (!decisions.ok()) return decisions.status();
+  // Each layer reports its own scoring time plus an equal share of the global selection.
+  const double share = select / static_cast<double>(decisions->size());
+  for (size_t i = 0; i < decisions->size(); ++i) {
+    (*decisions)[i].compute_seconds = buffered->compute_seconds[i] + share;
+  }
+  buffered->layers.clear();
+  buffered->compute_seconds.clear();
+  return decisions;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -277,12 +296,27 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
   // Compute: layer by layer, stopping on deadline or cancellation.
   std::vector<LayerDecision> decisions;
   decisions.reserve(layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) {
-    const std::string field = absl::StrCat("layers[", i, "]");
-    if (auto st = CheckCallAlive(*context, field); !st.ok()) return st;
-    auto decision = ComputeLayer(*policy, layers[i].request, field);
-    if (!decision.ok()) return decision.status();
-    decisions.push_back(*std::move(decision));
+  if (policy->model_wide()) {
+    // Score every layer (scores only are kept), then one selection over all of them.
+    ModelWideScores buffered;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const std::string field = absl::StrCat("layers[", i, "]");
+      if (auto st = CheckCallAlive(*context, field); !st.ok()) return st;
+      if (auto st = ScoreForModelWide(*policy, layers[i].request, field, &buffered); !st.ok()) {
+        return st;
+      }
+    }
+    auto decided = DecideModelWide(*policy, &buffered);
+    if (!decided.ok()) return decided.status();
+    decisions = *std::move(decided);
+  } else {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const std::string field = absl::StrCat("layers[", i, "]");
+      if (auto st = CheckCallAlive(*context, field); !st.ok()) return st;
+      auto decision = ComputeLayer(*policy, layers[i].request, field);
+      if (!decision.ok()) return decision.status();
+      decisions.push_back(*std::move(decision));
+    }
   }
 
   // Encode.
@@ -325,6 +359,7 @@ absl::Status KvtrimService::SessionImpl(
   int32_t max_layer_id = -1;
   std::set<int32_t> seen;
   ResolvedPolicy policy;
+  ModelWideScores buffered;  // model-wide policies: per-layer scores until finish
   v1::SessionSummary summary;
   summary.set_backend(std::string(engine_.backend_name()));
 
@@ -380,6 +415,13 @@ absl::Status KvtrimService::SessionImpl(
         max_layer_id = std::max(max_layer_id, input.layer_id());
         // num_layers = 0 means unknown: the layers seen so far define it.
         if (!num_layers_known) policy.settings.num_layers = max_layer_id + 1;
+        if (policy.model_wide()) {
+          // Answered at finish: keep this layer's scores only (never K/V).
+          if (auto st = ScoreForModelWide(policy, layer.request, "layer", &buffered); !st.ok()) {
+            return st;
+          }
+          break;
+        }
         auto decision = ComputeLayer(policy, layer.request, "layer");
         if (!decision.ok()) return decision.status();
         stage_start = Clock::now();
@@ -401,6 +443,24 @@ absl::Status KvtrimService::SessionImpl(
         if (!begun) {
           return absl::FailedPreconditionError("finish: received before begin; send begin first");
         }
+        if (policy.model_wide()) {
+          auto decided = DecideModelWide(policy, &buffered);
+          if (!decided.ok()) return decided.status();
+          for (const LayerDecision& decision : *decided) {
+            v1::SessionResponse layer_response;
+            EncodeLayerResult(decision, layer_response.mutable_layer());
+            if (!stream->Write(layer_response)) {
+              return absl::CancelledError(
+                  "finish: the client went away before the layer answers were sent");
+            }
+            metrics_.RecordLayer(*policy_label, decision);
+            summary.set_layers(summary.layers() + 1);
+            for (int32_t kept : decision.kept_per_head) {
+              summary.set_tokens_in(summary.tokens_in() + decision.num_tokens);
+              summary.set_tokens_kept(summary.tokens_kept() + kept);
+            }
+          }
+        }
         v1::SessionResponse response;
         *response.mutable_finished() = summary;
         if (!stream->Write(response)) {
@@ -416,30 +476,73 @@ absl::Status KvtrimService::SessionImpl(
 }
 
 // ---------------------------------------------------------------------------------------
-// Model registration (later release)
+// Model registration
 // ---------------------------------------------------------------------------------------
 
 grpc::Status KvtrimService::RegisterModel(grpc::ServerContext* context,
                                           grpc::ServerReader<v1::RegisterModelRequest>* reader,
                                           v1::RegisterModelResponse* response) {
-  const absl::Status status = absl::UnimplementedError(absl::StrCat("RegisterModel: ", kModelsLater));
-  metrics_.RecordRequest(Rpc::kRegisterModel, kNoPolicy, status.code(), 0);
+  const auto start = Clock::now();
+  CallScope scope(*this);
+  absl::Status status = scope.status();
+  int64_t bytes = 0;
+  if (status.ok()) status = RegisterModelImpl(context, reader, response, &bytes);
+  if (!status.ok()) response->Clear();
+  metrics_.AddRequestBytes(Rpc::kRegisterModel, bytes);
+  LogServerError(Rpc::kRegisterModel, "", status);
+  metrics_.RecordRequest(Rpc::kRegisterModel, kNoPolicy, status.code(), SecondsSince(start));
   return ToGrpcStatus(status);
+}
+
+absl::Status KvtrimService::RegisterModelImpl(grpc::ServerContext* context,
+                                              grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                                              v1::RegisterModelResponse* response,
+                                              int64_t* bytes) {
+  ModelAssembler assembler(models_.options().max_model_bytes);
+  v1::RegisterModelRequest message;
+  for (int64_t index = 0;; ++index) {
+    message.Clear();
+    if (!reader->Read(&message)) break;
+    if (auto st = CheckCallAlive(*context, absl::StrCat("RegisterModel message #", index + 1));
+        !st.ok()) {
+      return st;
+    }
+    absl::Status added = assembler.Add(message);
+    *bytes = assembler.received_bytes();
+    if (!added.ok()) return added;
+  }
+  // The stream also ends when the client cancels or the deadline passes.
+  if (auto st = CheckCallAlive(*context, "storing the model"); !st.ok()) return st;
+  auto input = assembler.Finish();
+  if (!input.ok()) return input.status();
+  auto digest = models_.Add(*std::move(input));
+  if (!digest.ok()) return digest.status();
+  response->set_digest(*digest);
+  return absl::OkStatus();
 }
 
 grpc::Status KvtrimService::ListModels(grpc::ServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) {
-  const absl::Status status = absl::UnimplementedError(absl::StrCat("ListModels: ", kModelsLater));
-  metrics_.RecordRequest(Rpc::kListModels, kNoPolicy, status.code(), 0);
+  const auto start = Clock::now();
+  CallScope scope(*this);
+  const absl::Status status = scope.status();
+  if (status.ok()) {
+    for (const auto& model : models_.List()) EncodeModelInfo(*model, response->add_models());
+  }
+  metrics_.RecordRequest(Rpc::kListModels, kNoPolicy, status.code(), SecondsSince(start));
   return ToGrpcStatus(status);
 }
 
 grpc::Status KvtrimService::DeleteModel(grpc::ServerContext* context,
                                         const v1::DeleteModelRequest* request,
                                         v1::DeleteModelResponse* response) {
-  const absl::Status status = absl::UnimplementedError(absl::StrCat("DeleteModel: ", kModelsLater));
-  metrics_.RecordRequest(Rpc::kDeleteModel, kNoPolicy, status.code(), 0);
+  const auto start = Clock::now();
+  CallScope scope(*this);
+  absl::Status status = scope.status();
+  if (status.ok()) status = models_.Delete(request->digest());
+  LogServerError(Rpc::kDeleteModel, "", status);
+  metrics_.RecordRequest(Rpc::kDeleteModel, kNoPolicy, status.code(), SecondsSince(start));
   return ToGrpcStatus(status);
 }
 

@@ -16,20 +16,24 @@
 #include "kernels/engine.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 #include "service/metrics.h"
+#include "service/model_store.h"
 
 namespace kvtrim::service {
 
 /// Implements kvtrim.v1.Kvtrim on a PolicyEngine (sync gRPC API; every method may run on
 /// several threads at once). Every handler works in absl::Status and converts once, at
 /// its end, with ToGrpcStatus. Compress and CompressSession are admitted against
-/// `max_inflight`; the engine, metrics and registry are borrowed and must outlive it.
+/// `max_inflight`; the engine, metrics, model store and registry are borrowed and must
+/// outlive it.
 class KvtrimService final : public v1::Kvtrim::Service {
  public:
-  /// `max_inflight` >= 1: the most Compress + CompressSession calls served at once.
-  /// `error_log` (may be null) receives one line per call that fails with a server-side
-  /// error (INTERNAL, UNKNOWN, DATA_LOSS), with the request's request_id.
-  KvtrimService(const PolicyEngine& engine, Metrics& metrics, int max_inflight,
-                std::ostream* error_log = nullptr);
+  /// `models` holds the registered models (RegisterModel / ListModels / DeleteModel, and
+  /// the model_digest of compression settings). `max_inflight` >= 1: the most Compress +
+  /// CompressSession calls served at once. `error_log` (may be null) receives one line per
+  /// call that fails with a server-side error (INTERNAL, UNKNOWN, DATA_LOSS), with the
+  /// request's request_id.
+  KvtrimService(const PolicyEngine& engine, Metrics& metrics, ModelStore& models,
+                int max_inflight, std::ostream* error_log = nullptr);
 
   /// Lists every preset and SCORER+ALLOCATOR composition (built once, at construction).
   grpc::Status ListPolicies(grpc::ServerContext* context, const v1::ListPoliciesRequest* request,
@@ -52,16 +56,24 @@ class KvtrimService final : public v1::Kvtrim::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream) override;
 
-  /// UNIMPLEMENTED: model registration arrives in a later release.
+  /// Header first, then weight chunks (service/model_codec.h has the rules); validates the
+  /// model (BuildModel), stores and persists it, answers its digest. Registering content
+  /// that is already held answers the same digest and writes nothing. Errors name the field
+  /// ("header: ...", "weights[layers.0.w_o].shape: ..."); RESOURCE_EXHAUSTED for
+  /// --max_models / --max_model_bytes; CANCELLED / DEADLINE_EXCEEDED between messages.
   grpc::Status RegisterModel(grpc::ServerContext* context,
                              grpc::ServerReader<v1::RegisterModelRequest>* reader,
                              v1::RegisterModelResponse* response) override;
-  /// UNIMPLEMENTED: model registration arrives in a later release.
+  /// Every registered model (digest, header, weight names) in digest order.
   grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
                           v1::ListModelsResponse* response) override;
-  /// UNIMPLEMENTED: model registration arrives in a later release.
+  /// Removes a model and its file. INVALID_ARGUMENT / NOT_FOUND naming `digest`. Requests
+  /// already using the model finish with it.
   grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
                            v1::DeleteModelResponse* response) override;
+
+  /// The registered models (PreparePolicy resolves settings.model_digest here).
+  ModelStore& models() { return models_; }
 
   /// Called with the status of every layer whose computation failed INTERNAL (a backend
   /// fault, e.g. a CUDA error), from the handler's thread; the server checks there whether
@@ -72,11 +84,11 @@ class KvtrimService final : public v1::Kvtrim::Service {
   /// Calls admitted and not yet finished (Compress + CompressSession).
   int inflight() const { return inflight_.load(); }
 
-  /// Starts draining: new ListPolicies / Compress / CompressSession calls are answered
-  /// UNAVAILABLE "draining"; calls already running continue. Irreversible.
+  /// Starts draining: new calls of every kvtrim RPC are answered UNAVAILABLE "draining";
+  /// calls already running continue. Irreversible.
   void StartDraining();
-  /// Blocks until no ListPolicies / Compress / CompressSession handler is running or
-  /// `deadline` passes; returns true when idle.
+  /// Blocks until no kvtrim RPC handler is running or `deadline` passes; returns true when
+  /// idle.
   bool WaitIdle(std::chrono::steady_clock::time_point deadline);
 
  private:
@@ -91,14 +103,17 @@ class KvtrimService final : public v1::Kvtrim::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream,
       std::string* policy_label, std::string* request_id);
+  /// Reads the whole RegisterModel stream into the store; counts received tensor bytes.
+  absl::Status RegisterModelImpl(grpc::ServerContext* context,
+                                 grpc::ServerReader<v1::RegisterModelRequest>* reader,
+                                 v1::RegisterModelResponse* response, int64_t* bytes);
 
   /// Logs server-side failures (not client errors) with the request id.
   void LogServerError(Rpc rpc, const std::string& request_id, const absl::Status& status);
 
-  /// Resolves the policy and applies the service's own checks: model digest (FAILED_
-  /// PRECONDITION), inputs only a registered model or profile provides (FAILED_
-  /// PRECONDITION), model-wide scope (FAILED_PRECONDITION in Compress, UNIMPLEMENTED in
-  /// sessions). `field` is "settings" or "begin".
+  /// Resolves the policy, looks up settings.model_digest (unknown -> FAILED_PRECONDITION
+  /// "unknown model digest") and checks what the policy needs from the model
+  /// (PolicyEngine::AttachModel). `field` is "settings" or "begin".
   absl::StatusOr<ResolvedPolicy> PreparePolicy(const CompressionSettings& settings,
                                                const std::string& model_digest,
                                                const std::string& field, bool in_session);
@@ -108,11 +123,24 @@ class KvtrimService final : public v1::Kvtrim::Service {
   absl::StatusOr<LayerDecision> ComputeLayer(const ResolvedPolicy& policy,
                                              const LayerRequest& layer, const std::string& field);
 
+  /// Scores of a model-wide policy buffered between layers (scores only, never K/V).
+  struct ModelWideScores {
+    std::vector<LayerScores> layers;
+    std::vector<double> compute_seconds;  // scoring time of each buffered layer
+  };
+  /// Validates and scores one layer of a model-wide policy into `buffered`.
+  absl::Status ScoreForModelWide(const ResolvedPolicy& policy, const LayerRequest& layer,
+                                 const std::string& field, ModelWideScores* buffered);
+  /// Decides every buffered layer at once (DecideLaProx) and empties the buffer.
+  absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(const ResolvedPolicy& policy,
+                                                             ModelWideScores* buffered);
+
   /// The `policy` metric label: `name` when the registry resolves it, else "invalid".
   std::string PolicyLabel(const std::string& name) const;
 
   const PolicyEngine& engine_;
   Metrics& metrics_;
+  ModelStore& models_;
   const int max_inflight_;
   std::atomic<int> inflight_{0};
   std::mutex calls_mutex_;               // guards active_calls_ and draining_

@@ -45,8 +45,9 @@ void EncodePolicy(const std::string& name, const std::string& description,
   out->set_scorer(scorer.name);
   out->set_allocator(allocator.name);
   out->set_selector(selector);
-  EncodeInputs(scorer.required_inputs, out->mutable_inputs());
-  EncodeInputs(scorer.optional_inputs & ~scorer.required_inputs, out->mutable_optional_inputs());
+  const uint32_t required = scorer.required_inputs | allocator.required_inputs;
+  EncodeInputs(required, out->mutable_inputs());
+  EncodeInputs(scorer.optional_inputs & ~required, out->mutable_optional_inputs());
   for (const ParamSpec& p : PolicyRegistry::CombinedParams(scorer, allocator)) {
     v1::ParamSpec* spec = out->add_params();
     spec->set_name(p.name);
@@ -68,8 +69,20 @@ void EncodePolicy(const std::string& name, const std::string& description,
 void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out) {
   out->set_layer_id(decision.layer_id);
   out->set_num_tokens(decision.num_tokens);
-  out->set_output_shape(decision.output_shape == OutputShape::kShared ? v1::SHARED
-                                                                      : v1::PER_HEAD);
+  switch (decision.output_shape) {
+    case OutputShape::kPerHead:
+      out->set_output_shape(v1::PER_HEAD);
+      break;
+    case OutputShape::kShared:
+      out->set_output_shape(v1::SHARED);
+      break;
+    case OutputShape::kBlockAligned:
+      out->set_output_shape(v1::BLOCK_ALIGNED);
+      break;
+    case OutputShape::kEqualCount:
+      out->set_output_shape(v1::EQUAL_COUNT);
+      break;
+  }
   out->mutable_offsets()->Add(decision.offsets.begin(), decision.offsets.end());
   out->mutable_indices()->Add(decision.indices.begin(), decision.indices.end());
   const bool has_perturbation = decision.perturbation.size() == decision.kept_per_head.size();

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstring>
 #include <exception>
+#include <iostream>
 #include <pthread.h>
 #include <thread>
 
@@ -105,7 +106,15 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   std::vector<std::string> presets;
   for (const auto& preset : registry_.presets()) presets.push_back(preset.name);
   metrics_ = std::make_unique<Metrics>(KvtrimVersion(), std::string(backend_->name()), presets);
-  service_ = std::make_unique<KvtrimService>(*engine_, *metrics_, config_.max_inflight, &log);
+  ModelStoreOptions store_options;
+  store_options.data_dir = config_.data_dir;
+  store_options.max_models = config_.max_models;
+  store_options.max_model_bytes = config_.max_model_bytes;
+  models_ = std::make_unique<ModelStore>(store_options, std::cerr);
+  absl::StatusOr<int> loaded = models_->LoadAll();  // before the server answers anything
+  if (!loaded.ok()) return loaded.status();
+  service_ = std::make_unique<KvtrimService>(*engine_, *metrics_, *models_, config_.max_inflight,
+                                             &log);
   service_->SetBackendFailureHook([this](const absl::Status& status) { OnBackendFailure(status); });
 
   InitGrpcPluginsOnce();
@@ -170,7 +179,10 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
       << (backend_detail_.empty() ? std::string() : absl::StrCat(" (", backend_detail_, ")"))
       << " workers " << config_.workers
       << " max_inflight " << config_.max_inflight << " max_message_bytes "
-      << config_.max_message_bytes << " warmed " << report.warmed.size() << " policies"
+      << config_.max_message_bytes << " models " << *loaded
+      << (config_.data_dir.empty() ? std::string(" (in memory only)")
+                                   : absl::StrCat(" (loaded from ", config_.data_dir, ")"))
+      << " warmed " << report.warmed.size() << " policies"
       << (report.skipped.empty() ? std::string()
                                  : absl::StrCat(" (need a model: ",
                                                 absl::StrJoin(report.skipped, ","), ")"))

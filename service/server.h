@@ -17,6 +17,7 @@
 #include "service/config.h"
 #include "service/kvtrim_service.h"
 #include "service/metrics.h"
+#include "service/model_store.h"
 
 namespace prometheus {
 class Exposer;
@@ -34,11 +35,13 @@ inline constexpr int kExitDeviceFailure = 3;
 /// gRPC server and the Prometheus exporter. Start() returns it SERVING; Drain() stops it.
 class Server {
  public:
-  /// Builds everything from a validated `config`, starts listening with health set to
-  /// NOT_SERVING, runs the warm-up (every preset once), then marks "" and
-  /// "kvtrim.v1.Kvtrim" SERVING. Errors: INVALID_ARGUMENT for a bad config, UNAVAILABLE
-  /// when an address cannot be bound, UNIMPLEMENTED for a backend this build lacks,
-  /// INTERNAL when the warm-up fails. `log` receives the start-up line and server-side
+  /// Builds everything from a validated `config`, loads the registered models from
+  /// config.data_dir (skipped files are reported on stderr), starts listening with health
+  /// set to NOT_SERVING, runs the warm-up (every preset once), then marks "" and
+  /// "kvtrim.v1.Kvtrim" SERVING. Errors: INVALID_ARGUMENT for a bad config,
+  /// FAILED_PRECONDITION when --data_dir cannot be created or listed, UNAVAILABLE when an
+  /// address cannot be bound, UNIMPLEMENTED for a backend this build lacks, INTERNAL when
+  /// the warm-up fails. `log` receives the start-up line and server-side
   /// call failures; it must outlive the server.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const Config& config, std::ostream& log);
 
@@ -77,6 +80,8 @@ class Server {
   Metrics& metrics() { return *metrics_; }
   /// The gRPC service (tests read inflight()).
   const KvtrimService& service() const { return *service_; }
+  /// The registered models (loaded from --data_dir at start-up).
+  ModelStore& models() { return *models_; }
   /// The validated configuration the server runs with.
   const Config& config() const { return config_; }
   /// An in-process channel to this server (tests, warm checks).
@@ -98,6 +103,7 @@ class Server {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PolicyEngine> engine_;
   std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<ModelStore> models_;
   std::unique_ptr<KvtrimService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;

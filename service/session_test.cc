@@ -7,21 +7,9 @@ namespace {
 using grpc::StatusCode;
 using Stream = grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>;
 
-v1::SessionRequest Begin(const v1::CompressionSettings& settings) {
-  v1::SessionRequest r;
-  *r.mutable_begin() = settings;
-  return r;
-}
-v1::SessionRequest Layer(const v1::LayerInput& layer) {
-  v1::SessionRequest r;
-  *r.mutable_layer() = layer;
-  return r;
-}
-v1::SessionRequest Finish() {
-  v1::SessionRequest r;
-  r.mutable_finish();
-  return r;
-}
+constexpr auto Begin = SessionBegin;
+constexpr auto Layer = SessionLayer;
+constexpr auto Finish = SessionFinish;
 
 /// Reads until the server closes the stream; returns the final status.
 grpc::Status Drain(Stream& stream, std::vector<v1::SessionResponse>* responses = nullptr) {

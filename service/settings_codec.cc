@@ -44,10 +44,9 @@ absl::StatusOr<OutputShape> DecodeOutputShape(v1::OutputShape shape, const std::
     case v1::SHARED:
       return OutputShape::kShared;
     case v1::BLOCK_ALIGNED:
+      return OutputShape::kBlockAligned;
     case v1::EQUAL_COUNT:
-      return absl::UnimplementedError(absl::StrCat(field, ": ", v1::OutputShape_Name(shape),
-                                                   " arrives in a later release; use PER_HEAD "
-                                                   "or SHARED"));
+      return OutputShape::kEqualCount;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": unknown output shape ", static_cast<int>(shape)));
@@ -107,6 +106,12 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
   }
   out.num_layers = settings.num_layers();
   out.seed = settings.seed();
+  if (settings.block_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".block_size: must be >= 0, got ", settings.block_size()));
+  }
+  out.block_size = settings.block_size();
+  out.model_digest = settings.model_digest();
   return out;
 }
 

@@ -214,4 +214,21 @@ inline uint64_t HistogramCount(Server& server, const std::string& name,
   return m ? m->histogram.sample_count : 0;
 }
 
+/// Session messages: begin with `settings`, one layer, finish.
+inline v1::SessionRequest SessionBegin(const v1::CompressionSettings& settings) {
+  v1::SessionRequest r;
+  *r.mutable_begin() = settings;
+  return r;
+}
+inline v1::SessionRequest SessionLayer(const v1::LayerInput& layer) {
+  v1::SessionRequest r;
+  *r.mutable_layer() = layer;
+  return r;
+}
+inline v1::SessionRequest SessionFinish() {
+  v1::SessionRequest r;
+  r.mutable_finish();
+  return r;
+}
+
 }  // namespace kvtrim::service::testing

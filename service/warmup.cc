@@ -1,6 +1,8 @@
 #include "service/warmup.h"
 
 #include <cstdint>
+#include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 
@@ -26,6 +28,60 @@ std::vector<float> SyntheticValues(int64_t count, uint64_t seed) {
   return out;
 }
 
+/// f32 raw tensor of `shape` filled with synthetic values.
+RawTensor SyntheticTensor(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
+  int64_t count = 1;
+  for (int64_t s : shape) count *= s;
+  std::vector<float> values = SyntheticValues(count, seed);
+  RawTensor t;
+  t.dtype = DType::kF32;
+  t.shape = std::move(shape);
+  t.bytes.resize(values.size() * sizeof(float));
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float v = values[i] * scale;
+    std::memcpy(t.bytes.data() + i * sizeof(float), &v, sizeof(float));
+  }
+  return t;
+}
+
+/// A synthetic model of the warm-up layout (4 layers, H_q = 4, H_kv = 2, d = 8, D = 16) with
+/// query statistics (identity covariance) and a flat snapkv profile (window 32), so that the
+/// model-aware policies are exercised before SERVING too.
+std::shared_ptr<const RegisteredModel> SyntheticModel() {
+  ModelInput in;
+  in.layout = {"warm-up", 4, kQueryHeads, kKvHeads, kHeadDim, 16};
+  for (int l = 0; l < 4; ++l) {
+    in.tensors[absl::StrCat("layers.", l, ".w_o")] =
+        SyntheticTensor({16, kQueryHeads * kHeadDim}, 10 + l, 0.3f);
+    in.tensors[absl::StrCat("layers.", l, ".query_mean")] =
+        SyntheticTensor({kQueryHeads, kHeadDim}, 20 + l);
+    RawTensor cov = SyntheticTensor({kQueryHeads, kHeadDim, kHeadDim}, 30 + l, 0.0f);
+    for (int64_t q = 0; q < kQueryHeads; ++q) {
+      for (int64_t i = 0; i < kHeadDim; ++i) {
+        const float one = 1.0f;
+        std::memcpy(cov.bytes.data() + ((q * kHeadDim + i) * kHeadDim + i) * sizeof(float), &one,
+                    sizeof(float));
+      }
+    }
+    in.tensors[absl::StrCat("layers.", l, ".query_cov")] = std::move(cov);
+  }
+  ProfileInput profile;
+  profile.metric = "snapkv";
+  profile.window = kWindow;
+  profile.ratios = SyntheticTensor({kLukvProfileRows, 4, kKvHeads}, 40, 0.0f);
+  float* ratios = reinterpret_cast<float*>(profile.ratios.bytes.data());
+  for (int64_t r = 0; r < kLukvProfileRows; ++r) {
+    for (int64_t i = 0; i < 4 * kKvHeads; ++i) {
+      ratios[r * 4 * kKvHeads + i] = static_cast<float>(r + 1) / 100.0f;
+    }
+  }
+  in.profiles["snapkv"] = std::move(profile);
+  auto model = BuildModel(std::move(in));
+  if (!model.ok()) return nullptr;
+  (*model)->digest = "sha256:warm-up";
+  return *model;
+}
+
 }  // namespace
 
 absl::Status WarmUp(const PolicyEngine& engine, WarmUpReport* report) {
@@ -38,17 +94,14 @@ absl::Status WarmUp(const PolicyEngine& engine, WarmUpReport* report) {
   layer.values = TensorView{values.data(), DType::kF32, {kKvHeads, kTokens, kHeadDim}};
   layer.queries = TensorView{queries.data(), DType::kF32, {kQueryHeads, kWindow, kHeadDim}};
 
+  const std::shared_ptr<const RegisteredModel> model = SyntheticModel();
+  if (model == nullptr) return absl::InternalError("warm-up: the synthetic model is invalid");
   for (const PolicyPreset& preset : engine.registry().presets()) {
     const ScorerSpec* scorer = engine.registry().FindScorer(preset.scorer);
     const AllocatorSpec* allocator = engine.registry().FindAllocator(preset.allocator);
     if (scorer == nullptr || allocator == nullptr) {
       return absl::InternalError(
           absl::StrCat("warm-up: preset '", preset.name, "' names a missing part"));
-    }
-    if ((scorer->required_inputs & (kInputModel | kInputProfile)) != 0 ||
-        scorer->scope == DecisionScope::kModel || allocator->scope == DecisionScope::kModel) {
-      report->skipped.push_back(preset.name);
-      continue;
     }
     CompressionSettings settings;
     settings.policy = preset.name;
@@ -59,6 +112,12 @@ absl::Status WarmUp(const PolicyEngine& engine, WarmUpReport* report) {
     if (!policy.ok()) {
       return absl::InternalError(absl::StrCat("warm-up of preset '", preset.name,
                                               "' failed in Prepare: ", policy.status().ToString()));
+    }
+    const uint32_t needs = scorer->required_inputs | allocator->required_inputs;
+    if (auto st = engine.AttachModel(&*policy, (needs & kInputModel) ? model : nullptr, "warmup");
+        !st.ok()) {
+      return absl::InternalError(absl::StrCat("warm-up of preset '", preset.name,
+                                              "' failed in AttachModel: ", st.ToString()));
     }
     auto decision = engine.CompressLayer(*policy, layer, "warmup.layer");
     if (!decision.ok()) {

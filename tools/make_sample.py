@@ -28,6 +28,17 @@ q . k identical in both layouts; rotate-half RoPE on permuted pre-RoPE tensors e
 permuted post-RoPE tensors; per layer, the attention outputs recomputed from the stored
 K/V/Q equal the forward pass's to 1e-5.
 
+It also writes (--parts, default all three):
+  - bundle: samples/stories260k_model.safetensors, the model bundle kvtrimd registers:
+    layers.{l}.w_o [D, H_q*d] (llama2.c wo == HF o_proj.weight), layers.{l}.query_mean
+    [H_q, d] and layers.{l}.query_cov [H_q, d, d] (pre-RoPE, positions 4..n-1 of the sample,
+    rotate-half layout) and the layout metadata (rope_layout "rotate_half", see below);
+  - calib: samples/calib/stories260k_q{i}.safetensors, LU-KV calibration dumps: the first
+    --calib-t tokens as context, a --question-len cue copied from the context, a greedy
+    answer of --answer-len tokens; full-sequence keys/values/queries of every layer.
+The LU-KV profile is then built by `kvtrim profile` and added to the bundle by
+tools/bundle_add_profile.py (exact commands: tools/README.md).
+
 Usage (from the repository root, after tools/setup_venv.sh):
     .venv/bin/python tools/make_sample.py \
         --model /work/shared/models/stories260K.bin \
@@ -47,6 +58,8 @@ from safetensors.numpy import load_file, save_file
 EPS = 1e-5
 ROPE_THETA = 10000.0
 BOS = 1
+SAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "samples")
+QUERY_STATS_SKIP = 4  # query statistics exclude the first 4 (sink) positions
 
 
 class Weights:
@@ -154,8 +167,8 @@ def forward(w, tokens, start_pos, cache, capture=None):
     """Runs tokens at positions start_pos.. through the model, appending to `cache`.
 
     cache: per layer {"k": [pos, H_kv, d], "v": [pos, H_kv, d]} (llama2.c layout, post-RoPE).
-    capture: when a dict, receives per layer "q" [T, H_q, d] (post-RoPE), "attn" [T, H_q, d]
-    (attention output before wo). Returns logits [T, vocab] f32.
+    capture: when a dict, receives per layer "q" [T, H_q, d] (post-RoPE), "q_pre" [T, H_q, d]
+    (pre-RoPE), "attn" [T, H_q, d] (attention output before wo). Returns logits [T, vocab] f32.
     """
     T, d = len(tokens), w.head_dim
     positions = np.arange(start_pos, start_pos + T)
@@ -165,13 +178,14 @@ def forward(w, tokens, start_pos, cache, capture=None):
         q = (xb @ w.wq[l].T).reshape(T, w.n_heads, d)
         k = (xb @ w.wk[l].T).reshape(T, w.n_kv_heads, d)
         v = (xb @ w.wv[l].T).reshape(T, w.n_kv_heads, d)
+        q_pre = q
         q = rope_interleaved(q, positions, d)
         k = rope_interleaved(k, positions, d)
         cache[l]["k"] = np.concatenate([cache[l]["k"], k]) if cache[l]["k"] is not None else k
         cache[l]["v"] = np.concatenate([cache[l]["v"], v]) if cache[l]["v"] is not None else v
         att = attention(q, cache[l]["k"], cache[l]["v"], positions, w.n_heads // w.n_kv_heads)
         if capture is not None:
-            capture[l] = {"q": q, "attn": att}
+            capture[l] = {"q": q, "q_pre": q_pre, "attn": att}
         x = x + att.reshape(T, w.dim) @ w.wo[l].T
         xb = rmsnorm(x, w.rms_ffn[l])
         h1, h3 = xb @ w.w1[l].T, xb @ w.w3[l].T
@@ -219,13 +233,24 @@ def main():
     """Samples the tokens, runs the prefill, checks it and writes the sample file."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="/work/shared/models/stories260K.bin")
-    ap.add_argument("--out", default=os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "..", "samples",
-        "stories260k_prefill.safetensors"))
+    ap.add_argument("--out", default=os.path.join(SAMPLES, "stories260k_prefill.safetensors"))
     ap.add_argument("--n", type=int, default=256, help="tokens in the prefill (BOS included)")
     ap.add_argument("--w", type=int, default=32, help="window query rows captured")
     ap.add_argument("--seed", type=int, default=20240607, help="numpy default_rng seed")
+    ap.add_argument("--parts", default="prefill,bundle,calib",
+                    help="comma-separated outputs to write: prefill (--out), bundle "
+                         "(--bundle-out), calib (--calib-dir)")
+    ap.add_argument("--bundle-out", default=os.path.join(SAMPLES, "stories260k_model.safetensors"))
+    ap.add_argument("--calib-dir", default=os.path.join(SAMPLES, "calib"))
+    ap.add_argument("--calib-t", type=int, default=200,
+                    help="context tokens of the calibration dumps (a prefix of the sample)")
+    ap.add_argument("--questions", type=int, default=4, help="calibration dumps written")
+    ap.add_argument("--question-len", type=int, default=6, help="tokens per question")
+    ap.add_argument("--answer-len", type=int, default=16, help="greedy answer tokens")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"prefill", "bundle", "calib"}:
+        raise SystemExit(f"--parts: unknown part in {args.parts!r}")
 
     w = Weights(args.model)
     n, win, d = args.n, args.w, w.head_dim
@@ -315,14 +340,138 @@ def main():
         "softmax_scale": "1/sqrt(head_dim)",
         "generator": "tools/make_sample.py",
     }
-    out_path = os.path.normpath(args.out)
+    if "prefill" in parts:
+        write_checked(tensors, meta, args.out)
+    if "bundle" in parts:
+        write_bundle(w, tokens, cap, args.bundle_out)
+    if "calib" in parts:
+        write_calibration(w, tokens, args)
+    return 0
+
+
+def write_checked(tensors, meta, path):
+    """Writes a safetensors file, checks that it reads back and prints a summary."""
+    out_path = os.path.normpath(path)
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
     save_file(tensors, out_path, metadata=meta)
     back = load_file(out_path)
-    check(all(np.array_equal(back[k], tensors[k]) for k in tensors), "written file reads back")
+    bad = [k for k in tensors if not np.array_equal(back[k], tensors[k])]
+    check(not bad, f"written file reads back {bad}")
     print(f"wrote {out_path}: {len(tensors)} tensors, {os.path.getsize(out_path)} bytes")
     for name in sorted(tensors)[:3]:
         print(f"  {name}: {list(tensors[name].shape)} {tensors[name].dtype}")
-    return 0
+
+
+def write_bundle(w, tokens, cap, path):
+    """Writes the model bundle kvtrimd registers (client/model_bundle.h).
+
+    layers.{l}.w_o [D, H_q*d]: llama2.c's wo, which is already Hugging Face's o_proj.weight
+    (y = x W^T, input columns head-major: head g owns columns g*d..(g+1)*d-1; values are not
+    permuted, so W_O needs no permutation). layers.{l}.query_mean [H_q, d] and
+    layers.{l}.query_cov [H_q, d, d]: mean and population covariance (ddof=0) of the pre-RoPE
+    queries over the sample's positions 4..n-1, in the rotate-half dim layout of the stored
+    keys (same permutation), float64 then rounded to float32.
+    """
+    d, n = w.head_dim, len(tokens)
+    perm = rotate_half_perm(d)
+    positions = np.arange(n)
+    tensors = {}
+    for l in range(w.n_layers):
+        q_pre = cap[l]["q_pre"][..., perm]                              # [n, H_q, d] rotate-half
+        # HF rotate-half RoPE of these pre-RoPE queries == the permuted post-RoPE queries.
+        err = float(np.max(np.abs(rope_rotate_half(q_pre, positions, d) - cap[l]["q"][..., perm])))
+        check(err < 1e-5, f"layer {l}: rotate-half RoPE of the permuted pre-RoPE queries == "
+                          f"post-RoPE queries (max |diff| {err:.2e})")
+        x = q_pre[QUERY_STATS_SKIP:].astype(np.float64).transpose(1, 0, 2)  # [H_q, n-4, d]
+        mean = x.mean(axis=1)                                           # [H_q, d]
+        centred = x - mean[:, None, :]
+        cov = np.einsum("hti,htj->hij", centred, centred) / x.shape[1]  # [H_q, d, d]
+        tensors[f"layers.{l}.w_o"] = np.ascontiguousarray(w.wo[l], np.float32)
+        # (astype keeps a transposed memory layout; safetensors needs C order)
+        tensors[f"layers.{l}.query_mean"] = np.ascontiguousarray(mean, np.float32)
+        tensors[f"layers.{l}.query_cov"] = np.ascontiguousarray(cov, np.float32)
+    check(tensors["layers.0.w_o"].shape == (w.dim, w.n_heads * d), "w_o is [D, H_q*d]")
+    meta = {
+        "name": "stories260K",
+        "num_layers": str(w.n_layers),
+        "num_query_heads": str(w.n_heads),
+        "num_kv_heads": str(w.n_kv_heads),
+        "head_dim": str(d),
+        "hidden_size": str(w.dim),
+        "rope_theta": str(int(ROPE_THETA)),
+        "rope_scaling_json": "",
+        "rope_layout": "rotate_half",
+        "rope_layout_note": "llama2.c rotates interleaved pairs (2i, 2i+1); query_mean and "
+                            "query_cov are stored in the rotate-half dim layout (hf[j] = "
+                            "llama2c[perm[j]], perm = " + json.dumps(perm.tolist()) + "), like "
+                            "the keys and queries of samples/*.safetensors",
+        "query_stats": f"pre-RoPE queries of stories260k_prefill's {n} tokens, positions "
+                       f"{QUERY_STATS_SKIP}..{n - 1}; population covariance",
+        "model_sha256": w.sha256,
+        "generator": "tools/make_sample.py",
+    }
+    write_checked(tensors, meta, path)
+
+
+def write_calibration(w, tokens, args):
+    """Writes the LU-KV calibration dumps (client/lukv_profile_io.h), one per question.
+
+    The context is the first --calib-t tokens of the sample sequence. Question i copies
+    --question-len tokens from an evenly spaced place of the context (a cue "about a
+    different part of the context"; there is no tokenizer for text questions); the answer
+    is the greedy continuation of --answer-len tokens. One full-sequence forward pass then
+    captures post-RoPE keys, values and post-RoPE queries of every position, in the
+    rotate-half dim layout of the prefill sample.
+    """
+    d, T, qlen, alen = w.head_dim, args.calib_t, args.question_len, args.answer_len
+    perm = rotate_half_perm(d)
+    G = w.n_heads // w.n_kv_heads
+    context = tokens[:T]
+    check(T + qlen + alen <= w.seq_len, f"calibration sequence fits in seq_len={w.seq_len}")
+    stride = (T - qlen) // max(args.questions, 1)
+    for i in range(args.questions):
+        cue = 8 + i * stride
+        question = context[cue:cue + qlen]
+        prompt = context + question
+        S = len(prompt)
+        seq, gen_logits = generate(w, prompt, alen)
+        cache, cap = empty_cache(w), {}
+        logits = forward(w, seq, 0, cache, capture=cap)                 # [N, vocab]
+        err = float(np.max(np.abs(logits[S - 1:S - 1 + alen] - gen_logits)))
+        check(err < 1e-3, f"q{i}: full-sequence logits match the greedy decode "
+                          f"(max |diff| {err:.2e})")
+        N = len(seq)
+        tensors = {}
+        for l in range(w.n_layers):
+            K = np.ascontiguousarray(cache[l]["k"][..., perm].transpose(1, 0, 2), np.float32)
+            V = np.ascontiguousarray(cache[l]["v"].transpose(1, 0, 2), np.float32)
+            Q = np.ascontiguousarray(cap[l]["q"][..., perm].transpose(1, 0, 2), np.float32)
+            # The decode steps' attention outputs recomputed from the stored tensors.
+            for h in range(w.n_heads):
+                s = Q[h, S:].astype(np.float64) @ K[h // G].T.astype(np.float64) / np.sqrt(d)
+                s[np.arange(N)[None, :] > np.arange(S, N)[:, None]] = -np.inf
+                out = softmax(s) @ V[h // G].astype(np.float64)
+                err = float(np.max(np.abs(out - cap[l]["attn"][S:, h])))
+                if err > 1e-5:
+                    raise AssertionError(f"q{i} layer {l} head {h}: attention mismatch {err}")
+            tensors[f"layers.{l}.keys"] = K
+            tensors[f"layers.{l}.values"] = V
+            tensors[f"layers.{l}.queries"] = Q
+        print(f"  ok: q{i}: decode-step attention outputs from the stored K/V/Q match the "
+              f"forward pass (<= 1e-5)")
+        meta = {
+            "context_length": str(T),
+            "decode_start": str(S),
+            "tokens": ",".join(map(str, seq)),
+            "question": f"tokens {cue}..{cue + qlen - 1} of the context, repeated",
+            "answer": f"greedy, {alen} tokens (positions {S}..{N - 1})",
+            "layout": "keys [H_kv, N, d], values [H_kv, N, d], queries [H_q, N, d]; float32; "
+                      "post-RoPE, rotate-half dim layout (as stories260k_prefill)",
+            "model": "stories260K",
+            "model_sha256": w.sha256,
+            "generator": "tools/make_sample.py",
+        }
+        write_checked(tensors, meta, os.path.join(args.calib_dir, f"stories260k_q{i}.safetensors"))
 
 
 if __name__ == "__main__":

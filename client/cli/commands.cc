@@ -9,6 +9,7 @@
 #include "client/cli/param_parse.h"
 #include "client/cli/print.h"
 #include "client/layer_inputs.h"
+#include "client/model_bundle.h"
 #include "client/safetensors.h"
 
 namespace kvtrim::cli {
@@ -148,9 +149,52 @@ int RunCompress(Client& client, const CompressOptions& options, std::ostream& ou
   }
   // PyramidKV needs the model's layer count; a session cannot infer it from one layer.
   settings->set_num_layers(options.num_layers.value_or(layers->back().layer_id() + 1));
+  if (!options.model.empty()) {
+    absl::StatusOr<ModelBundle> bundle = ReadModelBundle(options.model);
+    if (!bundle.ok()) {
+      err << "input error: " << bundle.status().message() << "\n";
+      return kExitUsage;
+    }
+    absl::StatusOr<std::string> digest = client.RegisterModel(*std::move(bundle));
+    if (!digest.ok()) return RpcError(err, "RegisterModel", digest.status());
+    out << "model " << *digest << "\n";
+    settings->set_model_digest(*digest);
+  }
   return options.session
              ? CompressStreamed(client, *settings, *std::move(layers), options, out, err)
              : CompressUnary(client, *settings, *std::move(layers), options, out, err);
+}
+
+int RunRegisterModel(Client& client, const std::string& model_path, std::ostream& out,
+                     std::ostream& err) {
+  if (model_path.empty()) {
+    err << "usage error: --model is required\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<ModelBundle> bundle = ReadModelBundle(model_path);
+  if (!bundle.ok()) {
+    err << "input error: " << bundle.status().message() << "\n";
+    return kExitUsage;
+  }
+  absl::StatusOr<std::string> digest = client.RegisterModel(*std::move(bundle));
+  if (!digest.ok()) return RpcError(err, "RegisterModel", digest.status());
+  out << *digest << "\n";
+  return kExitOk;
+}
+
+int RunModels(Client& client, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<v1::ListModelsResponse> response = client.ListModels();
+  if (!response.ok()) return RpcError(err, "ListModels", response.status());
+  PrintModels(*response, out);
+  return kExitOk;
+}
+
+int RunDeleteModel(Client& client, const std::string& digest, std::ostream& out,
+                   std::ostream& err) {
+  absl::Status status = client.DeleteModel(digest);
+  if (!status.ok()) return RpcError(err, "DeleteModel", status);
+  out << "deleted " << digest << "\n";
+  return kExitOk;
 }
 
 }  // namespace kvtrim::cli

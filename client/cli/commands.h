@@ -1,4 +1,5 @@
-// The CLI's commands (health, policies, compress) over a kvtrim::Client.
+// The CLI's commands (health, policies, compress, register-model, models, delete-model)
+// over a kvtrim::Client.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,8 @@ struct CompressOptions {
   std::string request_id;
   std::string input;                   // safetensors with layer.{i}.keys|values|queries
   bool show_indices = false;           // also print the kept index lists
+  std::string model;                   // model bundle to register first ("" = none); its
+                                       // digest goes into settings.model_digest
 };
 
 /// The request settings of `options`. INVALID_ARGUMENT (a usage error) for a missing
@@ -45,9 +48,22 @@ int RunHealth(Client& client, std::ostream& out, std::ostream& err);
 /// `kvtrim policies`: prints every policy with its parts, inputs and parameters.
 int RunPolicies(Client& client, std::ostream& out, std::ostream& err);
 
-/// `kvtrim compress`: reads the input file, sends its layers (unary or one session) and
-/// prints each layer's result with its compute and round-trip time.
+/// `kvtrim compress`: reads the input file, registers --model when given, sends the layers
+/// (unary or one session) and prints each layer's result with its compute and round-trip
+/// time.
 int RunCompress(Client& client, const CompressOptions& options, std::ostream& out,
                 std::ostream& err);
+
+/// `kvtrim register-model --model FILE`: reads the model bundle (client/model_bundle.h),
+/// registers it and prints its digest on one line. kExitUsage for an unreadable bundle.
+int RunRegisterModel(Client& client, const std::string& model_path, std::ostream& out,
+                     std::ostream& err);
+
+/// `kvtrim models`: prints every registered model (digest, name, layout, weights).
+int RunModels(Client& client, std::ostream& out, std::ostream& err);
+
+/// `kvtrim delete-model DIGEST`: deletes one registered model.
+int RunDeleteModel(Client& client, const std::string& digest, std::ostream& out,
+                   std::ostream& err);
 
 }  // namespace kvtrim::cli

@@ -3,6 +3,10 @@
 //   kvtrim --target=ADDR health
 //   kvtrim --target=ADDR policies
 //   kvtrim --target=ADDR compress --policy=NAME --keep_fraction=F --input=FILE.safetensors
+//   kvtrim --target=ADDR register-model --model=BUNDLE.safetensors   (prints the digest)
+//   kvtrim --target=ADDR models
+//   kvtrim --target=ADDR delete-model DIGEST
+//   kvtrim profile --model=BUNDLE --metric=snapkv --dumps=A,B --out=PROFILE.npy  (local)
 //
 // Exit codes: 0 ok, 1 RPC error (code and message printed) or not SERVING, 2 usage error.
 #include <cstdint>
@@ -11,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/commands.h"
 #include "client/cli/flag_parse.h"
+#include "client/cli_profile.h"
 
 ABSL_FLAG(std::string, target, "", "Server address, e.g. 127.0.0.1:50051 (required)");
 ABSL_FLAG(double, timeout_s, 30.0,
@@ -42,6 +48,9 @@ ABSL_FLAG(std::string, input, "",
           "compress: safetensors file with layer.{i}.keys [H_kv,n,d] and optional "
           "layer.{i}.values [H_kv,n,d], layer.{i}.queries [H_q,w,d]");
 ABSL_FLAG(bool, show_indices, false, "compress: also print the kept token indices");
+// --model (a model bundle .safetensors, client/model_bundle.h) is defined in
+// client/cli_profile.cc and shared by register-model, compress and profile.
+ABSL_DECLARE_FLAG(std::string, model);
 
 namespace {
 
@@ -52,10 +61,15 @@ std::string Usage() {
       "  health     grpc.health.v1 check of kvtrim.v1.Kvtrim (exit 0 only when SERVING)\n"
       "  policies   list every policy with parts, inputs and parameters\n"
       "  compress   send the layers of --input (unary Compress, or --session) and print\n"
-      "             per layer: n, kept and perturbation per head, compute and round-trip time\n\n"
+      "             per layer: n, kept and perturbation per head, compute and round-trip time;\n"
+      "             with --model=BUNDLE, registers the model first and names its digest\n"
+      "  register-model  register --model=BUNDLE.safetensors and print its digest\n"
+      "  models     list the registered models\n"
+      "  delete-model DIGEST  delete one registered model\n"
+      "  profile    build an LU-KV profile locally (see below)\n\n"
       "exit codes: 0 ok, 1 RPC error or not SERVING, 2 usage or input error\n\n"
       "flags:\n",
-      kvtrim::cli::FlagsHelp("client/cli/main.cc"));
+      kvtrim::cli::FlagsHelp("client/cli/main.cc"), "\n", kvtrim::cli::ProfileHelp());
 }
 
 int UsageError(const std::string& message) {
@@ -73,9 +87,18 @@ int main(int argc, char** argv) {
     std::cout << Usage();
     return kvtrim::cli::kExitOk;
   }
-  if (args->positional.size() != 1) return UsageError("expected exactly one COMMAND");
+  const bool takes_argument = !args->positional.empty() && args->positional[0] == "delete-model";
+  if (args->positional.size() != (takes_argument ? 2u : 1u)) {
+    return UsageError(takes_argument ? "delete-model takes exactly one DIGEST"
+                                     : "expected exactly one COMMAND");
+  }
   const std::string& command = args->positional[0];
-  if (command != "health" && command != "policies" && command != "compress") {
+  if (command == "profile") {
+    return kvtrim::cli::RunProfile(
+        kvtrim::cli::ProfileOptionsFromFlags(absl::GetFlag(FLAGS_param)), std::cout, std::cerr);
+  }
+  if (command != "health" && command != "policies" && command != "compress" &&
+      command != "register-model" && command != "models" && command != "delete-model") {
     return UsageError(absl::StrCat("unknown command \"", command, "\""));
   }
   if (absl::GetFlag(FLAGS_target).empty()) return UsageError("--target is required");
@@ -91,6 +114,14 @@ int main(int argc, char** argv) {
 
   if (command == "health") return kvtrim::cli::RunHealth(**client, std::cout, std::cerr);
   if (command == "policies") return kvtrim::cli::RunPolicies(**client, std::cout, std::cerr);
+  if (command == "register-model") {
+    return kvtrim::cli::RunRegisterModel(**client, absl::GetFlag(FLAGS_model), std::cout,
+                                         std::cerr);
+  }
+  if (command == "models") return kvtrim::cli::RunModels(**client, std::cout, std::cerr);
+  if (command == "delete-model") {
+    return kvtrim::cli::RunDeleteModel(**client, args->positional[1], std::cout, std::cerr);
+  }
 
   kvtrim::cli::CompressOptions compress;
   compress.policy = absl::GetFlag(FLAGS_policy);
@@ -106,5 +137,6 @@ int main(int argc, char** argv) {
   compress.request_id = absl::GetFlag(FLAGS_request_id);
   compress.input = absl::GetFlag(FLAGS_input);
   compress.show_indices = absl::GetFlag(FLAGS_show_indices);
+  compress.model = absl::GetFlag(FLAGS_model);
   return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
 }

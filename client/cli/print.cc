@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
@@ -129,6 +130,23 @@ void PrintLayer(const v1::LayerResult& layer, double round_trip_seconds, bool sh
     out << absl::StrFormat("  indices[%s]: %s\n",
                            layer.output_shape() == v1::SHARED ? "shared" : absl::StrCat(list),
                            absl::StrJoin(indices, " "));
+  }
+}
+
+void PrintModels(const v1::ListModelsResponse& response, std::ostream& out) {
+  if (response.models().empty()) {
+    out << "no models registered\n";
+    return;
+  }
+  for (const v1::ModelInfo& model : response.models()) {
+    const v1::ModelHeader& h = model.header();
+    out << absl::StrFormat(
+        "%s  %s\n  layers=%d query_heads=%d kv_heads=%d head_dim=%d hidden_size=%d "
+        "rope_theta=%g%s\n  weights (%d): %s\n",
+        model.digest(), h.name().empty() ? "(unnamed)" : h.name(), h.num_layers(),
+        h.num_query_heads(), h.num_kv_heads(), h.head_dim(), h.hidden_size(), h.rope_theta(),
+        h.rope_scaling_json().empty() ? "" : absl::StrCat(" rope_scaling=", h.rope_scaling_json()),
+        model.weights_size(), absl::StrJoin(model.weights(), ", "));
   }
 }
 

@@ -12,6 +12,10 @@ namespace kvtrim::cli {
 /// names.
 void PrintPolicies(const v1::ListPoliciesResponse& response, std::ostream& out);
 
+/// Prints every registered model: digest, name, L / H_q / H_kv / d / hidden size, RoPE,
+/// then its weight names; "no models registered" when there are none.
+void PrintModels(const v1::ListModelsResponse& response, std::ostream& out);
+
 /// Prints one layer's decision: n, output shape, compute seconds and the client round-trip
 /// seconds, then kept count per head, perturbation per head (when present) and, with
 /// `show_indices`, the kept index lists.

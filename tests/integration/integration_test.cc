@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "client/kvtrim_client.h"
 #include "client/layer_inputs.h"
+#include "client/model_bundle.h"
 #include "client/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
 #include "tests/integration/metrics_scrape.h"
@@ -66,8 +67,21 @@ constexpr double kPyramidBeta = 1.5;
 /// The request settings for one preset: the fixed budget, any `window` parameter lowered
 /// to the sample's w query rows so that every windowed policy can run on it, and a pyramid
 /// `beta` whose schedule is feasible for the sample.
-v1::CompressionSettings SettingsFor(const v1::PolicyInfo& policy, const Sample& sample) {
+/// True when the policy reads a registered model (W_O, statistics or an LU-KV profile).
+bool NeedsModel(const v1::PolicyInfo& policy) {
+  for (int input : policy.inputs()) {
+    if (input == v1::POLICY_INPUT_MODEL || input == v1::POLICY_INPUT_PROFILE) return true;
+  }
+  return false;
+}
+
+/// True when the answer is decided over every layer at once (LaProx's default mode).
+bool ModelWide(const v1::PolicyInfo& policy) { return policy.scorer() == "laprox"; }
+
+v1::CompressionSettings SettingsFor(const v1::PolicyInfo& policy, const Sample& sample,
+                                    const std::string& model_digest = "") {
   v1::CompressionSettings settings;
+  if (NeedsModel(policy)) settings.set_model_digest(model_digest);
   settings.mutable_policy()->set_name(policy.name());
   auto& params = *settings.mutable_policy()->mutable_params();
   for (const v1::ParamSpec& param : policy.params()) {
@@ -88,7 +102,8 @@ v1::CompressionSettings SettingsFor(const v1::PolicyInfo& policy, const Sample& 
 
 /// Checks one layer's structure: CSR offsets, ascending in-range indices, per-head stats.
 /// Returns the kept count per head.
-std::vector<int64_t> CheckLayerStructure(const v1::LayerResult& layer, const Sample& sample) {
+std::vector<int64_t> CheckLayerStructure(const v1::LayerResult& layer, const Sample& sample,
+                                         bool expect_perturbation) {
   SCOPED_TRACE(absl::StrCat("layer ", layer.layer_id()));
   const int64_t n = sample.tokens, heads = sample.kv_heads;
   EXPECT_EQ(layer.num_tokens(), n);
@@ -116,7 +131,12 @@ std::vector<int64_t> CheckLayerStructure(const v1::LayerResult& layer, const Sam
         EXPECT_LT(layer.indices(i - 1), layer.indices(i)) << "head " << h;
       }
     }
-    // Values and queries were sent, so the perturbation is reported.
+    // Values and queries were sent, so the perturbation is reported (not for model-wide
+    // answers: their K/V are gone when every layer is decided).
+    if (!expect_perturbation) {
+      EXPECT_FALSE(layer.heads(h).has_perturbation()) << "head " << h;
+      continue;
+    }
     EXPECT_TRUE(layer.heads(h).has_perturbation()) << "head " << h;
     EXPECT_TRUE(std::isfinite(layer.heads(h).perturbation())) << "head " << h;
     EXPECT_GE(layer.heads(h).perturbation(), 0.0) << "head " << h;
@@ -133,13 +153,19 @@ void CheckAnswer(const v1::PolicyInfo& policy, const std::vector<v1::LayerResult
   ASSERT_EQ(layers.size(), sample.layers.size());
   const int64_t k = BudgetPerHead(kKeepFraction, sample.tokens);
   std::vector<int64_t> per_layer;  // pyramid: the count of each layer, by layer id
+  int64_t model_total = 0;
   for (size_t l = 0; l < layers.size(); ++l) {
     EXPECT_EQ(layers[l].layer_id(), static_cast<int32_t>(l));
-    std::vector<int64_t> kept = CheckLayerStructure(layers[l], sample);
+    std::vector<int64_t> kept = CheckLayerStructure(layers[l], sample, !ModelWide(policy));
     if (kept.empty()) continue;
     int64_t total = 0;
     for (int64_t c : kept) total += c;
-    if (policy.allocator() == "uniform") {
+    model_total += total;
+    if (ModelWide(policy)) {
+      continue;  // LaProx: only the model-wide total is fixed (below)
+    } else if (policy.allocator() == "lukv") {
+      for (int64_t c : kept) EXPECT_GE(c, 1) << "layer " << l;  // ragged per-head budgets
+    } else if (policy.allocator() == "uniform") {
       for (size_t h = 0; h < kept.size(); ++h) {
         EXPECT_EQ(kept[h], k) << "layer " << l << " head " << h;
       }
@@ -149,6 +175,9 @@ void CheckAnswer(const v1::PolicyInfo& policy, const std::vector<v1::LayerResult
     } else {
       EXPECT_EQ(total, sample.kv_heads * k) << "layer " << l;
     }
+  }
+  if (ModelWide(policy)) {
+    EXPECT_EQ(model_total, static_cast<int64_t>(layers.size()) * sample.kv_heads * k);
   }
   if (policy.allocator() == "pyramid" && per_layer.size() == layers.size()) {
     double sum = 0;
@@ -283,10 +312,17 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
   }
   ASSERT_FALSE(presets.empty());
 
+  // The bundled registration of the sample's model (W_O, query statistics, snapkv profile)
+  // for the presets that need one.
+  absl::StatusOr<ModelBundle> bundle = ReadModelBundle(KVTRIM_MODEL_BUNDLE_PATH);
+  ASSERT_TRUE(bundle.ok()) << bundle.status();
+  absl::StatusOr<std::string> digest = client_->RegisterModel(*bundle);
+  ASSERT_TRUE(digest.ok()) << digest.status();
+
   std::map<std::string, Expected> expected;
   for (const v1::PolicyInfo& policy : presets) {
     SCOPED_TRACE(absl::StrCat("policy ", policy.name()));
-    const v1::CompressionSettings settings = SettingsFor(policy, *sample);
+    const v1::CompressionSettings settings = SettingsFor(policy, *sample, *digest);
     Expected& e = expected[policy.name()];
 
     v1::CompressRequest request;
@@ -348,8 +384,9 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
     EXPECT_EQ(metrics.Sum("kvtrim_tokens_in_total", {{"policy", name}}), e.tokens_in);
     EXPECT_EQ(metrics.Sum("kvtrim_tokens_kept_total", {{"policy", name}}), e.tokens_kept);
     EXPECT_EQ(metrics.Sum("kvtrim_kept_ratio_count", {{"policy", name}}), e.head_observations);
+    // Model-wide answers (laprox) carry no perturbation statistic.
     EXPECT_EQ(metrics.Sum("kvtrim_perturbation_ratio_count", {{"policy", name}}),
-              e.head_observations);
+              name == "laprox" ? 0 : e.head_observations);
     EXPECT_NEAR(metrics.Sum("kvtrim_kept_ratio_sum", {{"policy", name}}),
                 static_cast<double>(e.tokens_kept) / sample->tokens, 1e-6);
   }

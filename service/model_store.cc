@@ -1,0 +1,179 @@
+#include "service/model_store.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "service/model_digest.h"
+#include "service/model_file.h"
+
+namespace kvtrim::service {
+
+namespace fs = std::filesystem;
+
+ModelStore::ModelStore(ModelStoreOptions options, std::ostream& error_log)
+    : options_(std::move(options)), error_log_(error_log) {}
+
+std::string ModelStore::PathFor(const std::string& digest) const {
+  if (options_.data_dir.empty()) return "";
+  return (fs::path(options_.data_dir) / absl::StrCat(DigestHex(digest), kModelFileSuffix))
+      .string();
+}
+
+absl::StatusOr<std::shared_ptr<RegisteredModel>> ModelStore::LoadFile(
+    const std::string& path, const std::string& hex) const {
+  auto contents = ReadModelFile(path);
+  if (!contents.ok()) return contents.status();
+  const std::string expected = absl::StrCat(kDigestPrefix, hex);
+  if (contents->stored_digest != expected) {
+    return absl::DataLossError(absl::StrCat("the digest it stores (", contents->stored_digest,
+                                            ") does not match its file name"));
+  }
+  const std::string digest = ComputeModelDigest(contents->input);
+  if (digest != expected) {
+    return absl::DataLossError(absl::StrCat("its content hashes to ", digest,
+                                            ", not to the digest it stores (", expected,
+                                            "): the file is corrupt"));
+  }
+  auto model = BuildModel(std::move(contents->input));
+  if (!model.ok()) {
+    return absl::DataLossError(absl::StrCat("invalid model: ", model.status().message()));
+  }
+  (*model)->digest = digest;
+  return *std::move(model);
+}
+
+absl::StatusOr<int> ModelStore::LoadAll() {
+  if (options_.data_dir.empty()) return 0;
+  std::error_code ec;
+  fs::create_directories(options_.data_dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data_dir: cannot create '", options_.data_dir, "': ", ec.message()));
+  }
+  std::vector<fs::path> files;
+  for (fs::directory_iterator it(options_.data_dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    files.push_back(it->path());
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data_dir: cannot list '", options_.data_dir, "': ", ec.message()));
+  }
+  std::sort(files.begin(), files.end());
+  const std::string suffix = kModelFileSuffix;
+  const std::string tmp_suffix = suffix + ".tmp";
+  int loaded = 0;
+  for (const fs::path& file : files) {
+    const std::string name = file.filename().string();
+    if (absl::EndsWith(name, tmp_suffix)) {
+      // A write that never reached its rename: never a complete model.
+      fs::remove(file, ec);
+      error_log_ << "kvtrimd: removed unfinished model file " << file.string() << std::endl;
+      continue;
+    }
+    if (!absl::EndsWith(name, suffix)) continue;
+    const std::string hex = name.substr(0, name.size() - suffix.size());
+    absl::StatusOr<std::shared_ptr<RegisteredModel>> model =
+        IsWellFormedDigest(absl::StrCat(kDigestPrefix, hex))
+            ? LoadFile(file.string(), hex)
+            : absl::DataLossError("the file name is not <64 lower-case hex digits>.kvtmodel");
+    if (!model.ok()) {
+      error_log_ << "kvtrimd: skipping model file " << file.string() << ": "
+                 << model.status().message() << std::endl;
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    models_[(*model)->digest] = *std::move(model);
+    ++loaded;
+  }
+  if (loaded > options_.max_models) {
+    error_log_ << "kvtrimd: " << loaded << " models loaded from " << options_.data_dir
+               << " exceed --max_models=" << options_.max_models
+               << "; all are served, new registrations are refused until some are deleted"
+               << std::endl;
+  }
+  return loaded;
+}
+
+std::shared_ptr<const RegisteredModel> ModelStore::Find(const std::string& digest) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = models_.find(digest);
+  return it == models_.end() ? nullptr : it->second;
+}
+
+absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
+  const std::string digest = ComputeModelDigest(input);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // A concurrent Add of the same content: wait for it, then answer as for a known model.
+    settled_.wait(lock, [&] { return pending_.count(digest) == 0; });
+    if (models_.count(digest) != 0) return digest;
+    if (models_.size() + pending_.size() >= static_cast<size_t>(options_.max_models)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "--max_models: the server already holds ", models_.size(),
+          " models (limit ", options_.max_models, "); delete one with DeleteModel first"));
+    }
+    pending_.insert(digest);
+  }
+  absl::StatusOr<std::shared_ptr<RegisteredModel>> model = BuildModel(std::move(input));
+  absl::Status status = model.status();
+  if (status.ok()) {
+    (*model)->digest = digest;
+    if (!options_.data_dir.empty()) status = WriteModelFile(PathFor(digest), (*model)->input, digest);
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.erase(digest);
+  if (status.ok()) models_[digest] = *std::move(model);
+  settled_.notify_all();
+  if (!status.ok()) return status;
+  return digest;
+}
+
+absl::Status ModelStore::Delete(const std::string& digest) {
+  if (digest.empty()) {
+    return absl::InvalidArgumentError("digest: required; name the model to delete (ListModels)");
+  }
+  if (!IsWellFormedDigest(digest)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "digest: '", digest.substr(0, 100), "' is not sha256:<64 lower-case hex digits>"));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = models_.find(digest);
+  if (it == models_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("digest: no model '", digest, "' is registered (see ListModels)"));
+  }
+  if (!options_.data_dir.empty()) {
+    const std::string path = PathFor(digest);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(absl::StrCat("digest: cannot remove the model file ", path,
+                                              ": ", std::strerror(errno),
+                                              "; the model stays registered"));
+    }
+  }
+  models_.erase(it);
+  return absl::OkStatus();
+}
+
+std::vector<std::shared_ptr<const RegisteredModel>> ModelStore::List() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::shared_ptr<const RegisteredModel>> out;
+  out.reserve(models_.size());
+  for (const auto& [digest, model] : models_) out.push_back(model);
+  return out;
+}
+
+size_t ModelStore::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return models_.size();
+}
+
+}  // namespace kvtrim::service

@@ -1,0 +1,90 @@
+// Test-only helpers for the model registration tests: a registration (ModelInput) as the
+// RegisterModelRequest messages a client would stream, in chunks of a chosen size.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "kernels/model.h"
+#include "kvtrim/v1/kvtrim.pb.h"
+#include "service/model_codec.h"
+#include "tests/model_fixture.h"
+
+namespace kvtrim::service::testing {
+
+using kvtrim::testing::AddTestProfile;
+using kvtrim::testing::MakeTestModelInput;
+
+/// The proto header of `input`.
+inline v1::ModelHeader HeaderOf(const ModelInput& input) {
+  v1::ModelHeader h;
+  h.set_name(input.layout.name);
+  h.set_num_layers(input.layout.num_layers);
+  h.set_num_query_heads(input.layout.num_query_heads);
+  h.set_num_kv_heads(input.layout.num_kv_heads);
+  h.set_head_dim(input.layout.head_dim);
+  h.set_hidden_size(input.layout.hidden_size);
+  h.set_rope_theta(input.rope_theta);
+  h.set_rope_scaling_json(input.rope_scaling_json);
+  return h;
+}
+
+/// The chunks of one weight: `chunk_bytes` of data each; the first carries dtype, shape and
+/// `manifest`.
+inline std::vector<v1::RegisterModelRequest> WeightChunks(const std::string& name,
+                                                          const RawTensor& t,
+                                                          const std::string& manifest,
+                                                          size_t chunk_bytes) {
+  std::vector<v1::RegisterModelRequest> out;
+  for (size_t offset = 0; offset < t.bytes.size(); offset += chunk_bytes) {
+    v1::RegisterModelRequest r;
+    v1::ModelWeightChunk* c = r.mutable_weight();
+    c->set_name(name);
+    c->set_offset_bytes(offset);
+    c->set_data(t.bytes.substr(offset, chunk_bytes));
+    if (offset == 0) {
+      c->set_dtype(t.dtype == DType::kF32   ? v1::DTYPE_F32
+                   : t.dtype == DType::kF16 ? v1::DTYPE_F16
+                                            : v1::DTYPE_BF16);
+      for (int64_t s : t.shape) c->add_shape(s);
+      c->set_manifest_json(manifest);
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+/// The whole stream: header, then every tensor and profile in chunks of `chunk_bytes`.
+/// `interleave` sends the weights' chunks round-robin instead of one weight after another.
+inline std::vector<v1::RegisterModelRequest> ToStream(const ModelInput& input,
+                                                      size_t chunk_bytes,
+                                                      bool interleave = false) {
+  std::vector<std::vector<v1::RegisterModelRequest>> weights;
+  for (const auto& [name, t] : input.tensors) {
+    weights.push_back(WeightChunks(name, t, "", chunk_bytes));
+  }
+  for (const auto& [name, p] : input.profiles) {
+    weights.push_back(WeightChunks("profile." + name, p.ratios, CanonicalManifestJson(p),
+                                   chunk_bytes));
+  }
+  std::vector<v1::RegisterModelRequest> out(1);
+  *out[0].mutable_header() = HeaderOf(input);
+  if (!interleave) {
+    for (auto& w : weights) out.insert(out.end(), w.begin(), w.end());
+    return out;
+  }
+  for (size_t i = 0;; ++i) {
+    bool any = false;
+    for (auto& w : weights) {
+      if (i < w.size()) {
+        out.push_back(w[i]);
+        any = true;
+      }
+    }
+    if (!any) return out;
+  }
+}
+
+}  // namespace kvtrim::service::testing

@@ -1,0 +1,52 @@
+// Test models as client bundles (header-only): MakeTestModelInput (tests/model_fixture.h)
+// converted to a kvtrim::ModelBundle, so that the client and integration tests register
+// exactly the content the service tests build.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "client/model_bundle.h"
+#include "tests/model_fixture.h"
+
+namespace kvtrim::testing {
+
+/// The bundle of a registration: same header, tensors (f32) and profile manifests.
+inline ModelBundle BundleFromModelInput(const ModelInput& input) {
+  ModelBundle bundle;
+  v1::ModelHeader& h = bundle.header;
+  h.set_name(input.layout.name);
+  h.set_num_layers(input.layout.num_layers);
+  h.set_num_query_heads(input.layout.num_query_heads);
+  h.set_num_kv_heads(input.layout.num_kv_heads);
+  h.set_head_dim(input.layout.head_dim);
+  h.set_hidden_size(input.layout.hidden_size);
+  h.set_rope_theta(input.rope_theta);
+  h.set_rope_scaling_json(input.rope_scaling_json);
+  auto convert = [](const RawTensor& raw) {
+    SafetensorsTensor t;
+    t.dtype = raw.dtype == DType::kF32   ? SafetensorsDType::kF32
+              : raw.dtype == DType::kF16 ? SafetensorsDType::kF16
+                                         : SafetensorsDType::kBF16;
+    t.shape = raw.shape;
+    t.data = raw.bytes;
+    return t;
+  };
+  for (const auto& [name, raw] : input.tensors) bundle.weights[name] = convert(raw);
+  for (const auto& [name, profile] : input.profiles) {
+    const std::string weight = "profile." + name;
+    bundle.weights[weight] = convert(profile.ratios);
+    bundle.manifests[weight] = "{\"metric\":\"" + profile.metric +
+                               "\",\"sink\":" + std::to_string(profile.sink) +
+                               ",\"window\":" + std::to_string(profile.window) + "}";
+  }
+  return bundle;
+}
+
+/// MakeTestModelInput(...) as a bundle.
+inline ModelBundle MakeTestModelBundle(int L, int Hq, int Hkv, int d, int D, uint64_t seed,
+                                       bool with_query_stats) {
+  return BundleFromModelInput(MakeTestModelInput(L, Hq, Hkv, d, D, seed, with_query_stats));
+}
+
+}  // namespace kvtrim::testing
