@@ -70,6 +70,7 @@ absl::StatusOr<ModelBundle> ModelBundleFromSafetensors(SafetensorsFile file,
         absl::StrCat(source, ": __metadata__.rope_theta is missing or not a number"));
   }
   h.set_rope_theta(rope_theta);
+  if (auto it = meta.find("rope_layout"); it != meta.end()) h.set_rope_layout(it->second);
   if (auto it = meta.find("rope_scaling_json"); it != meta.end()) {
     h.set_rope_scaling_json(it->second);
   }
@@ -106,6 +107,7 @@ SafetensorsFile ModelBundleToSafetensors(const ModelBundle& bundle) {
       {"rope_theta", absl::StrFormat("%.17g", h.rope_theta())},  // round-trips exactly
   };
   if (!h.rope_scaling_json().empty()) file.metadata["rope_scaling_json"] = h.rope_scaling_json();
+  if (!h.rope_layout().empty()) file.metadata["rope_layout"] = h.rope_layout();
   for (const auto& [weight, manifest] : bundle.manifests) {
     file.metadata[absl::StrCat(weight, kManifestSuffix)] = manifest;
   }

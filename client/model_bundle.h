@@ -5,7 +5,7 @@
 //   layers.{l}.query_cov   [H_q, d, d]             pre-RoPE query covariance (with the mean)
 //   profile.{name}         [99, L, H_kv]           LU-KV budget curves (optional)
 // __metadata__ (strings): name, num_layers, num_query_heads, num_kv_heads, head_dim,
-// hidden_size, rope_theta, rope_scaling_json (optional), and per profile
+// hidden_size, rope_theta, rope_scaling_json and rope_layout (optional), and per profile
 // "profile.{name}.manifest" = its JSON manifest, e.g. {"metric":"snapkv","sink":4,"window":32}.
 // Other metadata keys are ignored (kvtrimd's own <hex>.kvtmodel files are bundles too).
 #pragma once

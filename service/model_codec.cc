@@ -285,6 +285,7 @@ absl::StatusOr<ModelInput> ModelAssembler::Finish() {
   input.layout = LayoutFromHeader(*header_);
   input.rope_theta = header_->rope_theta();
   input.rope_scaling_json = header_->rope_scaling_json();
+  input.rope_layout = header_->rope_layout();
   for (auto& [name, p] : weights_) {
     const std::string field = absl::StrCat("weights[", name, "]");
     if (p.bytes.size() != p.size) {
@@ -325,6 +326,7 @@ void EncodeModelInfo(const RegisteredModel& model, v1::ModelInfo* info) {
   header->set_hidden_size(m.hidden_size);
   header->set_rope_theta(model.input.rope_theta);
   header->set_rope_scaling_json(model.input.rope_scaling_json);
+  header->set_rope_layout(model.input.rope_layout);
   // Both maps are in name order and "layers." < "profile.", so the list is sorted.
   for (const auto& [name, tensor] : model.input.tensors) info->add_weights(name);
   for (const auto& [name, profile] : model.input.profiles) {

@@ -82,6 +82,7 @@ std::string ComputeModelDigest(const ModelInput& input) {
   h.I64(m.hidden_size);
   h.F64(input.rope_theta);
   h.String(input.rope_scaling_json);
+  h.String(input.rope_layout);
   h.U64(input.tensors.size());
   for (const auto& [name, tensor] : input.tensors) {  // std::map: name order
     h.String(name);

@@ -15,7 +15,7 @@ inline constexpr char kDigestPrefix[] = "sha256:";
 /// SHA-256 (OpenSSL libcrypto) over the canonical serialisation of `input`:
 ///   "kvtrim-model-v1"
 ///   header: name, num_layers, num_query_heads, num_kv_heads, head_dim, hidden_size,
-///           rope_theta (IEEE-754 bits), rope_scaling_json
+///           rope_theta (IEEE-754 bits), rope_scaling_json, rope_layout
 ///   count of tensors, then per tensor in name order: name, dtype ("f32"|"f16"|"bf16"),
 ///           rank, each extent, byte length, bytes
 ///   count of profiles, then per profile in name order: name, metric, sink, window, dtype,

@@ -80,6 +80,7 @@ std::map<std::string, std::string> Metadata(const ModelInput& input, const std::
       // %.17g round-trips every double exactly (the digest covers its bits).
       {"rope_theta", absl::StrFormat("%.17g", input.rope_theta)},
       {"rope_scaling_json", input.rope_scaling_json},
+      {"rope_layout", input.rope_layout},
   };
   for (const auto& [name, profile] : input.profiles) {
     meta[absl::StrCat(kProfilePrefix, name, kManifestSuffix)] = CanonicalManifestJson(profile);
@@ -235,6 +236,7 @@ absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path) {
   if (theta == meta.end() || !absl::SimpleAtod(theta->second, &input.rope_theta)) {
     return absl::DataLossError("__metadata__.rope_theta is missing or not a number");
   }
+  if (auto it = meta.find("rope_layout"); it != meta.end()) input.rope_layout = it->second;
   if (auto it = meta.find("rope_scaling_json"); it != meta.end()) {
     input.rope_scaling_json = it->second;
   }

@@ -28,6 +28,7 @@ inline v1::ModelHeader HeaderOf(const ModelInput& input) {
   h.set_hidden_size(input.layout.hidden_size);
   h.set_rope_theta(input.rope_theta);
   h.set_rope_scaling_json(input.rope_scaling_json);
+  h.set_rope_layout(input.rope_layout);
   return h;
 }
 

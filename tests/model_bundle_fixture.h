@@ -23,6 +23,7 @@ inline ModelBundle BundleFromModelInput(const ModelInput& input) {
   h.set_hidden_size(input.layout.hidden_size);
   h.set_rope_theta(input.rope_theta);
   h.set_rope_scaling_json(input.rope_scaling_json);
+  h.set_rope_layout(input.rope_layout);
   auto convert = [](const RawTensor& raw) {
     SafetensorsTensor t;
     t.dtype = raw.dtype == DType::kF32   ? SafetensorsDType::kF32
