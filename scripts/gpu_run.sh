@@ -4,18 +4,25 @@
 #   bash scripts/gpu_run.sh
 # Sections (in order; SECTIONS="bench torch" runs a subset):
 #   info       nvidia-smi -L, driver, compute-sanitizer and python/torch versions
-#   test       kvtrim_gpu_test, every test (parity, errors, sticky-error child)
+#   test       kvtrim_gpu_test, every test (parity incl. the model-aware policies, errors,
+#              sticky-error child)
 #   memcheck   compute-sanitizer --tool memcheck over the small GPU tests
 #   racecheck  compute-sanitizer --tool racecheck over the small GPU tests
-#   bench      kvtrim_gpu_bench (scorer + selection, copy bandwidth) -> gpu_bench.{json,csv}
-#   torch      tools/torch_reference_bench.py (naive and best-effort PyTorch) -> torch_bench.json
+#   bench      kvtrim_gpu_bench (scorer + selection, copy bandwidth; model-aware presets at
+#              n 32K / 128K, host DecideLaProx over 32 layers) -> gpu_bench.{json,csv}
+#   torch      tools/torch_reference_bench.py (naive and best-effort PyTorch, model-aware
+#              presets included) -> torch_bench.json
 #   smoke      kvtrimd --backend=gpu: start, health and a dropkv compress of the sample
 #              through the bundled kvtrim CLI, SIGTERM, exit status 0
-# Every section has a time cap (20 + 240 + 90 + 120 + 40 + 70 + 25 s); measured on an H100
-# the whole run takes about 5 minutes, inside the device tool's 10-minute call; a section
-# that hits its cap reports TIMEOUT. Output goes to $OUT (default ./out): gpu_run.log (every
-# section's output), summary.txt, gpu_bench.json, gpu_bench.csv, torch_bench.json and one
-# gpu_test_shard<i>.xml per test shard. The last lines printed are the summary.
+# test runs concurrently with memcheck and racecheck (the tests are bound by their CPU
+# references, the sanitizers by the device; neither is timed); bench and torch run alone.
+# Every section has a time cap (info 20, test 300 beside memcheck 120 + racecheck 150, bench
+# 90, torch 120, smoke 25 s: at most 575 s, inside the device tool's 10-minute call); the
+# whole run is planned for about 6 minutes on an H100; a section that hits its cap reports
+# TIMEOUT. Output goes to $OUT (default ./out): gpu_run.log (every section's output, the
+# concurrent ones appended when they end), summary.txt, gpu_bench.json, gpu_bench.csv,
+# torch_bench.json and one gpu_test_shard<i>.xml per test shard. The last lines printed are the
+# summary.
 # Environment: OUT, SECTIONS, BUNDLE (default gpu_bundle), TEST_FILTER (gtest filter of the
 # test section, default all), MEMCHECK_FILTER / RACECHECK_FILTER (gtest filters of the
 # sanitizer runs, defaults below), BENCH_ARGS, TORCH_ARGS (extra benchmark arguments).
@@ -37,13 +44,59 @@ SECTIONS="${SECTIONS:-info test memcheck racecheck bench torch smoke}"
 # report). memcheck: every backend parity case with n <= 99 plus the launchers' edge and
 # error tests. racecheck (about 8 s per parity case on an H100): one case per kernel family
 # (attention scorers, key scorers, top-k, AdaKV, shared, perturbation).
-MEMCHECK_FILTER="${MEMCHECK_FILTER:-Presets/*_n1:Presets/*_n7:Presets/*_n99:ParityRule*:GpuBackendCreateTest.*:GpuBackendMemoryTest.ArenaCap*:KeyScorerErrors.*:AttentionLaunchTest.*:Scorers/AttentionParityTest.BitIdenticalOnEdgeShapes/*:SelectTopKParity.EmptyShapes*:SelectProtectionParity.*}"
-RACECHECK_FILTER="${RACECHECK_FILTER:-Presets/*/dropkv_n7:Presets/*/snapkv_n7:Presets/*/tova_n7:Presets/*/adakv_n7:Presets/*/keydiff_n7:Presets/*/knorm_shared_n7:AttentionPerturbationTest.*}"
+# The model-aware kernels (ProjectedL1, QuadForm Gram / EA, EA softmax, combines, the per-query
+# head reductions): ModelScoreSanitizer (one small case per family), the launcher edges, and
+# three host-decided policies at n = 7 (two stages, LU-KV, block-aligned) under memcheck.
+MEMCHECK_FILTER="${MEMCHECK_FILTER:-Presets/*_n1:Presets/*_n7:Presets/*_n99:ParityRule*:GpuBackendCreateTest.*:GpuBackendMemoryTest.ArenaCap*:KeyScorerErrors.*:AttentionLaunchTest.*:Scorers/AttentionParityTest.BitIdenticalOnEdgeShapes/*:SelectTopKParity.EmptyShapes*:SelectProtectionParity.*:ModelScoreSanitizer.*:ModelScoreLauncherTest.*:Policies/ModelDecisionParityTest.GpuMatchesCpu/criticalkv_n7:Policies/ModelDecisionParityTest.GpuMatchesCpu/lukv_n7:Policies/ModelDecisionParityTest.GpuMatchesCpu/snapkv_block_n7}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-Presets/*/dropkv_n7:Presets/*/snapkv_n7:Presets/*/tova_n7:Presets/*/adakv_n7:Presets/*/keydiff_n7:Presets/*/knorm_shared_n7:AttentionPerturbationTest.*:ModelScoreSanitizer.*}"
 TEST_FILTER="${TEST_FILTER:-*}"
 LOG="$OUT/gpu_run.log"
 : >"$LOG"
 SUMMARY=()
 FAILED=0
+
+# section_status RC: PASS, TIMEOUT or FAIL(rc=RC).
+section_status() {
+  if [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; then
+    echo TIMEOUT
+  elif [ "$1" -ne 0 ]; then
+    echo "FAIL(rc=$1)"
+  else
+    echo PASS
+  fi
+}
+
+# start_background_section NAME CAP_SECONDS COMMAND...: runs COMMAND with a time cap in the
+# background, its output in $OUT/.NAME.log; finish_background_section NAME waits for it,
+# appends the output to gpu_run.log (and the terminal) and records the result like
+# run_section.
+start_background_section() {
+  local name=$1 cap=$2
+  shift 2
+  case " $SECTIONS " in *" $name "*) ;; *) return 0 ;; esac
+  echo "===== $name (cap ${cap}s, in the background): $*" | tee -a "$LOG"
+  (
+    start=$SECONDS
+    timeout --signal=TERM --kill-after=10 "$cap" "$@" >"$OUT/.$name.log" 2>&1
+    echo "$? $((SECONDS - start))" >"$OUT/.$name.rc"
+  ) &
+  echo $! >"$OUT/.$name.pid"
+}
+
+finish_background_section() {
+  local name=$1
+  [ -f "$OUT/.$name.pid" ] || return 0
+  wait "$(cat "$OUT/.$name.pid")"
+  local rc took status
+  read -r rc took <"$OUT/.$name.rc"
+  echo "===== $name (output of the background run)" | tee -a "$LOG"
+  tee -a "$LOG" <"$OUT/.$name.log"
+  status=$(section_status "$rc")
+  [ "$status" = PASS ] || FAILED=1
+  SUMMARY+=("$(printf '%-10s %-14s %5ss' "$name" "$status" "$took")")
+  echo "===== $name: $status in ${took}s" | tee -a "$LOG"
+  rm -f "$OUT/.$name.pid" "$OUT/.$name.rc" "$OUT/.$name.log"
+}
 
 # run_section NAME CAP_SECONDS COMMAND...: runs COMMAND with a time cap, appends its output
 # to gpu_run.log (and the terminal), records PASS / FAIL(rc) / TIMEOUT and the seconds taken.
@@ -55,12 +108,8 @@ run_section() {
   local start=$SECONDS rc
   timeout --signal=TERM --kill-after=10 "$cap" "$@" 2>&1 | tee -a "$LOG"
   rc=${PIPESTATUS[0]}
-  local took=$((SECONDS - start)) status=PASS
-  if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-    status=TIMEOUT
-  elif [ "$rc" -ne 0 ]; then
-    status="FAIL(rc=$rc)"
-  fi
+  local took=$((SECONDS - start)) status
+  status=$(section_status "$rc")
   [ "$status" = PASS ] || FAILED=1
   SUMMARY+=("$(printf '%-10s %-14s %5ss' "$name" "$status" "$took")")
   echo "===== $name: $status in ${took}s" | tee -a "$LOG"
@@ -92,7 +141,7 @@ section_test() {
     grep -vE "^\[ parity" "$OUT/.shard$i.log"
     rm -f "$OUT/.shard$i.log"
   done
-  return $rc
+  return "$rc"
 }
 
 section_sanitizer() {
@@ -159,13 +208,14 @@ section_smoke() {
 export -f section_info section_test section_sanitizer section_bench section_torch section_smoke
 export BIN OUT BUNDLE MEMCHECK_FILTER RACECHECK_FILTER TEST_FILTER
 run_section info 20 bash -c section_info
-run_section test 240 bash -c section_test
+start_background_section test 300 bash -c section_test
 # shellcheck disable=SC2016  # expanded by the child shell (the filters are exported)
-run_section memcheck 90 bash -c 'section_sanitizer memcheck "$MEMCHECK_FILTER"'
+run_section memcheck 120 bash -c 'section_sanitizer memcheck "$MEMCHECK_FILTER"'
 # shellcheck disable=SC2016
-run_section racecheck 120 bash -c 'section_sanitizer racecheck "$RACECHECK_FILTER"'
-run_section bench 40 bash -c section_bench
-run_section torch 70 bash -c section_torch
+run_section racecheck 150 bash -c 'section_sanitizer racecheck "$RACECHECK_FILTER"'
+finish_background_section test
+run_section bench 90 bash -c section_bench
+run_section torch 120 bash -c section_torch
 run_section smoke 25 bash -c section_smoke
 
 {

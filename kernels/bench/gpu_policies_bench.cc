@@ -14,8 +14,19 @@
 // indices, launcher scratch), as GpuBackend's arena holds them.
 // copy GB/s = (bytes read + bytes written) / time of a cudaMemcpy device-to-device.
 //
+// Model-aware presets (criticalkv, criticalkv_adakv, laprox, expected_attention, lukv) run at
+// the issue-3 shapes only: w = 32, n in --model_n (default 32768, 131072), hidden D = 4096, on
+// random device-resident model tensors (W_O / Gram matrices lane-major fp32, EA statistics in
+// the arena) and a host model stub carrying a random snapkv LU-KV profile. Host-decided
+// presets (criticalkv*, lukv) time the device scoring with events and the host part (scores
+// copied back, then kernels/decide.h DecideLayer) with the host clock: select = copy + decide.
+// laprox times the per-layer score kernel; the row "laprox_decide32" times the host
+// DecideLaProx (mode model) over 32 layers of [8, n] scores, and "ea_stats_host" the host
+// ComputeExpectedQueryStats of one layer (query_stats model).
+//
 // Usage: kvtrim_gpu_bench [--out=DIR] [--reps=25] [--warmup=3] [--n=4096,32768,131072]
 //                         [--w=8,32] [--policies=a,b] [--copy_mib=1024]
+//                         [--model_n=32768,131072] [--hidden=4096] [--host_reps=3]
 // Writes DIR/gpu_bench.json and DIR/gpu_bench.csv (DIR default "out"); prints a table.
 // Exit status: 0 when every configuration ran and its answer is well formed (offsets, and
 // lists strictly ascending in [0, n)), 1 otherwise,
@@ -35,8 +46,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include <chrono>
+#include <memory>
+
 #include "kernels/bench/gpu_bench_fill.h"
 #include "kernels/bench/gpu_bench_timing.h"
+#include "kernels/decide.h"
+#include "kernels/expected_attention_stats.h"
 #include "kernels/gpu/device_error.h"
 #include "kernels/gpu/device_pipeline.h"
 #include "kernels/gpu/device_probe.h"
@@ -63,6 +79,10 @@ struct Options {
   std::vector<std::string> policies;  // empty = every preset
   int64_t copy_mib = 1024;
   double keep_fraction = 0.1;
+  std::vector<int64_t> model_ns = {32768, 131072};  // model-aware presets (w = 32)
+  int64_t model_w = 32;
+  int64_t hidden = 4096;
+  int host_reps = 3;  // host-only rows (DecideLaProx over 32 layers, EA statistics)
 };
 
 /// One measured configuration.
@@ -75,6 +95,7 @@ struct Row {
   int64_t scratch_bytes = 0;
   int input_sets = 0;
   std::string error;         // empty when the configuration ran and checked out
+  std::string note;          // how the row was measured, when not the default
 };
 
 bool ParseList(const std::string& text, std::vector<int64_t>* out) {
@@ -109,13 +130,19 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       o->policies = absl::StrSplit(value, ',', absl::SkipEmpty());
     } else if (name == "--copy_mib") {
       ok = ok && absl::SimpleAtoi(value, &o->copy_mib) && o->copy_mib >= 1024;
+    } else if (name == "--model_n") {
+      ok = ok && ParseList(value, &o->model_ns);
+    } else if (name == "--hidden") {
+      ok = ok && absl::SimpleAtoi(value, &o->hidden) && o->hidden >= 1;
+    } else if (name == "--host_reps") {
+      ok = ok && absl::SimpleAtoi(value, &o->host_reps) && o->host_reps >= 1;
     } else {
       ok = false;
     }
     if (!ok) {
       std::cerr << "kvtrim_gpu_bench: bad flag '" << arg
                 << "' (--out=DIR --reps>=20 --warmup>=1 --n=LIST --w=LIST --policies=LIST "
-                   "--copy_mib>=1024)\n";
+                   "--copy_mib>=1024 --model_n=LIST --hidden>=1 --host_reps>=1)\n";
       return false;
     }
   }
@@ -127,9 +154,193 @@ struct InputSet {
   DeviceBuffer keys, values, queries;
 };
 
+/// The model of the model-aware presets: random lane-major device tensors of one layer
+/// (their values only set the arithmetic's magnitudes) and a host stub with the layout and a
+/// random snapkv LU-KV profile (sink 0, window 32).
+struct BenchModel {
+  std::shared_ptr<RegisteredModel> host;
+  DeviceBuffer w_o, head_gram, group_gram;
+};
+
+/// Fast deterministic uniforms in [0, 1) (host).
+float HostUniform(uint64_t* state) {
+  *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return static_cast<float>(static_cast<double>(*state >> 40) / 16777216.0);
+}
+
+absl::Status MakeBenchModel(const Options& o, cudaStream_t stream, BenchModel* m) {
+  const int64_t hq = kKvHeads * kGroup;
+  const int64_t vf = LaneMajorFloats(kHeadDim);
+  auto model = std::make_shared<RegisteredModel>();
+  model->digest = "sha256:bench";
+  model->layout = {"bench", kNumLayers, static_cast<int32_t>(hq), static_cast<int32_t>(kKvHeads),
+                   static_cast<int32_t>(kHeadDim), static_cast<int32_t>(o.hidden)};
+  LukvProfile profile;
+  profile.name = profile.metric = "snapkv";
+  profile.sink = 0;
+  profile.window = o.model_w;
+  profile.prune_ratios.resize(static_cast<size_t>(kLukvProfileRows * kNumLayers * kKvHeads));
+  uint64_t state = 17;
+  for (int64_t r = 0; r < kLukvProfileRows; ++r) {
+    for (int64_t i = 0; i < kNumLayers * kKvHeads; ++i) {
+      const float f = 0.5f + HostUniform(&state);
+      profile.prune_ratios[static_cast<size_t>(r * kNumLayers * kKvHeads + i)] =
+          std::min(1.0f, static_cast<float>(r + 1) / 100.0f * f);
+    }
+  }
+  model->profiles["snapkv"] = std::move(profile);
+  // Pre-RoPE query statistics of every layer (ea_stats_host row).
+  model->query_mean.assign(static_cast<size_t>(kNumLayers),
+                           std::vector<float>(static_cast<size_t>(hq * kHeadDim)));
+  model->query_cov.assign(static_cast<size_t>(kNumLayers),
+                          std::vector<float>(static_cast<size_t>(hq * kHeadDim * kHeadDim)));
+  for (auto& layer : model->query_mean) for (float& x : layer) x = HostUniform(&state) - 0.5f;
+  for (auto& layer : model->query_cov) for (float& x : layer) x = 0.05f * (HostUniform(&state) - 0.5f);
+  m->host = model;
+  const size_t w_o_count = static_cast<size_t>(hq * o.hidden * vf);
+  const size_t head_count = static_cast<size_t>(hq * kHeadDim * vf);
+  const size_t group_count = static_cast<size_t>(kKvHeads * kHeadDim * vf);
+  KVTRIM_RETURN_IF_ERROR(m->w_o.Allocate(w_o_count * sizeof(float)));
+  KVTRIM_RETURN_IF_ERROR(m->head_gram.Allocate(head_count * sizeof(float)));
+  KVTRIM_RETURN_IF_ERROR(m->group_gram.Allocate(group_count * sizeof(float)));
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(o.hidden));
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->w_o.get(), DType::kF32,
+                                                     static_cast<int64_t>(w_o_count), 71, w_scale,
+                                                     stream),
+                              "fill w_o");
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->head_gram.get(), DType::kF32,
+                                                     static_cast<int64_t>(head_count), 72, 0.05f,
+                                                     stream),
+                              "fill head_gram");
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->group_gram.get(), DType::kF32,
+                                                     static_cast<int64_t>(group_count), 73, 0.05f,
+                                                     stream),
+                              "fill group_gram");
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "fill model");
+  return absl::OkStatus();
+}
+
+/// "" when offsets [lists + 1] and indices are well formed (every list strictly ascending in
+/// [0, n), the offsets ending at `expected_total` unless it is negative).
+std::string CheckAnswer(const std::vector<int64_t>& offsets, const std::vector<int32_t>& indices,
+                        int64_t n, int64_t expected_total) {
+  if (offsets.empty() || offsets.front() != 0 ||
+      (expected_total >= 0 && offsets.back() != expected_total) ||
+      offsets.back() != static_cast<int64_t>(indices.size())) {
+    return absl::StrCat("offsets end at ", offsets.empty() ? -1 : offsets.back(), ", expected ",
+                        expected_total >= 0 ? expected_total
+                                            : static_cast<int64_t>(indices.size()));
+  }
+  for (size_t l = 0; l + 1 < offsets.size(); ++l) {
+    for (int64_t i = offsets[l]; i < offsets[l + 1]; ++i) {
+      const int32_t j = indices[static_cast<size_t>(i)];
+      if (j < 0 || j >= n || (i > offsets[l] && j <= indices[static_cast<size_t>(i - 1)])) {
+        return absl::StrCat("list ", l, " is not strictly ascending in [0, n) at ", i - offsets[l]);
+      }
+    }
+  }
+  return "";
+}
+
+/// Host-only rows at n: DecideLaProx (mode model) over kNumLayers layers of random scores, and
+/// ComputeExpectedQueryStats of one layer; median of options.host_reps.
+std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& model, int64_t n,
+                             const Options& options) {
+  std::vector<Row> rows;
+  auto median_ms = [&](const std::function<void()>& fn) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < options.host_reps; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                       .count());
+    }
+    return Median(ms);
+  };
+  {
+    Row row;
+    row.policy = "laprox_decide32";
+    row.scorer = "laprox";
+    row.n = n;
+    row.w = options.model_w;
+    row.note = absl::StrCat("host DecideLaProx (mode model) over ", kNumLayers, " layers");
+    CompressionSettings settings;
+    settings.policy = "laprox";
+    settings.budget.keep_fraction = options.keep_fraction;
+    settings.num_layers = kNumLayers;
+    auto policy = registry.Resolve(settings, "settings");
+    if (!policy.ok()) {
+      row.error = policy.status().ToString();
+      rows.push_back(row);
+      return rows;
+    }
+    policy->model = model.host;
+    std::vector<LayerScores> layers(static_cast<size_t>(kNumLayers));
+    uint64_t state = static_cast<uint64_t>(n);
+    for (int32_t l = 0; l < kNumLayers; ++l) {
+      LayerScores& ls = layers[static_cast<size_t>(l)];
+      ls.layer_id = l;
+      ls.num_layers = kNumLayers;
+      ls.num_heads = kKvHeads;
+      ls.num_tokens = n;
+      ls.scores.resize(static_cast<size_t>(kKvHeads * n));
+      for (float& x : ls.scores) x = HostUniform(&state);
+      ls.budget.kept_per_head = KeptCount(policy->settings.budget, n);
+      ls.budget.requested = Protection{0, options.model_w};
+      ls.budget.protection =
+          ClampProtection(ls.budget.requested, ls.budget.kept_per_head, n);
+    }
+    absl::Status status;
+    row.select_us = 1e3 * median_ms([&] {
+      auto decisions = DecideLaProx(*policy, layers);
+      if (!decisions.ok()) {
+        status = decisions.status();
+        return;
+      }
+      for (const LayerDecision& d : *decisions) {
+        if (std::string e = CheckAnswer(d.offsets, d.indices, n, -1); !e.empty()) {
+          status = absl::InternalError(e);
+        }
+      }
+    });
+    row.total_us = row.select_us;
+    if (!status.ok()) row.error = status.ToString();
+    rows.push_back(row);
+  }
+  {
+    Row row;
+    row.policy = "ea_stats_host";
+    row.scorer = "expected_attention";
+    row.n = n;
+    row.w = options.model_w;
+    row.note = "host ComputeExpectedQueryStats of one layer (query_stats model)";
+    CompressionSettings settings;
+    settings.policy = "expected_attention";
+    settings.params["query_stats"] = ParamValue::Text("model");
+    auto policy = registry.Resolve(settings, "settings");
+    if (!policy.ok()) {
+      row.error = policy.status().ToString();
+      rows.push_back(row);
+      return rows;
+    }
+    absl::Status status;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    row.select_us = 1e3 * median_ms([&] {
+      auto stats = ComputeExpectedQueryStats(*model.host, policy->params, kLayerId, n,
+                                             TensorView(), scale);
+      if (!stats.ok()) status = stats.status();
+    });
+    row.total_us = row.select_us;
+    if (!status.ok()) row.error = status.ToString();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 /// Measures one preset at (n, w).
 Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t n, int64_t w,
-              const Options& options, cudaStream_t stream, size_t l2_bytes) {
+              const Options& options, cudaStream_t stream, size_t l2_bytes,
+              const BenchModel& model) {
   Row row;
   row.policy = preset;
   row.n = n;
@@ -154,6 +365,7 @@ Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t
   }
   row.scorer = policy->scorer->name;
   const uint32_t needs = policy->scorer->required_inputs;
+  if ((needs | policy->allocator->required_inputs) & kInputModel) policy->model = model.host;
 
   LayerShape shape;
   shape.num_kv_heads = kKvHeads;
@@ -165,9 +377,8 @@ Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t
   shape.window_rows = shape.has_queries ? w : 0;
   LayerBudget budget;
   budget.kept_per_head = KeptCount(policy->settings.budget, n);
-  budget.protection = ClampProtection(
-      policy->scorer->default_protection(policy->params, budget.kept_per_head),
-      budget.kept_per_head, n);
+  budget.requested = policy->scorer->default_protection(policy->params, budget.kept_per_head);
+  budget.protection = ClampProtection(budget.requested, budget.kept_per_head, n);
   auto plan = PlanLayer(*policy, shape, kDType, kLayerId, kNumLayers, budget);
   if (!plan.ok()) {
     row.error = plan.status().ToString();
@@ -223,7 +434,24 @@ Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t
   row.scratch_bytes = static_cast<int64_t>(layout.total());
   DeviceBuffer work;
   absl::Status st = work.Allocate(layout.total());
-  const PipelineBuffers buffers = ResolveBuffers(*plan, regions, work.get());
+  PipelineBuffers buffers = ResolveBuffers(*plan, regions, work.get());
+  buffers.model.w_o = static_cast<const float*>(model.w_o.get());
+  buffers.model.head_gram = static_cast<const float*>(model.head_gram.get());
+  buffers.model.group_gram = static_cast<const float*>(model.group_gram.get());
+  buffers.model.hidden = static_cast<int32_t>(options.hidden);
+  buffers.model.half_scale2 = 0.5f / static_cast<float>(kHeadDim);
+  if (st.ok() && plan->needs_ea_stats) {  // random statistics in the arena regions
+    const int64_t vf = LaneMajorFloats(kHeadDim);
+    const int64_t hq = plan->model_query_heads;
+    st = CudaStatus(LaunchFillPseudoNormal(const_cast<float*>(buffers.model.ea_mean), DType::kF32,
+                                           hq * vf, 81, 1.0f, stream),
+                    "fill ea_mean");
+    if (st.ok()) {
+      st = CudaStatus(LaunchFillPseudoNormal(const_cast<float*>(buffers.model.ea_cov), DType::kF32,
+                                             hq * kHeadDim * vf, 82, 0.05f, stream),
+                      "fill ea_cov");
+    }
+  }
   const std::vector<int64_t> meta = MetaInit(*plan);
   if (st.ok()) {
     st = CudaStatus(cudaMemcpyAsync(buffers.counts, meta.data(), meta.size() * sizeof(int64_t),
@@ -241,13 +469,64 @@ Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t
     row.error = st.ToString();
     return row;
   }
+  // Host-decided presets: pinned buffers for the scores coming back.
+  const bool host_decide = plan->host_decide;
+  const bool score_only = plan->scorer == ScorerKind::kLaProx;  // decided model-wide (host row)
+  const size_t score_count = static_cast<size_t>(kKvHeads * n);
+  float* pinned = nullptr;
+  if (host_decide && !score_only) {
+    st = CudaStatus(cudaMallocHost(&pinned, 2 * score_count * sizeof(float)), "cudaMallocHost");
+    if (!st.ok()) {
+      row.error = st.ToString();
+      return row;
+    }
+  }
+  struct PinnedFree {
+    float* p;
+    ~PinnedFree() {
+      if (p != nullptr) cudaFreeHost(p);
+    }
+  } pinned_free{pinned};
+  if (host_decide) {
+    row.note = score_only ? "score kernel only (selection: laprox_decide32)"
+                          : "select = scores to host + DecideLayer (host clock)";
+  }
+  LayerDecision host_decision;
   std::vector<double> score_ms, select_ms, total_ms;
   for (int rep = 0; rep < options.warmup + options.reps; ++rep) {
     const InputSet& set = sets[static_cast<size_t>(rep) % sets.size()];
     PhaseTimes times;
     st = timer.Time(stream, &times, [&](const PipelineEvents& events) {
-      return EnqueueLayer(*plan, layer_of(set), buffers, stream, &events);
+      if (!host_decide) return EnqueueLayer(*plan, layer_of(set), buffers, stream, &events);
+      KVTRIM_RETURN_IF_ERROR(EnqueueRawScores(*plan, layer_of(set), buffers, stream));
+      KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.after_score, stream), "cudaEventRecord");
+      KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events.after_select, stream), "cudaEventRecord");
+      return absl::OkStatus();
     });
+    if (st.ok() && host_decide && !score_only) {
+      const auto t0 = std::chrono::steady_clock::now();
+      st = CudaStatus(cudaMemcpyAsync(pinned, buffers.scores, score_count * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream),
+                      "download scores");
+      if (st.ok() && plan->critical) {
+        st = CudaStatus(cudaMemcpyAsync(pinned + score_count, buffers.critical,
+                                        score_count * sizeof(float), cudaMemcpyDeviceToHost,
+                                        stream),
+                        "download critical");
+      }
+      if (st.ok()) st = CudaStatus(cudaStreamSynchronize(stream), "download");
+      if (st.ok()) {
+        std::vector<float> scores(pinned, pinned + score_count);
+        std::vector<float> critical;
+        if (plan->critical) critical.assign(pinned + score_count, pinned + 2 * score_count);
+        st = DecideOnHost(*policy, *plan, kLayerId, kNumLayers, budget, std::move(scores),
+                          std::move(critical), &host_decision);
+      }
+      const double host_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      times.select_ms = host_ms;
+      times.total_ms = times.score_ms + host_ms;
+    }
     if (!st.ok()) {
       row.error = st.ToString();
       return row;
@@ -256,6 +535,15 @@ Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t
     score_ms.push_back(times.score_ms);
     select_ms.push_back(times.select_ms);
     total_ms.push_back(times.total_ms);
+  }
+  if (host_decide) {
+    if (!score_only) row.error = CheckAnswer(host_decision.offsets, host_decision.indices, n, -1);
+    row.score_us = 1e3 * Median(score_ms);
+    row.select_us = 1e3 * Median(select_ms);
+    row.total_us = 1e3 * Median(total_ms);
+    row.score_gbps = row.bytes > 0 ? static_cast<double>(row.bytes) / (row.score_us * 1e3) : 0;
+    row.total_gbps = row.bytes > 0 ? static_cast<double>(row.bytes) / (row.total_us * 1e3) : 0;
+    return row;
   }
   // The answer must be well formed: offsets [H + 1] ending at the planned total, and every
   // list strictly ascending inside [0, n) (a cheap check that catches unwritten slots).
@@ -273,18 +561,7 @@ Row RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t
     row.error = st.ToString();
     return row;
   }
-  if (offsets.front() != 0 || offsets.back() != plan->total_indices) {
-    row.error = absl::StrCat("offsets end at ", offsets.back(), ", expected ", plan->total_indices);
-  }
-  for (size_t l = 0; l + 1 < offsets.size() && row.error.empty(); ++l) {
-    for (int64_t i = offsets[l]; i < offsets[l + 1]; ++i) {
-      const int32_t j = indices[static_cast<size_t>(i)];
-      if (j < 0 || j >= n || (i > offsets[l] && j <= indices[static_cast<size_t>(i - 1)])) {
-        row.error = absl::StrCat("list ", l, " is not strictly ascending in [0, n) at ", i - offsets[l]);
-        break;
-      }
-    }
-  }
+  row.error = CheckAnswer(offsets, indices, n, plan->total_indices);
   row.score_us = 1e3 * Median(score_ms);
   row.select_us = 1e3 * Median(select_ms);
   row.total_us = 1e3 * Median(total_ms);
@@ -315,6 +592,7 @@ nlohmann::json RowJson(const Row& r, double copy_gbps) {
   j["scratch_bytes"] = r.scratch_bytes;
   j["input_sets"] = r.input_sets;
   j["error"] = r.error;
+  j["note"] = r.note;
   return j;
 }
 
@@ -353,31 +631,58 @@ int Main(int argc, char** argv) {
 
   PolicyRegistry registry;
   RegisterBuiltinPolicies(&registry);
+  BenchModel model;
+  if (auto st = MakeBenchModel(options, stream, &model); !st.ok()) {
+    std::cerr << "kvtrim_gpu_bench: model tensors: " << st << "\n";
+    return 1;
+  }
   std::vector<std::string> presets = options.policies;
   if (presets.empty()) {
     for (const auto& p : registry.presets()) presets.push_back(p.name);
   }
-  std::printf("%-14s %7s %3s %10s %10s %10s %9s %6s %6s %10s %s\n", "policy", "n", "w",
+  std::printf("%-16s %7s %3s %10s %10s %10s %9s %6s %6s %10s %s\n", "policy", "n", "w",
               "score_us", "select_us", "total_us", "GB/s", "%copy", "%sel", "scratch_MB",
               "note");
   std::vector<Row> rows;
   bool all_ok = true;
+  auto print = [&](Row r) {
+    all_ok = all_ok && r.error.empty();
+    const std::string note = !r.error.empty() ? r.error
+                             : !r.note.empty() ? r.note
+                             : r.bytes ? ""
+                                       : "reads no tensor";
+    std::printf("%-16s %7lld %3lld %10.1f %10.1f %10.1f %9.1f %6.1f %6.1f %10.2f %s\n",
+                r.policy.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.w),
+                r.score_us, r.select_us, r.total_us, r.score_gbps,
+                *copy > 0 ? 100.0 * r.score_gbps / *copy : 0.0,
+                r.total_us > 0 ? 100.0 * r.select_us / r.total_us : 0.0, r.scratch_bytes / 1e6,
+                note.c_str());
+    std::fflush(stdout);
+    rows.push_back(std::move(r));
+  };
+  bool any_model = false;
   for (const std::string& preset : presets) {
-    for (int64_t n : options.ns) {
-      for (int64_t w : options.windows) {
-        Row r = RunConfig(registry, preset, n, w, options, stream,
-                          static_cast<size_t>(prop.l2CacheSize));
-        all_ok = all_ok && r.error.empty();
-        std::printf("%-14s %7lld %3lld %10.1f %10.1f %10.1f %9.1f %6.1f %6.1f %10.2f %s\n",
-                    r.policy.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.w),
-                    r.score_us, r.select_us, r.total_us, r.score_gbps,
-                    *copy > 0 ? 100.0 * r.score_gbps / *copy : 0.0,
-                    r.total_us > 0 ? 100.0 * r.select_us / r.total_us : 0.0,
-                    r.scratch_bytes / 1e6, r.error.empty() ? (r.bytes ? "" : "reads no tensor")
-                                                           : r.error.c_str());
-        std::fflush(stdout);
-        rows.push_back(std::move(r));
+    bool needs_model = false;
+    for (const auto& p : registry.presets()) {
+      if (p.name != preset) continue;
+      needs_model = ((registry.FindScorer(p.scorer)->required_inputs |
+                      registry.FindAllocator(p.allocator)->required_inputs) &
+                     kInputModel) != 0;
+    }
+    any_model = any_model || needs_model;
+    const std::vector<int64_t>& ns = needs_model ? options.model_ns : options.ns;
+    const std::vector<int64_t> windows =
+        needs_model ? std::vector<int64_t>{options.model_w} : options.windows;
+    for (int64_t n : ns) {
+      for (int64_t w : windows) {
+        print(RunConfig(registry, preset, n, w, options, stream,
+                        static_cast<size_t>(prop.l2CacheSize), model));
       }
+    }
+  }
+  if (any_model) {
+    for (int64_t n : options.model_ns) {
+      for (Row& r : RunHostRows(registry, model, n, options)) print(std::move(r));
     }
   }
 
@@ -397,13 +702,13 @@ int Main(int argc, char** argv) {
   std::ofstream(json_path) << doc.dump(2) << "\n";
   std::ofstream csv(csv_path);
   csv << "policy,scorer,n,w,bytes_read,score_us,select_us,total_us,score_gbps,total_gbps,"
-         "copy_gbps,select_share,scratch_bytes,error\n";
+         "copy_gbps,select_share,scratch_bytes,error,note\n";
   for (const Row& r : rows) {
     csv << r.policy << "," << r.scorer << "," << r.n << "," << r.w << "," << r.bytes << ","
         << r.score_us << "," << r.select_us << "," << r.total_us << "," << r.score_gbps << ","
         << r.total_gbps << "," << *copy << ","
         << (r.total_us > 0 ? r.select_us / r.total_us : 0) << "," << r.scratch_bytes << ",\""
-        << r.error << "\"\n";
+        << r.error << "\",\"" << r.note << "\"\n";
   }
   std::printf("\nwrote %s and %s\n", json_path.c_str(), csv_path.c_str());
   cudaStreamDestroy(stream);

@@ -22,6 +22,15 @@ struct RowStats {
   int32_t visible; // V_r
 };
 
+/// How the score kernel reduces a token's per-row terms (rows of KV head h in order; the
+/// model-aware scorers of kernels/cpu/scorers.h use the last three):
+///  kSum        one seq sum over every row, then the scorer's finish (SnapKV, H2O, TOVA, DropKV)
+///  kPerQMean   per query head q: CmDiv(seq_t p, T) into out [H_q, n]        (CriticalKV)
+///  kPerQSq     per query head q: CmSqrt(seq_t CmMul(p, p)) into out [H_q, n] (LaProx head_bound)
+///  kGroupSq    rows walked t-major: m_t = CmDiv(seq_g p, G); CmSqrt(seq_t CmMul(m_t, m_t))
+///              into out [H_kv, n]                                            (LaProx mean, summed_wo)
+enum class Reduce : int { kSum, kPerQMean, kPerQSq, kGroupSq };
+
 /// Everything the attention kernels need to know about one launch.
 struct AttentionPlan {
   ScorerKind kind = ScorerKind::kSnapKV;
@@ -38,6 +47,7 @@ struct AttentionPlan {
   int lane_elems = 0;           // E: 8, 16 or 32 (d <= 8E)
   bool with_output = false;     // DropKV: the combine also forms a and |a|^2
   bool pooled = false;          // SnapKV/DropKV with kernel > 1: scores go through pooling
+  Reduce reduce = Reduce::kSum; // LaunchAttentionScores' per-token reduction
 
   // Scratch regions (byte offsets from the scratch base, each 256-byte aligned).
   size_t seg_max_offset = 0;    // [H_kv, R, num_segments] f32 m_s

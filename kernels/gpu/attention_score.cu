@@ -31,6 +31,7 @@ struct ScoreArgs {
   float eps;            // DropKV
   bool bf16_round;      // DropKV
   Finish finish;
+  Reduce reduce;              // kSum unless a model-aware scorer (plain variant only)
   const RowStats* row_stats;  // [H_kv, R]
   const float* row_out;       // [H_kv, R, d] (DropKV)
   float* out;                 // [H_kv, n]
@@ -62,13 +63,27 @@ __device__ __forceinline__ float FinishScore(const ScoreArgs& a, float acc, int6
   }
 }
 
+/// The physical row (g * T + t order of the statistics) of logical row r: the identity but
+/// for kGroupSq, whose logical rows run t-major (r = t * G + g).
+__device__ __forceinline__ int PhysicalRow(const ScoreArgs& a, int r) {
+  return a.reduce == Reduce::kGroupSq ? (r % a.group) * a.rows_per_qhead + r / a.group : r;
+}
+
 /// One CTA = 32 * TJ tokens of one KV head (kAllHeads: of every KV head in turn, TOVA).
 /// Token group g (8 lanes) owns tokens tok0 + g + 32u, u < TJ, holds their keys (and values)
 /// in registers, and walks the rows in order: 8 rows at a time it forms the 8 dot products
 /// with Butterfly8, the lane of each row computes that row's term, and the 8 terms are
 /// added to the token's sum in row order.
+///
+/// a.reduce != kSum (model-aware scorers; the plain variant only, a runtime field so that they
+/// add no kernel instantiations): the same walk, but the sum is cut per query head (kPerQMean,
+/// kPerQSq: flushed to out [H_q, n] after the last row of each query head) or walked t-major
+/// with the group sum squared per row (kGroupSq: logical row r' = t * G + g reads the physical
+/// row g * T + t).
 template <typename T, int E, int TJ, bool kDrop, bool kAllHeads>
 __global__ void __launch_bounds__(kScoreThreads, 2) ScoreKernel(ScoreArgs a) {
+  constexpr bool kPlain = !kDrop && !kAllHeads;
+  const Reduce reduce = kPlain ? a.reduce : Reduce::kSum;
   constexpr int QS = LaneStride(E);
   extern __shared__ float4 smem4[];
   float* qp = reinterpret_cast<float*>(smem4);     // [32][8][QS] per-lane queries
@@ -87,8 +102,12 @@ __global__ void __launch_bounds__(kScoreThreads, 2) ScoreKernel(ScoreArgs a) {
   const int head_hi = kAllHeads ? a.num_kv_heads : head_lo + 1;
 
   float acc[TJ];
+  float col[TJ];  // kGroupSq: seq_t CmMul(m_t, m_t)
 #pragma unroll
-  for (int u = 0; u < TJ; ++u) acc[u] = 0.0f;
+  for (int u = 0; u < TJ; ++u) {
+    acc[u] = 0.0f;
+    col[u] = 0.0f;
+  }
 
   for (int h = head_lo; h < head_hi; ++h) {
     float kr[TJ][E];
@@ -126,10 +145,10 @@ __global__ void __launch_bounds__(kScoreThreads, 2) ScoreKernel(ScoreArgs a) {
         const int ln = (idx / E) % kLanes;
         const int m = idx % E;
         const int i = ln + kLanes * m;
-        const int r = rb + rr;
+        const int r = kPlain ? PhysicalRow(a, rb + rr) : rb + rr;
         float qv = 0.0f;
         float av = 0.0f;
-        if (r < a.rows && i < a.d) {
+        if (rb + rr < a.rows && i < a.d) {
           const int64_t qh = static_cast<int64_t>(h) * a.group + r / a.rows_per_qhead;
           const int64_t t = a.first_row + r % a.rows_per_qhead;
           qv = ToF32(queries[(qh * a.w + t) * a.d + i]);
@@ -140,8 +159,9 @@ __global__ void __launch_bounds__(kScoreThreads, 2) ScoreKernel(ScoreArgs a) {
       }
       if (tid < kScoreRows) {
         const int r = rb + tid;
-        rs[tid] = r < a.rows ? a.row_stats[static_cast<int64_t>(h) * a.rows + r]
-                             : RowStats{0.0f, 0.0f, 0.0f, 0};
+        rs[tid] = r < a.rows
+                      ? a.row_stats[static_cast<int64_t>(h) * a.rows + (kPlain ? PhysicalRow(a, r) : r)]
+                      : RowStats{0.0f, 0.0f, 0.0f, 0};
       }
       __syncthreads();
 
@@ -177,13 +197,37 @@ __global__ void __launch_bounds__(kScoreThreads, 2) ScoreKernel(ScoreArgs a) {
               if (a.bf16_round) p = RoundToBf16Device(p);
               term = DropKVTerm(p, a.eps, st.out_sq, vv[u], av);
             } else {
-              term = p;
+              term = reduce == Reduce::kPerQSq ? CmMul(p, p) : p;
             }
           }
 #pragma unroll
           for (int k = 0; k < 8; ++k) {
-            part[u] = CmAdd(part[u],
-                            __shfl_sync(0xffffffffu, term, WarpLaneOf(ButterflyRow(k), warp_lane)));
+            const float x = __shfl_sync(0xffffffffu, term, WarpLaneOf(ButterflyRow(k), warp_lane));
+            if (reduce == Reduce::kSum) {
+              part[u] = CmAdd(part[u], x);
+            } else {
+              const int r = rb + rg * 8 + k;  // logical row (uniform across the warp)
+              if (r < a.rows) {
+                part[u] = CmAdd(part[u], x);
+                if (reduce == Reduce::kGroupSq) {
+                  if ((r + 1) % a.group == 0) {  // the group of window row t is complete
+                    const float m = CmDiv(part[u], static_cast<float>(a.group));
+                    col[u] = CmAdd(col[u], CmMul(m, m));
+                    part[u] = 0.0f;
+                  }
+                } else if ((r + 1) % a.rows_per_qhead == 0) {  // query head r / T is complete
+                  const int64_t j = tok0 + tg + kTokenGroups * u;
+                  if (lane == 0 && j < a.n) {
+                    const int64_t qh = static_cast<int64_t>(h) * a.group + r / a.rows_per_qhead;
+                    a.out[qh * a.n + j] =
+                        reduce == Reduce::kPerQMean
+                            ? CmDiv(part[u], static_cast<float>(a.rows_per_qhead))
+                            : CmSqrt(part[u]);
+                  }
+                  part[u] = 0.0f;
+                }
+              }
+            }
           }
         }
       }
@@ -193,15 +237,22 @@ __global__ void __launch_bounds__(kScoreThreads, 2) ScoreKernel(ScoreArgs a) {
   }
 
   if (lane != 0) return;
+  // kPerQMean / kPerQSq wrote their rows as each query head completed.
+  if (reduce == Reduce::kSum || reduce == Reduce::kGroupSq) {
 #pragma unroll
-  for (int u = 0; u < TJ; ++u) {
-    const int64_t j = tok0 + tg + kTokenGroups * u;
-    if (j >= a.n) continue;
-    const float score = FinishScore(a, acc[u], j);
-    if (kAllHeads) {
-      for (int h = 0; h < a.num_kv_heads; ++h) a.out[static_cast<int64_t>(h) * a.n + j] = score;
-    } else {
-      a.out[static_cast<int64_t>(blockIdx.y) * a.n + j] = score;
+    for (int u = 0; u < TJ; ++u) {
+      const int64_t j = tok0 + tg + kTokenGroups * u;
+      if (j >= a.n) continue;
+      if (reduce == Reduce::kGroupSq) {
+        a.out[static_cast<int64_t>(blockIdx.y) * a.n + j] = CmSqrt(col[u]);
+      } else {
+        const float score = FinishScore(a, acc[u], j);
+        if (kAllHeads) {
+          for (int h = 0; h < a.num_kv_heads; ++h) a.out[static_cast<int64_t>(h) * a.n + j] = score;
+        } else {
+          a.out[static_cast<int64_t>(blockIdx.y) * a.n + j] = score;
+        }
+      }
     }
   }
 }
@@ -224,6 +275,7 @@ cudaError_t LaunchVariant(const AttentionPlan& plan, const ScoreArgs& args, cuda
 /// Picks the scorer variant for element type T and E.
 template <typename T, int E>
 cudaError_t LaunchForE(const AttentionPlan& plan, const ScoreArgs& args, cudaStream_t stream) {
+  if (plan.reduce != Reduce::kSum) return LaunchVariant<T, E, false, false>(plan, args, stream);
   switch (plan.kind) {
     case ScorerKind::kDropKV: return LaunchVariant<T, E, true, false>(plan, args, stream);
     case ScorerKind::kTova: return LaunchVariant<T, E, false, true>(plan, args, stream);
@@ -274,6 +326,7 @@ cudaError_t LaunchAttentionScores(const AttentionPlan& plan, const DeviceLayer& 
     case ScorerKind::kTova: args.finish = Finish::kTova; break;
     default: args.finish = Finish::kDropKV; break;
   }
+  args.reduce = plan.reduce;
   args.row_stats = reinterpret_cast<const RowStats*>(base + plan.row_stats_offset);
   args.row_out = reinterpret_cast<const float*>(base + plan.row_out_offset);
   args.out = out;

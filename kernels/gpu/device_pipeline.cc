@@ -50,6 +50,36 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
     case ScorerKind::kH2O:
       out.causal_normalize = p.Bool("causal_normalize");
       break;
+    case ScorerKind::kCriticalKV: {
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("criticalkv", p, &out));
+      out.eps = static_cast<float>(p.Number("eps"));
+      const std::string& norm = p.Text("norm");
+      if (norm != "l1" && norm != "l2") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("criticalkv: norm '", norm, "' is not one of {l1, l2}"));
+      }
+      out.norm_l2 = norm == "l2";
+      break;
+    }
+    case ScorerKind::kLaProx: {
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("laprox", p, &out));
+      const std::string& gqa = p.Text("gqa");
+      if (gqa == "mean") {
+        out.gqa = LaProxGqa::kMean;
+      } else if (gqa == "head_bound") {
+        out.gqa = LaProxGqa::kHeadBound;
+      } else if (gqa == "summed_wo") {
+        out.gqa = LaProxGqa::kSummedWo;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "laprox: gqa '", gqa, "' is not one of {mean, head_bound, summed_wo}"));
+      }
+      break;
+    }
+    case ScorerKind::kExpectedAttention:
+      out.eps = static_cast<float>(p.Number("eps"));
+      out.use_vnorm = p.Bool("use_vnorm");
+      break;
     case ScorerKind::kDropKV: {
       KVTRIM_RETURN_IF_ERROR(ReadPooling("dropkv", p, &out));
       out.eps = static_cast<float>(p.Number("eps"));
@@ -81,6 +111,9 @@ std::optional<ScorerKind> ScorerKindFromName(std::string_view name) {
   if (name == "h2o") return ScorerKind::kH2O;
   if (name == "tova") return ScorerKind::kTova;
   if (name == "dropkv") return ScorerKind::kDropKV;
+  if (name == "criticalkv") return ScorerKind::kCriticalKV;
+  if (name == "laprox") return ScorerKind::kLaProx;
+  if (name == "expected_attention") return ScorerKind::kExpectedAttention;
   return std::nullopt;
 }
 
@@ -105,10 +138,29 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   const int64_t n = shape.num_tokens;
   const int64_t k = budget.kept_per_head;
 
-  // Allocation (CpuBackend::CompressLayer): tokens kept per head.
+  // Model-aware scorers and host-decided layers.
   const std::string& allocator = policy.allocator->name;
+  const OutputShape output = policy.settings.output_shape;
+  plan.model_scorer = IsModelScorer(plan.scorer);
+  plan.critical = plan.scorer == ScorerKind::kCriticalKV;
+  plan.host_decide = plan.scorer == ScorerKind::kCriticalKV || plan.scorer == ScorerKind::kLaProx ||
+                     allocator == "lukv" || output == OutputShape::kBlockAligned ||
+                     output == OutputShape::kEqualCount;
+  plan.needs_w_o = plan.scorer == ScorerKind::kCriticalKV && !plan.params.norm_l2;
+  plan.needs_head_gram = (plan.scorer == ScorerKind::kCriticalKV && plan.params.norm_l2) ||
+                         (plan.scorer == ScorerKind::kLaProx && plan.params.gqa != LaProxGqa::kSummedWo);
+  plan.needs_group_gram =
+      plan.scorer == ScorerKind::kLaProx && plan.params.gqa == LaProxGqa::kSummedWo;
+  plan.needs_ea_stats = plan.scorer == ScorerKind::kExpectedAttention;
+  plan.model_query_heads = policy.model != nullptr
+                               ? policy.model->layout.num_query_heads
+                               : static_cast<int32_t>(shape.num_query_heads);
+
+  // Allocation (CpuBackend::CompressLayer): tokens kept per head.
   int64_t total = 0;
-  if (allocator == "pyramid") {
+  if (plan.host_decide) {
+    total = 0;  // decided on the host; see the perturbation below
+  } else if (allocator == "pyramid") {
     const int64_t protected_tokens = budget.protection.sink + budget.protection.recent;
     const int64_t layer_k = PyramidLayerBudget(k, n, layer_id, num_layers,
                                                policy.params.Number("beta"), protected_tokens);
@@ -133,7 +185,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   }
 
   // Output shape.
-  plan.shared = policy.settings.output_shape == OutputShape::kShared;
+  plan.shared = !plan.host_decide && output == OutputShape::kShared;
   if (plan.shared) {
     plan.adakv = false;  // only the total matters for a shared list, and it is known
     plan.counts.assign(static_cast<size_t>(heads), 0);
@@ -141,7 +193,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
         RoundHalfUp(static_cast<double>(total) / static_cast<double>(heads)), 1, n);
     plan.total_indices = plan.shared_count;
   } else {
-    if (plan.adakv) plan.counts.assign(static_cast<size_t>(heads), 0);
+    if (plan.adakv || plan.host_decide) plan.counts.assign(static_cast<size_t>(heads), 0);
     plan.total_indices = total;
   }
 
@@ -152,7 +204,18 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
                                           plan.scorer != ScorerKind::kRandom);
   plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
   plan.reads_queries = shape.has_queries && (plan.perturbation || (inputs & kInputQueries));
+  // Host-decided lists are uploaded for the perturbation: room for any decision's indices.
+  if (plan.host_decide && plan.perturbation) plan.total_indices = heads * n;
   return plan;
+}
+
+void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan) {
+  const uint32_t inputs = policy.scorer->required_inputs;
+  plan->perturbation = false;
+  plan->reads_keys = plan->scorer != ScorerKind::kStreamingLlm && plan->scorer != ScorerKind::kRandom;
+  plan->reads_values = shape.has_values && (inputs & kInputValues);
+  plan->reads_queries = shape.has_queries && (inputs & kInputQueries);
+  plan->total_indices = 0;
 }
 
 DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DType dtype,
@@ -179,8 +242,20 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
   PipelineRegions r;
   const size_t heads = static_cast<size_t>(plan.num_heads);
   const size_t n = static_cast<size_t>(plan.num_tokens);
-  r.scratch_bytes = std::max(ScoreScratchBytes(plan.scorer, layer, plan.params),
-                             SelectScratchBytes(plan.num_heads, plan.num_tokens));
+  size_t score_scratch = 0;
+  if (plan.model_scorer) {
+    // Sizing reads shapes only: placeholder model inputs (never dereferenced).
+    static const float kPlaceholder = 0;
+    DeviceModelInputs sizing;
+    sizing.w_o = sizing.head_gram = sizing.group_gram = &kPlaceholder;
+    sizing.ea_mean = sizing.ea_cov = &kPlaceholder;
+    sizing.hidden = 1;
+    sizing.num_query_heads = plan.model_query_heads;
+    score_scratch = ModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing);
+  } else {
+    score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
+  }
+  r.scratch_bytes = std::max(score_scratch, SelectScratchBytes(plan.num_heads, plan.num_tokens));
   if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationScratchBytes(layer));
   r.scores = layout->Add(heads * n * sizeof(float));
   r.meta = layout->Add((heads + static_cast<size_t>(plan.num_lists()) + 1) * sizeof(int64_t));
@@ -188,6 +263,13 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
                           sizeof(int32_t));
   r.perturbation = layout->Add(heads * sizeof(double));
   r.first_nan = layout->Add(sizeof(unsigned long long));
+  r.critical = layout->Add(plan.critical ? heads * n * sizeof(float) : 0);
+  const size_t vf = static_cast<size_t>(LaneMajorFloats(layer.head_dim));
+  const size_t hq = static_cast<size_t>(std::max(plan.model_query_heads, 0));
+  r.ea_mean = layout->Add(plan.needs_ea_stats ? hq * vf * sizeof(float) : 0);
+  r.ea_cov = layout->Add(plan.needs_ea_stats
+                             ? hq * static_cast<size_t>(layer.head_dim) * vf * sizeof(float)
+                             : 0);
   r.scratch = layout->Add(r.scratch_bytes);
   return r;
 }
@@ -201,8 +283,14 @@ PipelineBuffers ResolveBuffers(const LayerPlan& plan, const PipelineRegions& reg
   out.indices = reinterpret_cast<int32_t*>(b + regions.indices);
   out.perturbation = reinterpret_cast<double*>(b + regions.perturbation);
   out.first_nan = reinterpret_cast<unsigned long long*>(b + regions.first_nan);
+  out.critical = plan.critical ? reinterpret_cast<float*>(b + regions.critical) : nullptr;
   out.scratch = regions.scratch_bytes ? b + regions.scratch : nullptr;
   out.scratch_bytes = regions.scratch_bytes;
+  if (plan.needs_ea_stats) {
+    out.model.ea_mean = reinterpret_cast<const float*>(b + regions.ea_mean);
+    out.model.ea_cov = reinterpret_cast<const float*>(b + regions.ea_cov);
+  }
+  out.model.num_query_heads = plan.model_query_heads;
   return out;
 }
 
@@ -214,16 +302,30 @@ std::vector<int64_t> MetaInit(const LayerPlan& plan) {
   return meta;
 }
 
+absl::Status EnqueueRawScores(const LayerPlan& plan, const DeviceLayer& layer,
+                              const PipelineBuffers& b, cudaStream_t stream) {
+  if (plan.model_scorer) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchModelScore(plan.scorer, layer, plan.params, b.model, b.scores, b.critical,
+                         b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchModelScore(", plan.scorer_name, ")"));
+  } else {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
+  }
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      LaunchFindFirstNaN(b.scores, static_cast<int64_t>(plan.num_heads) * plan.num_tokens,
+                         b.first_nan, stream),
+      "LaunchFindFirstNaN");
+  return absl::OkStatus();
+}
+
 absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
                            const PipelineBuffers& b, cudaStream_t stream) {
   const int32_t heads = plan.num_heads;
   const int64_t n = plan.num_tokens;
-  KVTRIM_CUDA_RETURN_IF_ERROR(
-      LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
-      absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
-  KVTRIM_CUDA_RETURN_IF_ERROR(
-      LaunchFindFirstNaN(b.scores, static_cast<int64_t>(heads) * n, b.first_nan, stream),
-      "LaunchFindFirstNaN");
+  KVTRIM_RETURN_IF_ERROR(EnqueueRawScores(plan, layer, b, stream));
   KVTRIM_CUDA_RETURN_IF_ERROR(LaunchApplyProtection(b.scores, heads, n, plan.protection.sink,
                                                     plan.protection.recent, stream),
                               "LaunchApplyProtection");
@@ -273,6 +375,40 @@ absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan) {
   return absl::InvalidArgumentError(absl::StrCat(
       "keys: scorer '", plan.scorer_name, "' produced NaN for head ", i / n, " token ", i % n,
       "; the input magnitudes overflow fp32 arithmetic"));
+}
+
+absl::Status HostNaNStatus(const LayerPlan& plan, const std::vector<float>& scores,
+                           const std::vector<float>& critical) {
+  for (const std::vector<float>* values : {&scores, &critical}) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (std::isnan((*values)[i])) return NaNStatus(plan, static_cast<unsigned long long>(i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecideOnHost(const ResolvedPolicy& policy, const LayerPlan& plan, int32_t layer_id,
+                          int32_t num_layers, const LayerBudget& budget, std::vector<float> scores,
+                          std::vector<float> critical, LayerDecision* out) {
+  KVTRIM_RETURN_IF_ERROR(HostNaNStatus(plan, scores, critical));
+  LayerScores layer;
+  layer.layer_id = layer_id;
+  layer.num_layers = num_layers;
+  layer.num_heads = plan.num_heads;
+  layer.num_tokens = plan.num_tokens;
+  layer.scores = std::move(scores);
+  layer.critical = std::move(critical);
+  layer.budget = budget;
+  if (plan.scorer == ScorerKind::kLaProx) {
+    // One layer alone (CpuBackend::CompressLayer): local / layer modes decide here.
+    std::vector<LayerScores> layers;
+    layers.push_back(std::move(layer));
+    auto decisions = DecideLaProx(policy, layers);
+    if (!decisions.ok()) return decisions.status();
+    *out = std::move((*decisions)[0]);
+    return absl::OkStatus();
+  }
+  return DecideLayer(policy, layer, out);
 }
 
 absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,

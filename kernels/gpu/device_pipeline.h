@@ -1,6 +1,9 @@
 // The GPU launch sequence of one layer, shared by GpuBackend and kvtrim_gpu_bench:
 // scorer -> NaN probe -> protection -> allocator (host counts or AdaKV) -> selection
 // (per-head top-k or shared) -> perturbation. Mirrors CpuBackend::CompressLayer.
+// Decisions the device selection does not make (CriticalKV's two stages, LaProx, LU-KV budgets,
+// block-aligned and equal-count outputs) are "host-decided": the raw scores come back and
+// DecideOnHost runs kernels/decide.h, the very code of the CPU backend.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/statusor.h"
+#include "kernels/decide.h"
 #include "kernels/gpu/device_arena.h"
 #include "kernels/gpu/launchers.h"
 #include "kernels/layer.h"
@@ -43,6 +47,15 @@ struct LayerPlan {
                                   // or Random alone)
   bool reads_values = false;      // the scorer or the statistic reads V
   bool reads_queries = false;     // the scorer or the statistic reads Q
+  // Model-aware scorers (LaunchModelScore) and host-decided layers.
+  bool model_scorer = false;      // criticalkv, laprox, expected_attention
+  bool host_decide = false;       // decisions by DecideOnHost (see the file comment)
+  bool critical = false;          // criticalkv: a second score array (stage 2)
+  bool needs_w_o = false;         // the model tensors the scorer reads
+  bool needs_head_gram = false;
+  bool needs_group_gram = false;
+  bool needs_ea_stats = false;    // expected_attention: per-layer mean / covariance upload
+  int32_t model_query_heads = 0;  // the model's H_q (EA statistics regions)
 
   /// Lists the selection writes: H_kv per head, 1 shared.
   int32_t num_lists() const { return shared ? 1 : num_heads; }
@@ -52,11 +65,18 @@ struct LayerPlan {
 /// CPU scorers read them (dropkv bf16_prob_round "auto" = on iff `dtype` is bf16; keydiff
 /// anchor; pooling max/avg), counts from the allocator (uniform; pyramid through
 /// PyramidLayerBudget on the host; adakv on the device), the output shape and whether the
-/// perturbation statistic runs. Errors: UNIMPLEMENTED for a scorer or allocator without a
-/// GPU path; INVALID_ARGUMENT for parameter values the CPU scorers reject too.
+/// perturbation statistic runs. Host-decided layers (criticalkv, laprox, allocator lukv,
+/// outputs block_aligned / equal_count) plan no counts; their indices region holds H_kv * n
+/// for the perturbation upload. model_query_heads comes from policy.model (else the layer's
+/// H_q). Errors: UNIMPLEMENTED for a scorer or allocator without a GPU path; INVALID_ARGUMENT
+/// for parameter values the CPU scorers reject too.
 absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
                                     DType dtype, int32_t layer_id, int32_t num_layers,
                                     const LayerBudget& budget);
+
+/// Narrows a plan to scoring alone (ScoreLayer): no perturbation, and only the tensors the
+/// scorer itself reads.
+void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan);
 
 /// A DeviceLayer over device tensors (V and Q only when the plan reads them; nullptr
 /// pointers and zero query dims otherwise). `keys` is passed even when the plan does not
@@ -72,6 +92,9 @@ struct PipelineRegions {
   size_t indices = 0;       // [max(total_indices, 1)] int32
   size_t perturbation = 0;  // [H_kv] double
   size_t first_nan = 0;     // one unsigned long long
+  size_t critical = 0;      // [H_kv, n] fp32 (criticalkv)
+  size_t ea_mean = 0;       // [model H_q, 8E] fp32 (expected_attention)
+  size_t ea_cov = 0;        // [model H_q, d, 8E] fp32 (expected_attention)
   size_t scratch = 0;       // scratch_bytes
   size_t scratch_bytes = 0; // max of the launchers' *ScratchBytes queries
 };
@@ -90,8 +113,12 @@ struct PipelineBuffers {
   int32_t* indices = nullptr;               // [total_indices]
   double* perturbation = nullptr;           // [H_kv]
   unsigned long long* first_nan = nullptr;  // [1]
+  float* critical = nullptr;                // [H_kv, n] (criticalkv)
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  /// Model inputs of LaunchModelScore: ResolveBuffers points ea_mean / ea_cov at the arena;
+  /// the caller sets the cached model tensors, hidden, num_query_heads and half_scale2.
+  DeviceModelInputs model;
 };
 
 /// Resolves `regions` against the arena start `base`.
@@ -108,9 +135,14 @@ struct PipelineEvents {
   cudaEvent_t after_select = nullptr;  // after the counts and the selection
 };
 
-/// Enqueues the scoring launches on `stream`: LaunchScore, the NaN probe (into
-/// buffers.first_nan) and protection; buffers.scores then holds the protected scores
-/// [H_kv, n]. Errors: CudaStatus() of the first failing launch.
+/// Enqueues the scorer (LaunchScore, or LaunchModelScore with buffers.model) and the NaN
+/// probe of buffers.scores (into buffers.first_nan): buffers.scores then holds the raw scores
+/// [H_kv, n] (and buffers.critical CriticalKV's stage-2 scores, not probed: host-decided
+/// layers check both on the host). Errors: CudaStatus() of the first failing launch.
+absl::Status EnqueueRawScores(const LayerPlan& plan, const DeviceLayer& layer,
+                              const PipelineBuffers& buffers, cudaStream_t stream);
+
+/// EnqueueRawScores, then protection: buffers.scores holds the protected scores [H_kv, n].
 absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
                            const PipelineBuffers& buffers, cudaStream_t stream);
 
@@ -132,6 +164,18 @@ struct HostResults {
 /// OK when `first_nan` is kNoNaN; else INVALID_ARGUMENT worded like the CPU backend's
 /// ("keys: scorer 'x' produced NaN for head h token j; ...").
 absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan);
+
+/// The host check of downloaded raw scores: NaNStatus of the first NaN of `scores`, then of
+/// `critical` (the CPU backend's order and wording).
+absl::Status HostNaNStatus(const LayerPlan& plan, const std::vector<float>& scores,
+                           const std::vector<float>& critical);
+
+/// Host-decided layers: checks the downloaded raw scores (HostNaNStatus) and decides with
+/// DecideLaProx (laprox, this layer alone) or DecideLayer, exactly as CpuBackend::CompressLayer;
+/// fills every LayerDecision field but perturbation and compute_seconds.
+absl::Status DecideOnHost(const ResolvedPolicy& policy, const LayerPlan& plan, int32_t layer_id,
+                          int32_t num_layers, const LayerBudget& budget, std::vector<float> scores,
+                          std::vector<float> critical, LayerDecision* out);
 
 /// Checks `results` (NaN -> INVALID_ARGUMENT worded like the CPU backend; inconsistent
 /// offsets -> INTERNAL) and fills `out` like CpuBackend::CompressLayer (all fields but

@@ -9,6 +9,7 @@
 #include "kernels/gpu/device_nan_probe.h"
 #include "kernels/gpu/device_pipeline.h"
 #include "kernels/gpu/device_probe.h"
+#include "kernels/expected_attention_stats.h"
 
 namespace kvtrim::gpu {
 
@@ -36,6 +37,9 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
   auto pool = DevicePool::Create(options.device, options.workers, worker);
   if (!pool.ok()) return pool.status();
   backend->pool_ = *std::move(pool);
+  const size_t cache_bytes =
+      options.model_cache_bytes != 0 ? options.model_cache_bytes : options.arena_limit_bytes;
+  backend->model_cache_ = std::make_unique<DeviceModelCache>(options.device, cache_bytes);
   return backend;
 }
 
@@ -49,31 +53,55 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   if (layer.shape.head_dim > kMaxGpuHeadDim) {
     return cpu_fallback_->CompressLayer(policy, layer, budget, out);
   }
-  return Run(policy, layer, budget, out, nullptr);
+  Outputs outputs;
+  outputs.decision = out;
+  return Run(policy, layer, budget, outputs);
+}
+
+absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                    const LayerBudget& budget, LayerScores* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim) {
+    return cpu_fallback_->ScoreLayer(policy, layer, budget, out);
+  }
+  Outputs outputs;
+  outputs.raw = out;
+  return Run(policy, layer, budget, outputs);
 }
 
 absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, std::vector<float>* scores) {
-  return Run(policy, layer, budget, nullptr, scores);
+  Outputs outputs;
+  outputs.protected_scores = scores;
+  return Run(policy, layer, budget, outputs);
 }
 
 absl::Status GpuBackend::Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
-                             const LayerBudget& budget, LayerDecision* out,
-                             std::vector<float>* scores) {
+                             const LayerBudget& budget, const Outputs& outputs) {
   if (!healthy()) {
     return absl::InternalError(absl::StrCat(
         "the GPU backend is out of service after a sticky CUDA error (", failure(),
         "); kvtrimd must be restarted"));
   }
   DevicePool::Lease lease = pool_->Acquire();
-  absl::Status status = RunLayer(*lease, policy, layer, budget, out, scores);
+  absl::Status status = RunLayer(*lease, policy, layer, budget, outputs);
   if (!status.ok()) HandleFailure(*lease, status);
   return status;
 }
 
+namespace {
+
+/// Copies `count` values of T from pinned `src` into a vector.
+template <typename T>
+std::vector<T> FromPinned(const char* src, size_t count) {
+  const auto* p = reinterpret_cast<const T*>(src);
+  return std::vector<T>(p, p + count);
+}
+
+}  // namespace
+
 absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                                   const ValidatedLayer& layer, const LayerBudget& budget,
-                                  LayerDecision* out, std::vector<float>* scores) {
+                                  const Outputs& outputs) {
   KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
   cudaGetLastError();  // a stale non-sticky error of this thread is not ours
   const LayerShape& shape = layer.shape;
@@ -81,6 +109,59 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   absl::StatusOr<LayerPlan> plan =
       PlanLayer(policy, shape, dtype, layer.layer_id, layer.num_layers, budget);
   if (!plan.ok()) return plan.status();
+  const bool decide = outputs.decision != nullptr;
+  if (!decide) PlanScoresOnly(policy, shape, &*plan);
+  cudaStream_t stream = context.stream();
+
+  // Model inputs: cached per (model, layer, tensor); Expected Attention's statistics per call.
+  DeviceModelInputs model_inputs;
+  std::vector<std::shared_ptr<const DeviceModelTensor>> held;  // alive until the stream syncs
+  std::vector<float> ea_mean, ea_cov;                          // lane-major host images
+  if (plan->model_scorer) {
+    if (policy.model == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "settings.model_digest: scorer '", plan->scorer_name, "' needs a registered model"));
+    }
+    const RegisteredModel& model = *policy.model;
+    if (model.layout.head_dim != shape.head_dim || model.layout.num_kv_heads != shape.num_kv_heads ||
+        (shape.has_queries && model.layout.num_query_heads != shape.num_query_heads)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "keys.shape: the layer's heads (H_kv=", shape.num_kv_heads, ", H_q=",
+          shape.num_query_heads, ", d=", shape.head_dim, ") do not match the registered model's"));
+    }
+    auto upload = [&context](void* dst, const void* src, size_t bytes) -> absl::Status {
+      KVTRIM_RETURN_IF_ERROR(context.Upload(dst, src, bytes));
+      return context.Synchronize();
+    };
+    auto fetch = [&](ModelTensor which, const float** into) -> absl::Status {
+      auto tensor = model_cache_->Get(policy.model, layer.layer_id, which, upload);
+      if (!tensor.ok()) return tensor.status();
+      *into = (*tensor)->data();
+      held.push_back(*std::move(tensor));
+      return absl::OkStatus();
+    };
+    if (plan->needs_w_o) KVTRIM_RETURN_IF_ERROR(fetch(ModelTensor::kWo, &model_inputs.w_o));
+    if (plan->needs_head_gram) {
+      KVTRIM_RETURN_IF_ERROR(fetch(ModelTensor::kHeadGram, &model_inputs.head_gram));
+    }
+    if (plan->needs_group_gram) {
+      KVTRIM_RETURN_IF_ERROR(fetch(ModelTensor::kGroupGram, &model_inputs.group_gram));
+    }
+    model_inputs.hidden = model.layout.hidden_size;
+    if (plan->needs_ea_stats) {
+      // The CPU scorer's own host preparation (double, rounded once): identical inputs.
+      auto stats = ComputeExpectedQueryStats(model, policy.params, layer.layer_id,
+                                             shape.num_tokens, layer.queries, layer.softmax_scale);
+      if (!stats.ok()) return stats.status();
+      const int64_t d = shape.head_dim;
+      const int64_t hq = model.layout.num_query_heads;
+      ea_mean.assign(static_cast<size_t>(hq * LaneMajorFloats(d)), 0.0f);
+      ea_cov.assign(static_cast<size_t>(hq * d * LaneMajorFloats(d)), 0.0f);
+      ToLaneMajor(stats->mean.data(), hq, d, d, ea_mean.data());
+      ToLaneMajor(stats->cov.data(), hq * d, d, d, ea_cov.data());
+      model_inputs.half_scale2 = stats->half_scale2;
+    }
+  }
 
   // Device working set: inputs first, then the pipeline's regions.
   ArenaLayout layout;
@@ -103,27 +184,37 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   const DeviceLayer device_layer =
       MakeDeviceLayer(*plan, shape, dtype, layer.softmax_scale, layer.layer_id, layer.seed,
                       base + keys_at, base + values_at, base + queries_at);
-  const PipelineBuffers buffers = ResolveBuffers(*plan, regions, base);
+  PipelineBuffers buffers = ResolveBuffers(*plan, regions, base);
+  buffers.model.w_o = model_inputs.w_o;
+  buffers.model.head_gram = model_inputs.head_gram;
+  buffers.model.group_gram = model_inputs.group_gram;
+  buffers.model.hidden = model_inputs.hidden;
+  buffers.model.half_scale2 = model_inputs.half_scale2;
 
-  // Pinned transfer buffer: [meta upload | offsets | indices | perturbation | first NaN].
+  // Pinned transfer buffer: [meta upload | offsets | indices | perturbation | first NaN |
+  // scores | critical | EA statistics].
   const std::vector<int64_t> meta = MetaInit(*plan);
   const size_t lists = static_cast<size_t>(plan->num_lists());
   const size_t heads = static_cast<size_t>(shape.num_kv_heads);
+  const size_t n = static_cast<size_t>(shape.num_tokens);
   const size_t total = static_cast<size_t>(plan->total_indices);
+  const bool download_scores = !decide || plan->host_decide;
   ArenaLayout host;
   const size_t meta_at = host.Add(meta.size() * sizeof(int64_t));
-  const size_t offsets_at = host.Add((lists + 1) * sizeof(int64_t));
+  const size_t offsets_at = host.Add((std::max(lists, heads) + 1) * sizeof(int64_t));
   const size_t indices_at = host.Add(total * sizeof(int32_t));
   const size_t perturbation_at = host.Add(heads * sizeof(double));
   const size_t nan_at = host.Add(sizeof(unsigned long long));
-  const size_t scores_at =
-      host.Add(scores != nullptr ? heads * static_cast<size_t>(shape.num_tokens) * sizeof(float)
-                                 : 0);
+  const size_t scores_at = host.Add(download_scores ? heads * n * sizeof(float) : 0);
+  const size_t critical_at =
+      host.Add(download_scores && plan->critical ? heads * n * sizeof(float) : 0);
+  const size_t ea_mean_at = host.Add(ea_mean.size() * sizeof(float));
+  const size_t ea_cov_at = host.Add(ea_cov.size() * sizeof(float));
   KVTRIM_RETURN_IF_ERROR(context.transfer().Reserve(host.total()));
   char* pinned = context.transfer().data();
 
-  // Uploads: K/V/Q through the staging chunks; the meta region from the transfer buffer.
-  cudaStream_t stream = context.stream();
+  // Uploads: K/V/Q through the staging chunks; the meta region and the EA statistics from
+  // the transfer buffer.
   if (key_bytes) {
     KVTRIM_RETURN_IF_ERROR(context.Upload(base + keys_at, layer.keys.data, key_bytes));
   }
@@ -138,28 +229,106 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
                                               meta.size() * sizeof(int64_t),
                                               cudaMemcpyHostToDevice, stream),
                               "cudaMemcpyAsync(meta)");
+  if (plan->needs_ea_stats) {
+    std::memcpy(pinned + ea_mean_at, ea_mean.data(), ea_mean.size() * sizeof(float));
+    std::memcpy(pinned + ea_cov_at, ea_cov.data(), ea_cov.size() * sizeof(float));
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(const_cast<float*>(buffers.model.ea_mean), pinned + ea_mean_at,
+                        ea_mean.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(ea_mean)");
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(const_cast<float*>(buffers.model.ea_cov), pinned + ea_cov_at,
+                        ea_cov.size() * sizeof(float), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(ea_cov)");
+  }
 
-  if (scores != nullptr) {  // scores alone
-    const size_t score_bytes = heads * static_cast<size_t>(shape.num_tokens) * sizeof(float);
-    KVTRIM_RETURN_IF_ERROR(EnqueueScores(*plan, device_layer, buffers, stream));
+  if (download_scores) {
+    // Scores come back: ScoreLayer, or a host-decided layer.
+    const size_t score_bytes = heads * n * sizeof(float);
+    if (outputs.protected_scores != nullptr) {
+      KVTRIM_RETURN_IF_ERROR(EnqueueScores(*plan, device_layer, buffers, stream));
+    } else {
+      KVTRIM_RETURN_IF_ERROR(EnqueueRawScores(*plan, device_layer, buffers, stream));
+    }
     KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + scores_at, buffers.scores, score_bytes,
                                                 cudaMemcpyDeviceToHost, stream),
                                 "cudaMemcpyAsync(scores)");
+    if (plan->critical) {
+      KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + critical_at, buffers.critical,
+                                                  score_bytes, cudaMemcpyDeviceToHost, stream),
+                                  "cudaMemcpyAsync(critical)");
+    }
     KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + nan_at, buffers.first_nan,
-                                                sizeof(unsigned long long),
-                                                cudaMemcpyDeviceToHost, stream),
+                                                sizeof(unsigned long long), cudaMemcpyDeviceToHost,
+                                                stream),
                                 "cudaMemcpyAsync(first_nan)");
     KVTRIM_RETURN_IF_ERROR(context.Synchronize());
-    unsigned long long first_nan = 0;
-    std::memcpy(&first_nan, pinned + nan_at, sizeof first_nan);
-    KVTRIM_RETURN_IF_ERROR(NaNStatus(*plan, first_nan));
-    const auto* values = reinterpret_cast<const float*>(pinned + scores_at);
-    scores->assign(values, values + score_bytes / sizeof(float));
+    std::vector<float> scores = FromPinned<float>(pinned + scores_at, heads * n);
+    std::vector<float> critical;
+    if (plan->critical) critical = FromPinned<float>(pinned + critical_at, heads * n);
+    if (outputs.protected_scores != nullptr) {
+      // Protection overwrote protected tokens; the probe saw the raw scores (as the CPU
+      // checks them), then critical.
+      unsigned long long first_nan = 0;
+      std::memcpy(&first_nan, pinned + nan_at, sizeof first_nan);
+      KVTRIM_RETURN_IF_ERROR(NaNStatus(*plan, first_nan));
+      KVTRIM_RETURN_IF_ERROR(HostNaNStatus(*plan, {}, critical));
+      *outputs.protected_scores = std::move(scores);
+      last_request_bytes_.store(layout.total());
+      return absl::OkStatus();
+    }
+    if (outputs.raw != nullptr) {
+      KVTRIM_RETURN_IF_ERROR(HostNaNStatus(*plan, scores, critical));
+      outputs.raw->scores = std::move(scores);
+      outputs.raw->critical = std::move(critical);
+      last_request_bytes_.store(layout.total());
+      return absl::OkStatus();
+    }
+    LayerDecision* out = outputs.decision;
+    KVTRIM_RETURN_IF_ERROR(DecideOnHost(policy, *plan, layer.layer_id, layer.num_layers, budget,
+                                        std::move(scores), std::move(critical), out));
+    if (plan->perturbation) {
+      // The host's lists go back to the device for the perturbation statistic.
+      const size_t host_lists = out->offsets.size() - 1;
+      if (host_lists != 1 && host_lists != heads) {
+        return absl::InternalError(absl::StrCat("host decision has ", host_lists,
+                                                " lists for ", heads, " heads"));
+      }
+      if (out->indices.size() > total) {
+        return absl::InternalError("host decision holds more indices than the layer has tokens");
+      }
+      std::memcpy(pinned + offsets_at, out->offsets.data(), out->offsets.size() * sizeof(int64_t));
+      std::memcpy(pinned + indices_at, out->indices.data(), out->indices.size() * sizeof(int32_t));
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(buffers.offsets, pinned + offsets_at,
+                          out->offsets.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync(offsets)");
+      if (!out->indices.empty()) {
+        KVTRIM_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(buffers.indices, pinned + indices_at,
+                            out->indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+            "cudaMemcpyAsync(indices)");
+      }
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          LaunchPerturbation(device_layer, buffers.offsets, static_cast<int32_t>(host_lists),
+                             buffers.indices, buffers.perturbation, buffers.scratch,
+                             buffers.scratch_bytes, stream),
+          "LaunchPerturbation");
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(pinned + perturbation_at, buffers.perturbation, heads * sizeof(double),
+                          cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync(perturbation)");
+      KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+      out->perturbation = FromPinned<double>(pinned + perturbation_at, heads);
+    } else {
+      out->perturbation.clear();
+    }
+    last_request_bytes_.store(layout.total());
     return absl::OkStatus();
   }
-  KVTRIM_RETURN_IF_ERROR(EnqueueLayer(*plan, device_layer, buffers, stream));
 
-  // Downloads, then one synchronisation.
+  // The whole layer on the device.
+  KVTRIM_RETURN_IF_ERROR(EnqueueLayer(*plan, device_layer, buffers, stream));
   KVTRIM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(pinned + offsets_at, buffers.offsets, (lists + 1) * sizeof(int64_t),
                       cudaMemcpyDeviceToHost, stream),
@@ -183,16 +352,14 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   KVTRIM_RETURN_IF_ERROR(context.Synchronize());
 
   HostResults results;
-  const auto* offsets = reinterpret_cast<const int64_t*>(pinned + offsets_at);
-  results.offsets.assign(offsets, offsets + lists + 1);
-  const auto* indices = reinterpret_cast<const int32_t*>(pinned + indices_at);
-  results.indices.assign(indices, indices + total);
+  results.offsets = FromPinned<int64_t>(pinned + offsets_at, lists + 1);
+  results.indices = FromPinned<int32_t>(pinned + indices_at, total);
   if (plan->perturbation) {
-    const auto* perturbation = reinterpret_cast<const double*>(pinned + perturbation_at);
-    results.perturbation.assign(perturbation, perturbation + heads);
+    results.perturbation = FromPinned<double>(pinned + perturbation_at, heads);
   }
   std::memcpy(&results.first_nan, pinned + nan_at, sizeof(unsigned long long));
-  KVTRIM_RETURN_IF_ERROR(FinishDecision(*plan, layer.layer_id, std::move(results), out));
+  KVTRIM_RETURN_IF_ERROR(FinishDecision(*plan, layer.layer_id, std::move(results),
+                                        outputs.decision));
   last_request_bytes_.store(layout.total());
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/gpu/device_model_cache.h"
 #include "kernels/gpu/device_pool.h"
 
 namespace kvtrim::gpu {
@@ -22,6 +23,11 @@ struct GpuBackendOptions {
   int workers = 1;                          // worker contexts = layers computed at once
   size_t arena_limit_bytes = 0;             // cap of each worker's device arena (0 = none)
   size_t staging_chunk_bytes = size_t{8} << 20;  // pinned upload chunk (two per worker)
+  /// Device bytes of registered models' per-layer tensors kept between requests (W_O and
+  /// Gram matrices of the model-aware scorers, lane-major fp32). 0 = automatic: one worker's
+  /// arena cap when arenas are capped, else no cap (least-recently-used tensors are then
+  /// evicted only when cudaMalloc fails).
+  size_t model_cache_bytes = 0;
 };
 
 /// Compresses validated layers on one CUDA device. Each call checks a worker context out
@@ -46,14 +52,25 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kMaxGpuHeadDim = 256;
 
   const char* name() const override { return "gpu"; }
+  /// Decisions the device pipeline makes itself (protection, uniform / pyramid / AdaKV counts,
+  /// per-head or shared selection) stay on the device; CriticalKV, LaProx, LU-KV and the
+  /// block-aligned / equal-count outputs are scored on the device and decided on the host by
+  /// kernels/decide.h (the CPU backend's own code), then the perturbation runs on the device.
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
+  /// Raw scores [H_kv, n] (no protection) and, for CriticalKV, critical [H_kv, n], copied
+  /// back. Same errors as CompressLayer.
+  absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                          const LayerBudget& budget, LayerScores* out) override;
   bool healthy() const override { return healthy_.load(); }
 
   /// Scores alone, protection applied, copied back (the GPU twin of CpuBackend::ScoreLayer,
   /// for tests and diagnostics): scores [H_kv, n] fp32. Same errors as CompressLayer.
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, std::vector<float>* scores);
+
+  /// The device cache of model tensors (tests, metrics).
+  const DeviceModelCache& model_cache() const { return *model_cache_; }
 
   /// The sticky error that made the backend unhealthy (empty while healthy).
   std::string failure() const;
@@ -71,20 +88,27 @@ class GpuBackend final : public Backend {
   /// Serves layers with d > kMaxGpuHeadDim.
   std::unique_ptr<CpuBackend> cpu_fallback_;
 
-  /// Runs one layer on a checked-out context: the whole decision into `out`, or, when
-  /// `scores` is not null, only the protected scores [H_kv, n] into `scores`.
+  /// What one call computes; exactly one of the three outputs is set.
+  struct Outputs {
+    LayerDecision* decision = nullptr;        // CompressLayer
+    std::vector<float>* protected_scores = nullptr;  // ScoreLayer (protected)
+    LayerScores* raw = nullptr;               // ScoreLayer (raw, critical)
+  };
+
+  /// Runs one layer on a checked-out context into `outputs`.
   absl::Status RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                         const ValidatedLayer& layer, const LayerBudget& budget,
-                        LayerDecision* out, std::vector<float>* scores);
+                        const Outputs& outputs);
   /// Checks a context out, runs RunLayer and classifies a failure (HandleFailure).
   absl::Status Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
-                   const LayerBudget& budget, LayerDecision* out, std::vector<float>* scores);
+                   const LayerBudget& budget, const Outputs& outputs);
   /// Classifies a failed call: marks the backend unhealthy when the CUDA error is sticky.
   void HandleFailure(WorkerContext& context, const absl::Status& status);
 
   GpuBackendOptions options_;
   std::string description_;
   std::unique_ptr<DevicePool> pool_;
+  std::unique_ptr<DeviceModelCache> model_cache_;
   std::atomic<bool> healthy_{true};
   std::atomic<size_t> last_request_bytes_{0};
   mutable std::mutex failure_mutex_;

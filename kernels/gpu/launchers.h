@@ -29,8 +29,21 @@ struct DeviceLayer {
   uint64_t seed = 0;              // random scorer
 };
 
-/// Which scorer to launch.
-enum class ScorerKind { kStreamingLlm, kRandom, kKnorm, kKeyDiff, kSnapKV, kH2O, kTova, kDropKV };
+/// Which scorer to launch. The last three read a registered model (DeviceModelInputs) and
+/// run through LaunchModelScore; LaunchScore refuses them.
+enum class ScorerKind {
+  kStreamingLlm, kRandom, kKnorm, kKeyDiff, kSnapKV, kH2O, kTova, kDropKV,
+  kCriticalKV, kLaProx, kExpectedAttention
+};
+
+/// True for kCriticalKV, kLaProx and kExpectedAttention.
+inline bool IsModelScorer(ScorerKind kind) {
+  return kind == ScorerKind::kCriticalKV || kind == ScorerKind::kLaProx ||
+         kind == ScorerKind::kExpectedAttention;
+}
+
+/// LaProx's GQA combination (params "gqa"; canonical definitions in kernels/cpu/scorers.h).
+enum class LaProxGqa : int32_t { kMean, kHeadBound, kSummedWo };
 
 /// Scorer parameters as plain values (built from ResolvedParams by the backend).
 struct ScorerParams {
@@ -41,6 +54,57 @@ struct ScorerParams {
   bool bf16_prob_round = false;  // dropkv: p rounded to bf16 (resolved "auto")
   bool causal_normalize = false; // h2o
   bool anchor_raw_mean = false;  // keydiff
+  // Model-aware scorers (eps above is also CriticalKV's and Expected Attention's eps).
+  bool norm_l2 = false;          // criticalkv: norm "l2" (Gram matrices) instead of "l1" (W_O)
+  LaProxGqa gqa = LaProxGqa::kMean;  // laprox
+  bool use_vnorm = true;         // expected_attention: multiply by ||v||
+};
+
+// ---- Lane-major vectors ------------------------------------------------------------------
+// The model-aware kernels read d-vectors (rows of W_O slices, Gram and covariance matrices,
+// query means) in "lane-major" order: a vector takes 8 * E floats, canonical lane l
+// (kernels/canonical_math.h CmDot) holding elements l, l + 8, l + 16, ... at [l * E, l * E + E),
+// zero past d. E = LaneElems(d) (8, 16 or 32: d <= 64, 128, 256). Host conversion: ToLaneMajor.
+
+/// Elements per canonical lane of a lane-major vector of dimension d (1 <= d <= 256).
+inline int LaneElems(int64_t d) { return d <= 64 ? 8 : (d <= 128 ? 16 : 32); }
+
+/// Floats of one lane-major vector of dimension d: 8 * LaneElems(d).
+inline int64_t LaneMajorFloats(int64_t d) { return 8 * static_cast<int64_t>(LaneElems(d)); }
+
+/// Writes `count` row-major vectors rows[count, d] (row r at rows + r * row_stride) as lane-major
+/// vectors out[count, LaneMajorFloats(d)].
+inline void ToLaneMajor(const float* rows, int64_t count, int64_t d, int64_t row_stride,
+                        float* out) {
+  const int64_t e = LaneElems(d);
+  for (int64_t r = 0; r < count; ++r) {
+    float* o = out + r * 8 * e;
+    const float* in = rows + r * row_stride;
+    for (int64_t l = 0; l < 8; ++l) {
+      for (int64_t m = 0; m < e; ++m) {
+        const int64_t i = l + 8 * m;
+        o[l * e + m] = i < d ? in[i] : 0.0f;
+      }
+    }
+  }
+}
+
+/// The registered model's tensors of one layer on the device (fp32, lane-major rows), for the
+/// model-aware scorers. Only the members the scorer reads must be set:
+///   criticalkv l1         w_o          [H_q, D, 8E]: row (q, e) = w_o[e, q*d : q*d + d]
+///   criticalkv l2, laprox head_gram    [H_q, d, 8E]: row (q, i) = Gram_q[i, :]
+///   laprox summed_wo      group_gram   [H_kv, d, 8E]: row (h, i) = GroupGram_h[i, :]
+///   expected_attention    ea_mean      [H_q, 8E] and ea_cov [H_q, d, 8E] (row (q, i) =
+///                         Sigma_q[i, :]) from ComputeExpectedQueryStats, half_scale2 from it
+struct DeviceModelInputs {
+  const float* w_o = nullptr;
+  const float* head_gram = nullptr;
+  const float* group_gram = nullptr;
+  const float* ea_mean = nullptr;
+  const float* ea_cov = nullptr;
+  int32_t hidden = 0;            // D (criticalkv l1)
+  int32_t num_query_heads = 0;   // the model's H_q (expected_attention: G = H_q / H_kv)
+  float half_scale2 = 0;         // expected_attention: 0.5 * scale^2 as the stats rounded it
 };
 
 /// Device scratch bytes LaunchScore needs for this layer.
@@ -49,6 +113,22 @@ size_t ScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer, const Scorer
 /// Writes scores [H_kv, n] fp32 (device) for the scorer, without protection.
 cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
                         float* scores, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
+/// Device scratch bytes LaunchModelScore needs (0 when the layer, parameters or model inputs
+/// are not valid for `kind`).
+size_t ModelScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer,
+                              const ScorerParams& params, const DeviceModelInputs& model);
+
+/// The model-aware scorers, bit-identical to the CPU's canonical definitions
+/// (kernels/cpu/scorers.h, "MODEL-AWARE SCORERS"), without protection:
+///   kCriticalKV          scores = attention [H_kv, n], critical [H_kv, n] (0 for j >= n - window)
+///   kLaProx              scores = p [H_kv, n] (0 for j >= n - window); critical unused
+///   kExpectedAttention   scores [H_kv, n]; critical unused
+/// Reads K, V (and Q for criticalkv / laprox). Returns cudaErrorInvalidValue for invalid
+/// shapes, parameters, missing model inputs or scratch smaller than ModelScoreScratchBytes.
+cudaError_t LaunchModelScore(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
+                             const DeviceModelInputs& model, float* scores, float* critical,
+                             void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
 /// Sets scores [H, n] of the first `sink` and last `recent` tokens of every head to +inf.
 cudaError_t LaunchApplyProtection(float* scores, int32_t num_heads, int64_t n, int64_t sink,

@@ -16,4 +16,11 @@ namespace kvtrim::gpu {
 cudaError_t LaunchPool1D(const float* in, int32_t rows, int64_t n, int32_t kernel, bool max_pool,
                          float* out, cudaStream_t stream);
 
+/// LaunchPool1D over the first `len` entries of rows that lie `in_stride` / `out_stride` floats
+/// apart: row r of the input is in[r * in_stride, r * in_stride + len), the pooling window is
+/// clipped at len (Pool1D on a length-len vector). kernel == 1 copies. In-place is not allowed.
+cudaError_t LaunchPool1DStrided(const float* in, int64_t in_stride, int32_t rows, int64_t len,
+                                int32_t kernel, bool max_pool, float* out, int64_t out_stride,
+                                cudaStream_t stream);
+
 }  // namespace kvtrim::gpu

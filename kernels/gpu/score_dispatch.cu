@@ -8,6 +8,8 @@
 // per query head, S = ceil(n / 512)): m_s, z_s [H, R, S]; DropKV o_s [H, R, S, d]; row
 // stats [H, R] x 16 B; DropKV a [H, R, d]; pre-pooling scores [H, n] when pooled. Each
 // region is 256-byte aligned. Nothing of size [w, n] or [n, d] is ever allocated.
+// The model-aware scorers (IsModelScorer) need model tensors and run through LaunchModelScore
+// (model_scorers.cu); here they are refused (cudaErrorInvalidValue, 0 scratch bytes).
 #include <cuda_runtime.h>
 
 #include "kernels/gpu/attention_plan.cuh"

@@ -188,7 +188,7 @@ Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
     return out;
   }
   for (size_t h = 0; h < cpu.perturbation.size(); ++h) {
-    if (!same[shared ? 0 : h]) continue;
+    if (!same[lists == 1 ? 0 : h]) continue;  // one list (shared, block-aligned) serves all
     const double a = cpu.perturbation[h];
     const double b = gpu.perturbation[h];
     if (!(std::fabs(a - b) <= 1e-9 * std::fabs(a) + 1e-12)) {
