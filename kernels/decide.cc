@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 
@@ -27,6 +28,35 @@ void ProtectRow(const Protection& p, int64_t n, float* row) {
 void AppendList(const std::vector<int32_t>& list, LayerDecision* out) {
   out->indices.insert(out->indices.end(), list.begin(), list.end());
   out->offsets.push_back(static_cast<int64_t>(out->indices.size()));
+}
+
+/// Order-preserving unsigned key of a float (no NaN): larger float -> larger key.
+uint32_t FloatKey(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+/// The k-th largest of values[0..count) (1 <= k <= count) by a two-pass 16-bit radix
+/// select on FloatKey: O(count) with two 65536-bucket histograms.
+float KthLargest(const float* values, size_t count, int64_t k) {
+  std::vector<uint64_t> hist(65536);
+  for (size_t i = 0; i < count; ++i) ++hist[FloatKey(values[i]) >> 16];
+  uint32_t high = 65535;
+  uint64_t above = 0;  // entries in buckets above `high`
+  while (above + hist[high] < static_cast<uint64_t>(k)) above += hist[high--];
+  std::fill(hist.begin(), hist.end(), 0);
+  for (size_t i = 0; i < count; ++i) {
+    const uint32_t key = FloatKey(values[i]);
+    if ((key >> 16) == high) ++hist[key & 0xFFFFu];
+  }
+  uint32_t low = 65535;
+  while (above + hist[low] < static_cast<uint64_t>(k)) above += hist[low--];
+  const uint32_t key = (high << 16) | low;
+  const uint32_t bits = (key & 0x80000000u) ? key & 0x7FFFFFFFu : ~key;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
 }
 
 void StartDecision(const LayerScores& layer, OutputShape shape, LayerDecision* out) {
@@ -168,6 +198,9 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
   std::vector<Span> spans(layers.size());
   std::vector<float> values;
   std::vector<float> chunks;
+  size_t candidates = 0;
+  for (const LayerScores& layer : layers) candidates += layer.scores.size();
+  values.reserve(candidates);
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerScores& layer = layers[l];
     const Protection& p = layer.budget.protection;
@@ -179,10 +212,9 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
     }
     if (mode == "model" && !equal) {
       const size_t count = values.size() - spans[l].begin;
-      std::vector<float> copy(values.begin() + static_cast<std::ptrdiff_t>(spans[l].begin),
-                              values.end());
       chunks.resize(count / kCanonicalChunk + 1);
-      const float z = CmChunkedSum(copy.data(), static_cast<int64_t>(count), chunks.data());
+      const float z = CmChunkedSum(values.data() + spans[l].begin, static_cast<int64_t>(count),
+                                   chunks.data());
       for (size_t i = spans[l].begin; i < values.size(); ++i) {
         values[i] = z > 0.0f ? CmDiv(values[i], z) : 0.0f;
       }
@@ -193,11 +225,7 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
   auto select_range = [&](size_t begin, size_t end, int64_t count) {
     count = std::clamp<int64_t>(count, 0, static_cast<int64_t>(end - begin));
     if (count == 0) return;
-    std::vector<float> sorted(values.begin() + static_cast<std::ptrdiff_t>(begin),
-                              values.begin() + static_cast<std::ptrdiff_t>(end));
-    std::nth_element(sorted.begin(), sorted.begin() + (count - 1), sorted.end(),
-                     std::greater<float>());
-    const float threshold = sorted[static_cast<size_t>(count - 1)];
+    const float threshold = KthLargest(values.data() + begin, end - begin, count);
     int64_t above = 0;
     for (size_t i = begin; i < end; ++i) above += values[i] > threshold;
     int64_t ties = count - above;

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_test_layer.h"
@@ -342,6 +343,39 @@ TEST(LaProxDecideTest, ATieGoesToTheLowerLayerThenHeadThenToken) {
   EXPECT_EQ(List((*d)[0], 0), (std::set<int32_t>{0, 1, 3}));
   EXPECT_EQ(List((*d)[0], 1), (std::set<int32_t>{3}));
   EXPECT_EQ(List((*d)[1], 0), (std::set<int32_t>{3}));
+}
+
+TEST(LaProxDecideTest, GlobalTopKMatchesAStableSortWithManyTies) {
+  const auto policy = Resolve("laprox", {{"mode", ParamValue::Text("model_raw")}});
+  std::mt19937 rng(5);
+  std::vector<LayerScores> layers(3);
+  std::vector<std::tuple<float, int, int, int>> all;  // (score, layer, head, token)
+  for (int l = 0; l < 3; ++l) {
+    layers[l].layer_id = l;
+    layers[l].num_heads = 2;
+    layers[l].num_tokens = 50;
+    layers[l].budget.kept_per_head = 10 + l;
+    for (int i = 0; i < 100; ++i) {
+      const float v = static_cast<float>(rng() % 7) * 0.25f + (rng() % 5 == 0 ? 1e30f : 0.0f);
+      layers[l].scores.push_back(v);
+      all.emplace_back(v, l, i / 50, i % 50);
+    }
+  }
+  auto d = DecideLaProx(policy, layers);
+  ASSERT_TRUE(d.ok());
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  std::set<std::tuple<int, int, int>> want;
+  for (int i = 0; i < 2 * (10 + 11 + 12); ++i) {
+    want.emplace(std::get<1>(all[i]), std::get<2>(all[i]), std::get<3>(all[i]));
+  }
+  std::set<std::tuple<int, int, int>> got;
+  for (int l = 0; l < 3; ++l) {
+    for (int h = 0; h < 2; ++h) {
+      for (int32_t j : List((*d)[l], h)) got.emplace(l, h, j);
+    }
+  }
+  EXPECT_EQ(got, want);
 }
 
 // ------------------------------------ LU-KV (§5.3) -------------------------------------
