@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: installs dependencies, builds, starts kvtrimd with its embedded defaults and
-# compresses the bundled sample (real K/V/Q of stories260K) through the real `kvtrim` client.
+# compresses the bundled sample (real K/V/Q of stories260K) through the real `kvtrim` client,
+# once with DropKV and once with LaProx over the registered sample model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export KVTRIM_BUILD_TESTS=OFF KVTRIM_BUILD_BENCHMARKS=OFF BUILD_TARGETS="kvtrimd kvtrim"
@@ -18,5 +19,10 @@ done
 "$BIN/client/kvtrim" --target=$TARGET health
 "$BIN/client/kvtrim" --target=$TARGET compress --policy="${POLICY:-dropkv}" \
   --keep_fraction="${KEEP_FRACTION:-0.2}" --input=samples/stories260k_prefill.safetensors
+# A model-aware policy: the client registers the bundled model (W_O, query statistics, LU-KV
+# profile) and compresses with its digest, answered at the end of the session (LaProx).
+"$BIN/client/kvtrim" --target=$TARGET compress --policy=laprox --session \
+  --keep_fraction="${KEEP_FRACTION:-0.2}" --input=samples/stories260k_prefill.safetensors \
+  --model=samples/stories260k_model.safetensors
 echo "metrics: curl -s http://127.0.0.1:9464/metrics | grep ^kvtrim_"
 curl -s http://127.0.0.1:9464/metrics | grep -E '^kvtrim_(requests_total|tokens_(in|kept)_total)' || true
