@@ -150,9 +150,8 @@ grpc::Status KvtrimService::ListPolicies(grpc::ServerContext* context,
 }
 
 absl::StatusOr<ResolvedPolicy> KvtrimService::PreparePolicy(const CompressionSettings& settings,
-                                                            const std::string& model_digest,
-                                                            const std::string& field,
-                                                            bool in_session) {
+                                                            const std::string& field) {
+  const std::string& model_digest = settings.model_digest;
   auto policy = engine_.Prepare(settings, field);
   if (!policy.ok()) return policy.status();
   std::shared_ptr<const RegisteredModel> model;
@@ -165,7 +164,6 @@ absl::StatusOr<ResolvedPolicy> KvtrimService::PreparePolicy(const CompressionSet
     }
   }
   if (auto st = engine_.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
-  (void)in_session;
   return policy;
 }
 
@@ -288,8 +286,7 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
 
   // Validate: resolve the policy once for the request.
   stage_start = Clock::now();
-  auto policy = PreparePolicy(*settings, request.settings().model_digest(), "settings",
-                              /*in_session=*/false);
+  auto policy = PreparePolicy(*settings, "settings");
   metrics_.ObserveStage(Stage::kValidate, SecondsSince(stage_start));
   if (!policy.ok()) return policy.status();
 
@@ -386,8 +383,7 @@ absl::Status KvtrimService::SessionImpl(
         metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
         if (!settings.ok()) return settings.status();
         const auto validate_start = Clock::now();
-        auto prepared = PreparePolicy(*settings, request.begin().model_digest(), "begin",
-                                      /*in_session=*/true);
+        auto prepared = PreparePolicy(*settings, "begin");
         metrics_.ObserveStage(Stage::kValidate, SecondsSince(validate_start));
         if (!prepared.ok()) return prepared.status();
         policy = *std::move(prepared);

@@ -115,8 +115,7 @@ class KvtrimService final : public v1::Kvtrim::Service {
   /// "unknown model digest") and checks what the policy needs from the model
   /// (PolicyEngine::AttachModel). `field` is "settings" or "begin".
   absl::StatusOr<ResolvedPolicy> PreparePolicy(const CompressionSettings& settings,
-                                               const std::string& model_digest,
-                                               const std::string& field, bool in_session);
+                                               const std::string& field);
 
   /// Validates and compresses one layer through the engine; observes the validate and
   /// compute stages.

@@ -37,8 +37,7 @@ static void ScoreFromStats(const CpuLayer& layer, const ExpectedQueryStats& stat
         if (logits[j] > max_logit) max_logit = logits[j];
       }
       for (int64_t j = 0; j < n; ++j) logits[j] = CmExp(CmAdd(logits[j], -max_logit));
-      std::vector<float> e = logits;  // CmChunkedSum reads, chunks are scratch
-      const float inv = CmDiv(1.0f, CmChunkedSum(e.data(), n, chunks.data()));
+      const float inv = CmDiv(1.0f, CmChunkedSum(logits.data(), n, chunks.data()));
       for (int64_t j = 0; j < n; ++j) acc[j] = CmAdd(acc[j], CmMul(logits[j], inv));
     }
     float* out = scores + h * n;

@@ -37,6 +37,7 @@
 #include "kernels/gpu/gpu_backend.h"
 #include "kernels/registry.h"
 #include "tests/gpu/parity_rule.h"
+#include "tests/gpu/shared_backends.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -175,48 +176,15 @@ LayerData GenerateData(const CaseSpec& c) {
 /// The layer data of (dtype, n, d, G), generated once and shared by every policy (the
 /// n = 40000 sets are large: generating them per policy would dominate the test's time).
 std::shared_ptr<const LayerData> Data(const CaseSpec& c) {
-  static std::mutex mutex;
-  static std::map<std::tuple<int, int64_t, int64_t, int64_t>, std::shared_future<std::shared_ptr<const LayerData>>> cache;
-  const auto key = std::make_tuple(static_cast<int>(c.dtype), c.n, c.d, c.group);
-  std::shared_future<std::shared_ptr<const LayerData>> ready;
-  std::promise<std::shared_ptr<const LayerData>> promise;
-  bool produce = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(key);
-    if (it == cache.end()) {
-      ready = promise.get_future().share();
-      cache.emplace(key, ready);
-      produce = true;
-    } else {
-      ready = it->second;
-    }
-  }
-  if (produce) promise.set_value(std::make_shared<const LayerData>(GenerateData(c)));
-  return ready.get();
-}
-
-/// The GPU backend shared by every test of this binary (created on first use).
-GpuBackend& SharedGpu() {
-  static GpuBackend* backend = [] {
-    GpuBackendOptions options;
-    options.workers = 8;
-    auto created = GpuBackend::Create(options);
-    if (!created.ok()) {
-      ADD_FAILURE() << "GpuBackend::Create: " << created.status();
-      std::abort();
-    }
-    return created->release();
-  }();
-  return *backend;
+  static auto* cache = new OnceCache<std::tuple<int, int64_t, int64_t, int64_t>, LayerData>();
+  return cache->Get(std::make_tuple(static_cast<int>(c.dtype), c.n, c.d, c.group),
+                    [&] { return GenerateData(c); });
 }
 
 /// The CPU reference: one thread per case for small n (cases run in parallel), one per KV
 /// head for the long n = 40000 cases, which would otherwise set the test's critical path.
 CpuBackend& SharedCpu(int64_t n) {
-  static CpuBackend* inline_backend = new CpuBackend(1);
-  static CpuBackend* per_head = new CpuBackend(static_cast<int>(kKvHeads));
-  return n >= kLargeN ? *per_head : *inline_backend;
+  return testing::SharedCpu(n >= kLargeN, static_cast<int>(kKvHeads));
 }
 
 /// Compares the GPU's protected scores of `layer` with the CPU's: "scores identical (the

@@ -61,25 +61,9 @@ const PolicyRegistry& Registry() {
   return *registry;
 }
 
-GpuBackend& SharedGpu() {
-  static GpuBackend* backend = [] {
-    GpuBackendOptions options;
-    options.workers = 8;
-    auto created = GpuBackend::Create(options);
-    if (!created.ok()) {
-      ADD_FAILURE() << "GpuBackend::Create: " << created.status();
-      std::abort();
-    }
-    return created->release();
-  }();
-  return *backend;
-}
-
 /// One thread per case for small n (cases run in parallel), one per KV head for n = 40000.
 CpuBackend& SharedCpu(int64_t n) {
-  static CpuBackend* inline_backend = new CpuBackend(1);
-  static CpuBackend* per_head = new CpuBackend(static_cast<int>(kKvHeads));
-  return n >= kLargeN ? *per_head : *inline_backend;
+  return testing::SharedCpu(n >= kLargeN, static_cast<int>(kKvHeads));
 }
 
 /// A policy with parameter overrides and an output shape.
@@ -136,30 +120,12 @@ absl::StatusOr<ResolvedPolicy> PreparePolicy(const ModelCase& c, const PolicyEng
 
 /// The layer tensors of a case (generated per (dtype, n, d, G), shared by the policies).
 std::shared_ptr<const ModelLayerData> CaseData(const ModelCase& c) {
-  static std::mutex mutex;
-  static auto* cache = new std::map<std::tuple<int, int64_t, int64_t, int64_t>,
-                                    std::shared_future<std::shared_ptr<const ModelLayerData>>>();
-  const auto key = std::make_tuple(static_cast<int>(c.dtype), c.n, c.d, c.group);
-  std::promise<std::shared_ptr<const ModelLayerData>> promise;
-  std::shared_future<std::shared_ptr<const ModelLayerData>> ready;
-  bool produce = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache->find(key);
-    if (it == cache->end()) {
-      ready = promise.get_future().share();
-      cache->emplace(key, ready);
-      produce = true;
-    } else {
-      ready = it->second;
-    }
-  }
-  if (produce) {
-    promise.set_value(std::make_shared<const ModelLayerData>(MakeModelLayerData(
-        c.dtype, kKvHeads, c.n, c.d, c.group, std::min(kMaxWindow, c.n),
-        static_cast<uint64_t>(c.n * 1000003 + c.d * 101 + c.group * 7))));
-  }
-  return ready.get();
+  static auto* cache =
+      new OnceCache<std::tuple<int, int64_t, int64_t, int64_t>, ModelLayerData>();
+  return cache->Get(std::make_tuple(static_cast<int>(c.dtype), c.n, c.d, c.group), [&] {
+    return MakeModelLayerData(c.dtype, kKvHeads, c.n, c.d, c.group, std::min(kMaxWindow, c.n),
+                              static_cast<uint64_t>(c.n * 1000003 + c.d * 101 + c.group * 7));
+  });
 }
 
 /// The LayerRequest of a case over `data`.

@@ -17,6 +17,7 @@
 #include "kernels/layer.h"
 #include "kernels/model.h"
 #include "kernels/random_model_test_util.h"
+#include "tests/gpu/shared_backends.h"
 
 namespace kvtrim::gpu::testing {
 
@@ -89,24 +90,8 @@ struct TestModelKey {
 /// A random registered model with query statistics (RandomModel of
 /// kernels/random_model_test_util.h), built once per key and shared (thread-safe).
 inline std::shared_ptr<const RegisteredModel> TestModel(const TestModelKey& key) {
-  static std::mutex mutex;
-  static auto* cache =
-      new std::map<TestModelKey, std::shared_future<std::shared_ptr<const RegisteredModel>>>();
-  std::promise<std::shared_ptr<const RegisteredModel>> promise;
-  std::shared_future<std::shared_ptr<const RegisteredModel>> ready;
-  bool produce = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache->find(key);
-    if (it == cache->end()) {
-      ready = promise.get_future().share();
-      cache->emplace(key, ready);
-      produce = true;
-    } else {
-      ready = it->second;
-    }
-  }
-  if (produce) {
+  static auto* cache = new OnceCache<TestModelKey, std::shared_ptr<const RegisteredModel>>();
+  return *cache->Get(key, [&] {
     RandomModelOptions o;
     o.layers = key.layers;
     o.kv_heads = key.kv_heads;
@@ -120,9 +105,8 @@ inline std::shared_ptr<const RegisteredModel> TestModel(const TestModelKey& key)
       o.profile_sink = 0;
       o.profile_window = key.profile_window;
     }
-    promise.set_value(RandomModel(o));
-  }
-  return ready.get();
+    return RandomModel(o);
+  });
 }
 
 }  // namespace kvtrim::gpu::testing
