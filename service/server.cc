@@ -200,13 +200,16 @@ void Server::Drain() {
     }
     // New kvtrim calls get UNAVAILABLE from here on; running ones finish. gRPC's own
     // Shutdown(deadline) would also wait for idle client connections until the deadline,
-    // so wait for our handlers ourselves and then shut gRPC down at once.
+    // so wait for our handlers ourselves and then shut gRPC down after a short grace.
     if (service_ != nullptr) {
       service_->StartDraining();
       service_->WaitIdle(std::chrono::steady_clock::now() +
                          std::chrono::seconds(config_.drain_timeout_s));
     }
-    server_->Shutdown(std::chrono::system_clock::now());  // cancels whatever is left
+    // A handler that has returned may still be sending its status: give those a short
+    // grace before gRPC cancels whatever is left (cancelling at once raced with them).
+    constexpr auto kStatusGrace = std::chrono::milliseconds(500);
+    server_->Shutdown(std::chrono::system_clock::now() + kStatusGrace);
   });
 }
 
