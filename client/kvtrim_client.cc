@@ -104,9 +104,11 @@ absl::StatusOr<v1::ListPoliciesResponse> Client::ListPolicies() {
 }
 
 absl::StatusOr<v1::CompressResponse> Client::Compress(const v1::CompressRequest& request) {
+  const std::string client_id = this->client_id();
   auto call = [&]() -> absl::StatusOr<v1::CompressResponse> {
     v1::CompressResponse response;
     auto context = UnaryContext();
+    if (!client_id.empty()) context->AddMetadata(kClientIdMetadataKey, client_id);
     absl::Status status =
         FromGrpcStatus(stubs_->kvtrim->Compress(context.get(), request, &response));
     if (!status.ok()) return status;
@@ -131,14 +133,30 @@ absl::StatusOr<v1::CompressResponse> Client::Compress(const v1::CompressRequest&
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(
     const v1::CompressionSettings& settings) {
-  SessionRetry retry;
+  SessionOptions session;
+  session.deadline = options_.session_deadline;
+  session.chunk_bytes = options_.session_chunk_bytes;
+  session.client_id = client_id();
   const std::string digest = settings.model_digest();
   if (RememberedBundle(digest) != nullptr) {
-    retry.reregister = [this, digest] { return Reregister(digest); };
-    retry.max_replay_bytes = options_.session_replay_bytes;
+    session.retry.reregister = [this, digest] { return Reregister(digest); };
+    session.retry.max_replay_bytes = options_.session_replay_bytes;
   }
-  return Session::Open(stubs_->kvtrim.get(), settings, options_.session_deadline,
-                       std::move(retry));
+  return Session::Open(stubs_->kvtrim.get(), settings, std::move(session));
+}
+
+absl::StatusOr<std::unique_ptr<RegionLease>> Client::OpenRegionLease() {
+  return RegionLease::Open(stubs_->kvtrim.get());
+}
+
+void Client::SetClientId(std::string id) {
+  std::lock_guard<std::mutex> lock(client_id_mutex_);
+  client_id_ = std::move(id);
+}
+
+std::string Client::client_id() const {
+  std::lock_guard<std::mutex> lock(client_id_mutex_);
+  return client_id_;
 }
 
 absl::StatusOr<std::string> Client::SendRegistration(const ModelBundle& bundle) {

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/model_bundle.h"
+#include "client/regions.h"
 #include "client/session.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 
@@ -30,6 +31,11 @@ struct ClientOptions {
   int register_chunk_bytes = 4 << 20;
   /// Session layers kept for a replay after "unknown model digest" (SessionRetry), bytes.
   int64_t session_replay_bytes = int64_t{256} << 20;
+  /// Sessions only: inline tensors longer than this many bytes are sent as tensor_chunk
+  /// messages of at most this many data bytes after their layer message (SessionOptions).
+  /// 0 = every layer as one message, as it is. Each message must fit the server's
+  /// --max_message_bytes (and max_message_bytes here).
+  int64_t session_chunk_bytes = 0;
   /// Largest message the channel sends or receives, in bytes (gRPC's default cap is 4 MiB;
   /// the server's --max_message_bytes must allow at least as much).
   int max_message_bytes = 64 << 20;
@@ -81,9 +87,23 @@ class Client {
   absl::StatusOr<v1::CompressResponse> Compress(const v1::CompressRequest& request);
 
   /// Opens a CompressSession stream and sends `settings` as its `begin` message. The
-  /// returned Session streams layers and collects the server's answers as they arrive; it
-  /// must not outlive the client.
+  /// returned Session streams layers (chunked per options().session_chunk_bytes) and
+  /// collects the server's answers as they arrive; it must not outlive the client. The
+  /// stream carries the client id SetClientId set when it was opened.
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(const v1::CompressionSettings& settings);
+
+  /// Opens a Regions stream: a lease under which this worker registers its shared memory
+  /// and CUDA IPC buffers. Pass its client_id() to SetClientId so that calls can use the
+  /// regions. The lease must not outlive the client.
+  absl::StatusOr<std::unique_ptr<RegionLease>> OpenRegionLease();
+
+  /// From now on, every Compress call and every OpenSession stream carries gRPC metadata
+  /// `kvtrim-client-id: <id>` (a RegionLease's client id; the server resolves region
+  /// tensors only within that client's regions). An empty id sends none.
+  void SetClientId(std::string id);
+
+  /// The id SetClientId set ("" when none).
+  std::string client_id() const;
 
   /// Streams `bundle` to RegisterModel (header, then each weight in register_chunk_bytes
   /// chunks) and returns its digest ("sha256:<hex>"), which compression settings name in
@@ -118,6 +138,8 @@ class Client {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stubs> stubs_;
+  mutable std::mutex client_id_mutex_;  // guards client_id_
+  std::string client_id_;
   mutable std::mutex bundles_mutex_;  // guards bundles_
   std::map<std::string, std::shared_ptr<const ModelBundle>> bundles_;  // by digest
 };

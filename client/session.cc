@@ -4,7 +4,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/chunking.h"
 #include "client/grpc_status.h"
+#include "client/regions.h"
 
 namespace kvtrim {
 
@@ -17,11 +19,22 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(v1::Kvtrim::StubInterface
                                                        const v1::CompressionSettings& settings,
                                                        absl::Duration deadline,
                                                        SessionRetry retry) {
+  SessionOptions options;
+  options.deadline = deadline;
+  options.retry = std::move(retry);
+  return Open(stub, settings, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(v1::Kvtrim::StubInterface* stub,
+                                                       const v1::CompressionSettings& settings,
+                                                       SessionOptions options) {
   std::unique_ptr<Session> session(new Session());
   session->stub_ = stub;
   *session->begin_.mutable_begin() = settings;
-  session->deadline_ = absl::Now() + deadline;
-  session->retry_ = std::move(retry);
+  session->deadline_ = absl::Now() + options.deadline;
+  session->retry_ = std::move(options.retry);
+  session->chunk_bytes_ = options.chunk_bytes;
+  session->client_id_ = std::move(options.client_id);
   if (!session->StartStream()) {
     absl::Status status = session->CloseStream();
     if (status.ok()) {
@@ -43,6 +56,11 @@ bool Session::StartStream() {
   stream_.reset();  // the previous stream (if any) before its context
   context_ = std::make_unique<grpc::ClientContext>();
   context_->set_deadline(absl::ToChronoTime(deadline_));
+  if (!client_id_.empty()) context_->AddMetadata(kClientIdMetadataKey, client_id_);
+  {
+    absl::MutexLock lock(&mu_);
+    reader_done_ = false;
+  }
   stream_ = stub_->CompressSession(context_.get());
   closed_ = false;
   reader_ = std::thread([this] { ReadLoop(); });
@@ -65,6 +83,7 @@ void Session::ReadLoop() {
         if (sent != sent_at_.end()) {
           result_.round_trip_seconds[id] = absl::ToDoubleSeconds(now - sent->second);
         }
+        answered_ids_.insert(id);
         result_.layers.push_back(std::move(*response.mutable_layer()));
         answered_ = true;
         break;
@@ -79,6 +98,8 @@ void Session::ReadLoop() {
         break;
     }
   }
+  absl::MutexLock lock(&mu_);
+  reader_done_ = true;
 }
 
 absl::Status Session::CloseStream() {
@@ -113,12 +134,13 @@ absl::Status Session::RecoverOnce(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     result_ = SessionResult();
+    answered_ids_.clear();
     have_summary_ = false;
     protocol_error_.clear();
   }
   bool written = StartStream();
   for (size_t i = 0; written && i < replay.size(); ++i) {
-    {
+    if (replay[i].has_layer()) {  // not for the layer's tensor_chunk messages
       absl::MutexLock lock(&mu_);
       sent_at_[replay[i].layer().layer_id()] = absl::Now();
     }
@@ -142,15 +164,22 @@ absl::Status Session::SendLayer(v1::LayerInput layer) {
     answered = answered_;
   }
   if (answered && retry_.reregister) DisarmRetry();
-  v1::SessionRequest request;
-  request.mutable_layer()->Swap(&layer);
-  const bool written = stream_->Write(request);
+  std::vector<v1::SessionRequest> messages = SplitLayer(std::move(layer), chunk_bytes_);
+  bool written = true;
+  for (const v1::SessionRequest& message : messages) {
+    written = stream_->Write(message);
+    if (!written) break;
+  }
   if (retry_.reregister) {
-    replay_bytes_ += static_cast<int64_t>(request.ByteSizeLong());
+    // The replay holds whole layers: all of this layer's messages, or (past the cap)
+    // nothing at all.
+    for (const v1::SessionRequest& message : messages) {
+      replay_bytes_ += static_cast<int64_t>(message.ByteSizeLong());
+    }
     if (replay_bytes_ > retry_.max_replay_bytes) {
       DisarmRetry();
     } else {
-      replay_.push_back(std::move(request));
+      for (v1::SessionRequest& message : messages) replay_.push_back(std::move(message));
     }
   }
   if (written) return absl::OkStatus();
@@ -159,6 +188,30 @@ absl::Status Session::SendLayer(v1::LayerInput layer) {
   return absl::InternalError(
       absl::StrCat("CompressSession: the server closed the stream before layer ", id,
                    " was sent"));
+}
+
+absl::Status Session::WaitForAnswer(int32_t layer_id) {
+  if (finished_) return absl::FailedPreconditionError("WaitForAnswer: the session is finished");
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, layer_id]() {  // runs with mu_ held
+        return reader_done_ || answered_ids_.count(layer_id) > 0;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (answered_ids_.count(layer_id) > 0) return absl::OkStatus();
+    }
+    // The reads ended without the answer: the stream failed (or ended early).
+    if (closed_) {
+      if (!final_status_.ok()) return final_status_;
+      return absl::InternalError(absl::StrCat(
+          "CompressSession: the stream ended before layer ", layer_id, " was answered"));
+    }
+    absl::Status status = CloseStream();
+    if (status.ok()) continue;  // reported as INTERNAL above
+    status = RecoverOnce(status);
+    if (!status.ok()) return status;  // else the layers were replayed: wait again
+  }
 }
 
 absl::StatusOr<SessionResult> Session::Finish() {

@@ -7,6 +7,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,6 +45,21 @@ struct SessionRetry {
   int64_t max_replay_bytes = int64_t{256} << 20;
 };
 
+/// How Session::Open opens and feeds its stream.
+struct SessionOptions {
+  /// Deadline of the whole stream, from Open to Finish.
+  absl::Duration deadline = absl::Minutes(10);
+  /// Recovery from "unknown model digest" (none when `retry.reregister` is unset).
+  SessionRetry retry;
+  /// Inline tensors longer than this many bytes go as tensor_chunk messages of at most
+  /// this many data bytes after their layer message (SplitLayer); <= 0 sends every layer
+  /// as one message. Each message must fit the server's --max_message_bytes.
+  int64_t chunk_bytes = 0;
+  /// When non-empty, sent as gRPC metadata `kvtrim-client-id` (a RegionLease's client id:
+  /// the server resolves region tensors only within that client's regions).
+  std::string client_id;
+};
+
 /// One open CompressSession stream. A background thread reads the server's replies as they
 /// come, so the server is never blocked on an unread stream; SendLayer only writes.
 /// Use from one thread: SendLayer any number of times, then Finish once. Destroying an
@@ -61,14 +78,27 @@ class Session {
                                                        absl::Duration deadline,
                                                        SessionRetry retry = {});
 
+  /// As above, with every option of SessionOptions (chunking, client id metadata).
+  static absl::StatusOr<std::unique_ptr<Session>> Open(v1::Kvtrim::StubInterface* stub,
+                                                       const v1::CompressionSettings& settings,
+                                                       SessionOptions options);
+
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  /// Sends one layer (pass an rvalue to avoid copying its tensors). When the server has
-  /// already ended the stream (it rejected an earlier message), returns the stream's final
-  /// status, e.g. INVALID_ARGUMENT naming the field; FAILED_PRECONDITION after Finish.
+  /// Sends one layer (pass an rvalue to avoid copying its tensors): its layer message and,
+  /// with options.chunk_bytes > 0, the tensor_chunk messages of its large inline tensors.
+  /// When the server has already ended the stream (it rejected an earlier message),
+  /// returns the stream's final status, e.g. INVALID_ARGUMENT naming the field;
+  /// FAILED_PRECONDITION after Finish.
   absl::Status SendLayer(v1::LayerInput layer);
+
+  /// Blocks until the answer of layer `layer_id` (already sent) has arrived. For per-layer
+  /// policies only: model-wide policies answer at Finish, so this would wait for the
+  /// deadline. The stream's error status when it ends first (INTERNAL when it ended OK
+  /// without that answer); FAILED_PRECONDITION after Finish.
+  absl::Status WaitForAnswer(int32_t layer_id);
 
   /// Sends `finish`, waits for the remaining results and the summary, and returns them.
   /// Returns the stream's error status when it failed, INTERNAL when the server closed a
@@ -95,6 +125,8 @@ class Session {
   v1::SessionRequest begin_;
   absl::Time deadline_;
   SessionRetry retry_;
+  int64_t chunk_bytes_ = 0;
+  std::string client_id_;
   std::vector<v1::SessionRequest> replay_;  // layers sent while the retry is armed
   int64_t replay_bytes_ = 0;
 
@@ -109,6 +141,8 @@ class Session {
   SessionResult result_ ABSL_GUARDED_BY(mu_);
   bool have_summary_ ABSL_GUARDED_BY(mu_) = false;
   bool answered_ ABSL_GUARDED_BY(mu_) = false;  // a layer answer or the summary arrived
+  bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // the current stream's reads ended
+  std::set<int32_t> answered_ids_ ABSL_GUARDED_BY(mu_);  // layer ids answered so far
   std::string protocol_error_ ABSL_GUARDED_BY(mu_);  // unexpected reply order
   std::map<int32_t, absl::Time> sent_at_ ABSL_GUARDED_BY(mu_);
 };

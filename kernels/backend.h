@@ -31,6 +31,9 @@ class Backend {
     return absl::UnimplementedError(std::string(name()) +
                                     " backend: scoring without selection is not implemented");
   }
+  /// True when the backend reads tensors in device memory (MemorySpace::kDevice) in place.
+  /// The engine refuses device tensors for backends that do not.
+  virtual bool reads_device_memory() const { return false; }
   /// False once the backend hit an unrecoverable (sticky) device error: the server must
   /// turn NOT_SERVING and exit non-zero. The CPU backend is always healthy.
   virtual bool healthy() const { return true; }

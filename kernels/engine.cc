@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvtrim {
@@ -49,6 +50,20 @@ absl::Status CheckFinite(const TensorView& t, const std::string& field) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": contains ",
                                                  std::isnan(value) ? "NaN" : "Inf", " at [", a,
                                                  ", ", b, ", ", c, "]"));
+}
+
+/// Backends name a layer's tensor without the request's field ("keys: contains NaN ...");
+/// prefix INVALID_ARGUMENT messages that start with a tensor name with `field` + ".".
+absl::Status QualifyBackendError(const absl::Status& status, const std::string& field) {
+  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
+  const absl::string_view message = status.message();
+  for (const char* name : {"keys", "values", "queries"}) {
+    if (absl::StartsWith(message, absl::StrCat(name, ":")) ||
+        absl::StartsWith(message, absl::StrCat(name, "."))) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".", message));
+    }
+  }
+  return status;
 }
 
 std::string ShapeString(const TensorView& t) {
@@ -269,13 +284,21 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
                         : static_cast<float>(1.0 / std::sqrt(static_cast<double>(v.shape.head_dim)));
   const int64_t kept = KeptCount(b, v.shape.num_tokens);
   if (auto st = scorer.validate(v.shape, policy.params, kept, field); !st.ok()) return st;
-  // Values must be finite (last: it reads every byte).
-  if (auto st = CheckFinite(k, field + ".keys"); !st.ok()) return st;
-  if (v.shape.has_values) {
-    if (auto st = CheckFinite(layer.values, field + ".values"); !st.ok()) return st;
+  // Device tensors (CUDA IPC regions) need a backend that reads device memory in place.
+  const std::pair<const TensorView*, const char*> tensors[] = {
+      {&k, ".keys"}, {&layer.values, ".values"}, {&layer.queries, ".queries"}};
+  for (const auto& [tensor, name] : tensors) {
+    if (tensor->present() && tensor->on_device() && !backend_.reads_device_memory()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, name, ": a device tensor (cuda_ipc) needs the GPU backend; this kvtrimd "
+          "computes on the ", backend_.name(), " (send host_shm or inline_data)"));
+    }
   }
-  if (v.shape.has_queries) {
-    if (auto st = CheckFinite(layer.queries, field + ".queries"); !st.ok()) return st;
+  // Values must be finite (last: it reads every byte). Device tensors are checked by the
+  // backend on the device, with the same message.
+  for (const auto& [tensor, name] : tensors) {
+    if (!tensor->present() || tensor->on_device()) continue;
+    if (auto st = CheckFinite(*tensor, field + name); !st.ok()) return st;
   }
   v.layer_id = layer.layer_id;
   v.num_layers = std::max(policy.settings.num_layers, layer.layer_id + 1);
@@ -283,6 +306,7 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
   v.values = layer.values;
   v.queries = layer.queries;
   v.seed = policy.settings.seed;
+  v.ready_event = layer.ready_event;
   return v;
 }
 
@@ -315,15 +339,22 @@ absl::StatusOr<LayerScores> PolicyEngine::ScoreLayer(const ResolvedPolicy& polic
                                                      double* compute_seconds) const {
   auto validated = Validate(policy, layer, field);
   if (!validated.ok()) return validated.status();
+  return ScoreValidated(policy, *validated, field, compute_seconds);
+}
+
+absl::StatusOr<LayerScores> PolicyEngine::ScoreValidated(const ResolvedPolicy& policy,
+                                                         const ValidatedLayer& validated,
+                                                         const std::string& field,
+                                                         double* compute_seconds) const {
   LayerScores scores;
-  scores.layer_id = validated->layer_id;
-  scores.num_layers = validated->num_layers;
-  scores.num_heads = validated->shape.num_kv_heads;
-  scores.num_tokens = validated->shape.num_tokens;
+  scores.layer_id = validated.layer_id;
+  scores.num_layers = validated.num_layers;
+  scores.num_heads = validated.shape.num_kv_heads;
+  scores.num_tokens = validated.shape.num_tokens;
   scores.budget = BudgetFor(policy, scores.num_tokens);
   const auto start = std::chrono::steady_clock::now();
-  if (auto st = backend_.ScoreLayer(policy, *validated, scores.budget, &scores); !st.ok()) {
-    return st;
+  if (auto st = backend_.ScoreLayer(policy, validated, scores.budget, &scores); !st.ok()) {
+    return QualifyBackendError(st, field);
   }
   *compute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -335,12 +366,17 @@ absl::StatusOr<LayerDecision> PolicyEngine::CompressLayer(const ResolvedPolicy& 
                                                           const std::string& field) const {
   auto validated = Validate(policy, layer, field);
   if (!validated.ok()) return validated.status();
-  const LayerBudget budget = BudgetFor(policy, validated->shape.num_tokens);
+  return CompressValidated(policy, *validated, field);
+}
 
+absl::StatusOr<LayerDecision> PolicyEngine::CompressValidated(const ResolvedPolicy& policy,
+                                                              const ValidatedLayer& validated,
+                                                              const std::string& field) const {
+  const LayerBudget budget = BudgetFor(policy, validated.shape.num_tokens);
   LayerDecision decision;
   const auto start = std::chrono::steady_clock::now();
-  if (auto st = backend_.CompressLayer(policy, *validated, budget, &decision); !st.ok()) {
-    return st;
+  if (auto st = backend_.CompressLayer(policy, validated, budget, &decision); !st.ok()) {
+    return QualifyBackendError(st, field);
   }
   decision.compute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -51,6 +51,17 @@ class PolicyEngine {
                                          const std::string& field_prefix,
                                          double* compute_seconds) const;
 
+  /// CompressLayer's second half, on a layer Validate accepted (a session validates on its
+  /// reading thread and computes on its own). `field_prefix` qualifies backend errors.
+  absl::StatusOr<LayerDecision> CompressValidated(const ResolvedPolicy& policy,
+                                                  const ValidatedLayer& layer,
+                                                  const std::string& field_prefix) const;
+  /// ScoreLayer's second half, on a layer Validate accepted.
+  absl::StatusOr<LayerScores> ScoreValidated(const ResolvedPolicy& policy,
+                                             const ValidatedLayer& layer,
+                                             const std::string& field_prefix,
+                                             double* compute_seconds) const;
+
   /// Validation alone (used by CompressLayer and by tests).
   absl::StatusOr<ValidatedLayer> Validate(const ResolvedPolicy& policy, const LayerRequest& layer,
                                           const std::string& field_prefix) const;

@@ -41,6 +41,9 @@ struct LayerRequest {
   TensorView values;   // [H_kv, n, d] or absent
   TensorView queries;  // [H_q, w, d] or absent
   float softmax_scale = 0;  // 0 = 1/sqrt(d)
+  /// Device tensors only: a cudaEvent_t (opaque here) the backend's stream waits on before
+  /// reading them (the worker's IPC event), or null.
+  void* ready_event = nullptr;
 };
 
 /// Dimensions of a validated layer.
@@ -66,6 +69,11 @@ struct ValidatedLayer {
   TensorView queries;       // [H_q, w, d] or absent
   float softmax_scale = 0;  // resolved (never 0)
   uint64_t seed = 0;
+  void* ready_event = nullptr;  // as LayerRequest::ready_event
+  /// True when any present tensor lives in device memory.
+  bool has_device_tensors() const {
+    return keys.on_device() || values.on_device() || queries.on_device();
+  }
 };
 
 /// The per-head budget of a layer after rules 2 and 3.

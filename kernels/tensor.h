@@ -10,12 +10,38 @@
 
 namespace kvtrim {
 
-/// A read-only view over a dense, row-major rank-3 tensor in any input dtype.
+/// Where a tensor's bytes live.
+///  kHost    process memory, readable by the CPU
+///  kDevice  CUDA device memory of the backend's device (a mapped CUDA IPC region); only a
+///           backend whose reads_device_memory() is true takes such tensors
+enum class MemorySpace { kHost, kDevice };
+
+/// Element addresses of a device tensor that is not dense row-major (a worker's own KV
+/// layout, e.g. a paged pool). Element [i0, i1, i2] sits at element offset
+///   i0 * strides[0] + token(i1) + i2 * strides[2]   from TensorView::data, where
+///   token(i1) = i1 * strides[1]                                   (block_tokens == 0)
+///   token(i1) = block_table[i1 / block_tokens] * block_stride
+///               + (i1 % block_tokens) * strides[1]                (paged)
+/// The decoder has checked that every addressed element lies inside its region.
+struct StridedLayout {
+  std::array<int64_t, 3> strides{0, 0, 0};  // elements, each >= 1
+  int64_t block_tokens = 0;                 // B; 0 = not paged
+  int64_t block_stride = 0;                 // elements between consecutive pool blocks
+  std::vector<int32_t> block_table;         // [ceil(dim1 / B)] pool block of each run
+};
+
+/// A read-only view over a rank-3 tensor in any input dtype: dense row-major unless
+/// `layout` is set (device tensors only; host tensors are always dense).
 /// `data == nullptr` means "not provided". The view does not own its bytes.
 struct TensorView {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   std::array<int64_t, 3> shape{0, 0, 0};  // [dim0, dim1, dim2]
+  MemorySpace space = MemorySpace::kHost;
+  std::shared_ptr<const StridedLayout> layout;  // null = dense row-major
+
+  /// True when the bytes are in device memory.
+  bool on_device() const { return space == MemorySpace::kDevice; }
 
   /// True when the tensor was provided.
   bool present() const { return data != nullptr; }

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim)
+  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim kvtrim_ipc_test kvtrim-loadgen)
 fi
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DKVTRIM_CUDA=ON \
   -DKVTRIM_BUILD_TESTS=ON -DKVTRIM_BUILD_BENCHMARKS=ON >/dev/null

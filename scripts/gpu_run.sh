@@ -14,6 +14,9 @@
 #              presets included) -> torch_bench.json
 #   smoke      kvtrimd --backend=gpu: start, health and a dropkv compress of the sample
 #              through the bundled kvtrim CLI, SIGTERM, exit status 0
+#   transport  scripts/gpu_transport.sh: the CUDA IPC transport tests, and a Llama-3.1-8B
+#              prefill through each transport with kvtrim-loadgen beside the kernel time
+#              and a PyTorch SDPA prefill -> ipc_test.xml, loadgen_*.json, sdpa_prefill.json
 # test runs concurrently with memcheck and racecheck (the tests are bound by their CPU
 # references, the sanitizers by the device; neither is timed); bench and torch run alone.
 # Every section has a time cap (info 20, test 300 beside memcheck 120 + racecheck 150, bench
@@ -38,7 +41,7 @@ BUNDLE="${BUNDLE:-gpu_bundle}"
 BIN="$ROOT/$BUNDLE/bin"
 export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
-SECTIONS="${SECTIONS:-info test memcheck racecheck bench torch smoke}"
+SECTIONS="${SECTIONS:-info test memcheck racecheck bench torch smoke transport}"
 # Small cases only under the sanitizers, and never the tests that fault on purpose (the
 # sticky-error child, the deliberate cudaMalloc failure, whose API error the sanitizer would
 # report). memcheck: every backend parity case with n <= 99 plus the launchers' edge and
@@ -217,6 +220,7 @@ finish_background_section test
 run_section bench 90 bash -c section_bench
 run_section torch 120 bash -c section_torch
 run_section smoke 25 bash -c section_smoke
+run_section transport 540 env OUT="$OUT" BUNDLE="$BUNDLE" bash scripts/gpu_transport.sh
 
 {
   echo

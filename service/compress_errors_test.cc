@@ -273,12 +273,14 @@ TEST_F(CompressErrorsTest, TensorWithoutData) {
                     "layers[0].keys.inline_data: no tensor data");
 }
 
-TEST_F(CompressErrorsTest, SharedMemoryTensorIsUnimplemented) {
+TEST_F(CompressErrorsTest, RegionTensorsAreOffWithoutAllowClientShm) {
   auto r = MakeRequest("knorm");
   r.mutable_layers(0)->mutable_keys()->mutable_host_shm()->set_region_id("r1");
-  EXPECT_GRPC_ERROR(Call(r), StatusCode::UNIMPLEMENTED, "layers[0].keys.host_shm");
+  EXPECT_GRPC_ERROR(Call(r), StatusCode::FAILED_PRECONDITION,
+                    "layers[0].keys.host_shm.region_id: regions: this kvtrimd runs without "
+                    "--allow_client_shm");
   r.mutable_layers(0)->mutable_keys()->mutable_cuda_ipc()->set_region_id("r1");
-  EXPECT_GRPC_ERROR(Call(r), StatusCode::UNIMPLEMENTED, "layers[0].keys.cuda_ipc");
+  EXPECT_GRPC_ERROR(Call(r), StatusCode::FAILED_PRECONDITION, "layers[0].keys.cuda_ipc");
 }
 
 TEST_F(CompressErrorsTest, OutputShapeUnknownOrWithoutBlockSize) {

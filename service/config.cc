@@ -63,6 +63,21 @@ ABSL_FLAG(int64_t, max_model_bytes, int64_t{16} << 30,
           "statistics, profiles) (1024 .. 2^40). Each RegisterModel message is also bounded "
           "by --max_message_bytes.");
 
+ABSL_FLAG(bool, allow_client_shm, false,
+          "Zero-copy transports: lets clients register POSIX shared-memory segments and CUDA "
+          "IPC device allocations on a Regions stream and send tensors that point into them "
+          "(host_shm / cuda_ipc). Off by default; enable only where every client on the node "
+          "is trusted with the sidecar's read access to what it registers.");
+ABSL_FLAG(int32_t, max_regions_per_client, 64,
+          "Most regions (shm segments, CUDA IPC allocations and events) one client lease holds "
+          "at once (1 .. 65536); more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_layer_bytes, int64_t{8} << 30,
+          "Largest layer a CompressSession may send as chunked tensors, in bytes: the sum of "
+          "the layer's chunked tensors (1024 .. 2^40); more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, session_read_ahead, 2,
+          "Layers a CompressSession reads, assembles and maps ahead of the layer being "
+          "computed (1 .. 64): the pipelining depth, and the bound on buffered layers.");
+
 namespace kvtrim::service {
 
 namespace {
@@ -71,7 +86,9 @@ namespace {
 constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "max_message_bytes",
                                      "workers",         "max_inflight",   "backend",
                                      "drain_timeout_s", "gpu_memory_limit_bytes",
-                                     "data_dir",        "max_models",     "max_model_bytes"};
+                                     "data_dir",        "max_models",     "max_model_bytes",
+                                     "allow_client_shm", "max_regions_per_client",
+                                     "max_layer_bytes", "session_read_ahead"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
 /// the flag takes a value ("--flagfile f" consumes the next argument).
@@ -189,6 +206,15 @@ absl::Status Config::Validate() const {
       !st.ok()) {
     return st;
   }
+  if (auto st = CheckRange("max_regions_per_client", max_regions_per_client, 1, 65536);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("max_layer_bytes", max_layer_bytes, 1024, int64_t{1} << 40);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("session_read_ahead", session_read_ahead, 1, 64); !st.ok()) return st;
   for (char c : data_dir) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
       return absl::InvalidArgumentError(
@@ -314,6 +340,10 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.max_models = absl::GetFlag(FLAGS_max_models);
   config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
+  config.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
+  config.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
+  config.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
+  config.session_read_ahead = absl::GetFlag(FLAGS_session_read_ahead);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {
     config.backend = BackendKind::kAuto;

@@ -51,6 +51,16 @@ struct Config {
   int max_models = 16;
   /// Largest model registration (the sum of its weights' bytes) RegisterModel accepts.
   int64_t max_model_bytes = int64_t{16} << 30;
+  /// Zero-copy transports: lets clients register host shared-memory segments and CUDA IPC
+  /// allocations (the Regions RPC) and send tensors that point into them. Off by default:
+  /// only trusted workers on the same node should reach a kvtrimd that allows it.
+  bool allow_client_shm = false;
+  /// Most regions one client lease holds at once.
+  int max_regions_per_client = 64;
+  /// Largest layer a session may send as chunked tensors (sum of its chunked tensors).
+  int64_t max_layer_bytes = int64_t{8} << 30;
+  /// Layers a session reads and decodes ahead of the one being computed.
+  int session_read_ahead = 2;
 
   /// Checks every field; errors are INVALID_ARGUMENT naming the flag ("--workers: ...").
   absl::Status Validate() const;

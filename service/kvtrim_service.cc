@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "service/model_codec.h"
 #include "service/response_codec.h"
+#include "service/session_reader.h"
 #include "service/settings_codec.h"
 #include "service/status.h"
 #include "service/tensor_codec.h"
@@ -268,11 +269,15 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
   std::vector<DecodedLayer> layers(static_cast<size_t>(request.layers_size()));
   std::map<int32_t, int> first_index;  // layer_id -> index of its first occurrence
   int32_t max_layer_id = 0;
+  const DecodeContext decode_context = MakeDecodeContext(*context);
   for (int i = 0; i < request.layers_size(); ++i) {
     const std::string field = absl::StrCat("layers[", i, "]");
-    if (auto st = DecodeLayer(request.layers(i), engine_.limits(), field, &layers[i]); !st.ok()) {
+    if (auto st = DecodeLayer(request.layers(i), engine_.limits(), field, decode_context,
+                              &layers[i]);
+        !st.ok()) {
       return st;
     }
+    CountTransportBytes(Rpc::kCompress, layers[i].transport);
     const int32_t id = request.layers(i).layer_id();
     auto [it, inserted] = first_index.emplace(id, i);
     if (!inserted) {
@@ -351,96 +356,144 @@ absl::Status KvtrimService::SessionImpl(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SessionResponse, v1::SessionRequest>* stream,
     std::string* policy_label, std::string* request_id) {
-  bool begun = false;
-  bool num_layers_known = false;   // begin.num_layers > 0
-  int32_t max_layer_id = -1;
-  std::set<int32_t> seen;
-  ResolvedPolicy policy;
-  ModelWideScores buffered;  // model-wide policies: per-layer scores until finish
-  v1::SessionSummary summary;
-  summary.set_backend(std::string(engine_.backend_name()));
-
-  v1::SessionRequest request;
-  while (true) {
-    request.Clear();
-    if (!stream->Read(&request)) {
-      if (auto st = CheckCallAlive(*context, "the end of the stream"); !st.ok()) return st;
-      return absl::InvalidArgumentError(
-          "finish: the client closed the stream without sending finish; layers already "
-          "answered stand, the session is abandoned");
-    }
-    switch (request.message_case()) {
-      case v1::SessionRequest::kBegin: {
-        if (begun) {
-          return absl::FailedPreconditionError(
-              "begin: the session has already begun; send begin exactly once");
+  // The front end runs on the reading thread: protocol order, settings, decoding (regions,
+  // chunks) and the engine's validation of layer l + 1 overlap the computation of layer l.
+  // Its state belongs to that thread alone.
+  struct FrontEndState {
+    bool begun = false;
+    bool num_layers_known = false;  // begin.num_layers > 0
+    int32_t max_layer_id = -1;
+    std::set<int32_t> seen;
+    std::shared_ptr<const ResolvedPolicy> policy;
+  };
+  auto state = std::make_shared<FrontEndState>();
+  auto fail = [](SessionItem* item, absl::Status status) {
+    item->kind = SessionItem::Kind::kError;
+    item->status = std::move(status);
+  };
+  auto front_end = [this, state, fail](SessionItem* item) {
+    switch (item->kind) {
+      case SessionItem::Kind::kBegin: {
+        if (state->begun) {
+          return fail(item, absl::FailedPreconditionError(
+                                "begin: the session has already begun; send begin exactly once"));
         }
-        if (auto st = CheckCallAlive(*context, "begin"); !st.ok()) return st;
-        *policy_label = PolicyLabel(request.begin().policy().name());
-        *request_id = request.begin().request_id();
-        const auto stage_start = Clock::now();
-        auto settings = DecodeSettings(request.begin(), "begin");
-        metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
-        if (!settings.ok()) return settings.status();
+        const auto start = Clock::now();
+        auto settings = DecodeSettings(item->request->begin(), "begin");
+        metrics_.ObserveStage(Stage::kDecode, SecondsSince(start));
+        if (!settings.ok()) return fail(item, settings.status());
         const auto validate_start = Clock::now();
         auto prepared = PreparePolicy(*settings, "begin");
         metrics_.ObserveStage(Stage::kValidate, SecondsSince(validate_start));
-        if (!prepared.ok()) return prepared.status();
-        policy = *std::move(prepared);
-        num_layers_known = settings->num_layers > 0;
-        begun = true;
-        break;
+        if (!prepared.ok()) return fail(item, prepared.status());
+        state->policy = std::make_shared<const ResolvedPolicy>(*std::move(prepared));
+        state->num_layers_known = settings->num_layers > 0;
+        state->begun = true;
+        item->policy = state->policy;
+        return;
       }
-      case v1::SessionRequest::kLayer: {
-        if (!begun) {
-          return absl::FailedPreconditionError(
-              "layer: received before begin; send begin (the settings) first");
+      case SessionItem::Kind::kLayer: {
+        if (!state->begun) {
+          return fail(item, absl::FailedPreconditionError(
+                                "layer: received before begin; send begin (the settings) first"));
         }
-        if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
-        const v1::LayerInput& input = request.layer();
-        auto stage_start = Clock::now();
-        metrics_.AddRequestBytes(Rpc::kCompressSession, InlineTensorBytes(input));
-        DecodedLayer layer;
-        absl::Status decoded = DecodeLayer(input, engine_.limits(), "layer", &layer);
-        metrics_.ObserveStage(Stage::kDecode, SecondsSince(stage_start));
-        if (!decoded.ok()) return decoded;
-        if (!seen.insert(input.layer_id()).second) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "layer.layer_id: duplicate layer_id ", input.layer_id(), " in this session"));
+        metrics_.ObserveStage(Stage::kDecode, item->decode_seconds);
+        if (!item->status.ok()) return fail(item, item->status);
+        const int32_t id = item->request->layer().layer_id();
+        if (!state->seen.insert(id).second) {
+          return fail(item, absl::InvalidArgumentError(absl::StrCat(
+                                "layer.layer_id: duplicate layer_id ", id, " in this session")));
         }
-        max_layer_id = std::max(max_layer_id, input.layer_id());
         // num_layers = 0 means unknown: the layers seen so far define it.
-        if (!num_layers_known) policy.settings.num_layers = max_layer_id + 1;
-        if (policy.model_wide()) {
+        if (!state->num_layers_known && id > state->max_layer_id) {
+          auto updated = std::make_shared<ResolvedPolicy>(*state->policy);
+          updated->settings.num_layers = id + 1;
+          state->policy = std::move(updated);
+        }
+        state->max_layer_id = std::max(state->max_layer_id, id);
+        item->policy = state->policy;
+        const auto start = Clock::now();
+        auto validated = engine_.Validate(*item->policy, item->decoded->request, "layer");
+        item->validate_seconds = SecondsSince(start);
+        if (!validated.ok()) return fail(item, validated.status());
+        item->validated = std::make_unique<ValidatedLayer>(*std::move(validated));
+        return;
+      }
+      case SessionItem::Kind::kFinish:
+        if (!state->begun) {
+          return fail(item, absl::FailedPreconditionError(
+                                "finish: received before begin; send begin first"));
+        }
+        return;
+      case SessionItem::Kind::kEmpty:
+        return fail(item, absl::InvalidArgumentError(
+                              "message: empty SessionRequest; set begin, layer, finish or "
+                              "tensor_chunk"));
+      default:
+        return;
+    }
+  };
+  SessionReader reader(context, stream, engine_.limits(), MakeDecodeContext(*context),
+                       transport_options_.max_layer_bytes, transport_options_.session_read_ahead,
+                       front_end);
+  reader.Start();
+
+  std::shared_ptr<const ResolvedPolicy> policy;
+  ModelWideScores buffered;  // model-wide policies: per-layer scores until finish
+  v1::SessionSummary summary;
+  summary.set_backend(std::string(engine_.backend_name()));
+  auto count = [&summary](const LayerDecision& decision) {
+    summary.set_layers(summary.layers() + 1);
+    for (int32_t kept : decision.kept_per_head) {
+      summary.set_tokens_in(summary.tokens_in() + decision.num_tokens);
+      summary.set_tokens_kept(summary.tokens_kept() + kept);
+    }
+  };
+  while (true) {
+    SessionItem item = reader.Next();
+    switch (item.kind) {
+      case SessionItem::Kind::kBegin:
+        *policy_label = PolicyLabel(item.request->begin().policy().name());
+        *request_id = item.request->begin().request_id();
+        policy = item.policy;
+        break;
+      case SessionItem::Kind::kLayer: {
+        metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);
+        CountTransportBytes(Rpc::kCompressSession, item.decoded->transport);
+        if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
+        const ResolvedPolicy& layer_policy = *item.policy;
+        const ValidatedLayer& layer = *item.validated;
+        const auto start = Clock::now();
+        if (layer_policy.model_wide()) {
           // Answered at finish: keep this layer's scores only (never K/V).
-          if (auto st = ScoreForModelWide(policy, layer.request, "layer", &buffered); !st.ok()) {
-            return st;
-          }
+          double compute = 0;
+          auto scores = engine_.ScoreValidated(layer_policy, layer, "layer", &compute);
+          if (!scores.ok()) return ComputeFailed(scores.status(), item.validate_seconds, start);
+          metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
+          metrics_.ObserveStage(Stage::kCompute, compute);
+          buffered.layers.push_back(*std::move(scores));
+          buffered.compute_seconds.push_back(compute);
           break;
         }
-        auto decision = ComputeLayer(policy, layer.request, "layer");
-        if (!decision.ok()) return decision.status();
-        stage_start = Clock::now();
+        auto decision = engine_.CompressValidated(layer_policy, layer, "layer");
+        if (!decision.ok()) return ComputeFailed(decision.status(), item.validate_seconds, start);
+        metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
+        metrics_.ObserveStage(Stage::kCompute, decision->compute_seconds);
+        item.decoded.reset();  // releases the layer's region pins and buffers
+        const auto encode_start = Clock::now();
         v1::SessionResponse response;
         EncodeLayerResult(*decision, response.mutable_layer());
-        metrics_.ObserveStage(Stage::kEncode, SecondsSince(stage_start));
+        metrics_.ObserveStage(Stage::kEncode, SecondsSince(encode_start));
         if (!stream->Write(response)) {
           return absl::CancelledError("layer: the client went away before the answer was sent");
         }
         metrics_.RecordLayer(*policy_label, *decision);
-        summary.set_layers(summary.layers() + 1);
-        for (int32_t kept : decision->kept_per_head) {
-          summary.set_tokens_in(summary.tokens_in() + decision->num_tokens);
-          summary.set_tokens_kept(summary.tokens_kept() + kept);
-        }
+        count(*decision);
         break;
       }
-      case v1::SessionRequest::kFinish: {
-        if (!begun) {
-          return absl::FailedPreconditionError("finish: received before begin; send begin first");
-        }
-        if (policy.model_wide()) {
-          auto decided = DecideModelWide(policy, &buffered);
+      case SessionItem::Kind::kFinish: {
+        if (policy != nullptr && policy->model_wide()) {
+          auto decided = DecideModelWide(*policy, &buffered);
           if (!decided.ok()) return decided.status();
           for (const LayerDecision& decision : *decided) {
             v1::SessionResponse layer_response;
@@ -450,11 +503,7 @@ absl::Status KvtrimService::SessionImpl(
                   "finish: the client went away before the layer answers were sent");
             }
             metrics_.RecordLayer(*policy_label, decision);
-            summary.set_layers(summary.layers() + 1);
-            for (int32_t kept : decision.kept_per_head) {
-              summary.set_tokens_in(summary.tokens_in() + decision.num_tokens);
-              summary.set_tokens_kept(summary.tokens_kept() + kept);
-            }
+            count(decision);
           }
         }
         v1::SessionResponse response;
@@ -464,10 +513,132 @@ absl::Status KvtrimService::SessionImpl(
         }
         return absl::OkStatus();
       }
+      case SessionItem::Kind::kError:
+        metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);  // bad ones count too
+        if (item.request != nullptr && item.request->has_begin()) {
+          *policy_label = PolicyLabel(item.request->begin().policy().name());
+          *request_id = item.request->begin().request_id();
+        }
+        return item.status;
+      case SessionItem::Kind::kEnd:
       default:
+        if (auto st = CheckCallAlive(*context, "the end of the stream"); !st.ok()) return st;
         return absl::InvalidArgumentError(
-            "message: empty SessionRequest; set begin, layer or finish");
+            "finish: the client closed the stream without sending finish; layers already "
+            "answered stand, the session is abandoned");
     }
+  }
+}
+
+absl::Status KvtrimService::ComputeFailed(const absl::Status& status, double validate_seconds,
+                                          Clock::time_point start) {
+  metrics_.ObserveStage(Stage::kValidate, validate_seconds + SecondsSince(start));
+  if (status.code() == absl::StatusCode::kInternal && backend_failure_hook_) {
+    backend_failure_hook_(status);
+  }
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------
+// Regions
+// ---------------------------------------------------------------------------------------
+
+DecodeContext KvtrimService::MakeDecodeContext(const grpc::ServerContext& context) const {
+  DecodeContext decode;
+  decode.regions = regions_;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientIdMetadata);
+  if (it != metadata.end()) decode.client_id.assign(it->second.data(), it->second.size());
+  return decode;
+}
+
+void KvtrimService::CountTransportBytes(Rpc rpc, const TransportBytes& bytes) {
+  (void)rpc;
+  metrics_.AddTransportBytes(Transport::kInline, bytes.inline_bytes);
+  metrics_.AddTransportBytes(Transport::kHostShm, bytes.host_shm);
+  metrics_.AddTransportBytes(Transport::kCudaIpc, bytes.cuda_ipc);
+}
+
+void KvtrimService::PublishRegionMetrics() {
+  if (regions_ == nullptr) return;
+  const auto counts = regions_->CountByKind();
+  metrics_.SetRegions(counts.at(RegionKind::kHostShm), counts.at(RegionKind::kCudaIpc),
+                      counts.at(RegionKind::kCudaIpcEvent), regions_->clients());
+}
+
+grpc::Status KvtrimService::Regions(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream) {
+  const auto start = Clock::now();
+  absl::Status status = regions_ == nullptr
+                            ? absl::FailedPreconditionError(
+                                  "regions: this kvtrimd serves no regions; send inline_data")
+                            : regions_->CheckEnabled();
+  {
+    std::lock_guard<std::mutex> lock(calls_mutex_);
+    if (draining_) {
+      status = absl::UnavailableError(
+          "draining: kvtrimd is shutting down and accepts no new calls; retry on another replica");
+    }
+  }
+  if (status.ok()) status = RegionsImpl(context, stream);
+  metrics_.RecordRequest(Rpc::kRegions, kNoPolicy, status.code(), SecondsSince(start));
+  return ToGrpcStatus(status);
+}
+
+absl::Status KvtrimService::RegionsImpl(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream) {
+  const std::string client_id = regions_->OpenClient();
+  PublishRegionMetrics();
+  // Every region of the lease goes when the stream ends, however it ends.
+  struct Lease {
+    KvtrimService* service;
+    std::string client_id;
+    ~Lease() {
+      service->regions_->CloseClient(client_id);
+      service->PublishRegionMetrics();
+    }
+  } lease{this, client_id};
+  v1::RegionResponse first;
+  first.mutable_lease()->set_client_id(client_id);
+  first.mutable_lease()->set_max_regions(regions_->options().max_regions_per_client);
+  if (!stream->Write(first)) return absl::CancelledError("regions: the client went away");
+  v1::RegionRequest request;
+  while (true) {
+    request.Clear();
+    if (!stream->Read(&request)) {
+      // Client half-close ends the lease normally; cancellation / deadline too.
+      return absl::OkStatus();
+    }
+    v1::RegionResponse response;
+    response.set_tag(request.tag());
+    absl::Status result;
+    switch (request.message_case()) {
+      case v1::RegionRequest::kRegisterRegion: {
+        auto id = regions_->Register(client_id, request.register_region());
+        if (id.ok()) {
+          response.set_registered_region_id(*id);
+        } else {
+          result = id.status();
+        }
+        break;
+      }
+      case v1::RegionRequest::kUnregisterRegion:
+        result = regions_->Unregister(client_id, request.unregister_region().region_id());
+        if (result.ok()) {
+          response.set_unregistered_region_id(request.unregister_region().region_id());
+        }
+        break;
+      default:
+        result = absl::InvalidArgumentError(
+            "message: empty RegionRequest; set register_region or unregister_region");
+    }
+    response.set_code(static_cast<int32_t>(result.code()));
+    response.set_message(std::string(result.message()));
+    PublishRegionMetrics();
+    if (!stream->Write(response)) return absl::OkStatus();
+    (void)context;
   }
 }
 

@@ -17,6 +17,8 @@
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 #include "service/metrics.h"
 #include "service/model_store.h"
+#include "service/region_registry.h"
+#include "service/tensor_codec.h"
 
 namespace kvtrim::service {
 
@@ -34,6 +36,18 @@ class KvtrimService final : public v1::Kvtrim::Service {
   /// request's request_id.
   KvtrimService(const PolicyEngine& engine, Metrics& metrics, ModelStore& models,
                 int max_inflight, std::ostream* error_log = nullptr);
+
+  /// Session and transport settings (kvtrimd flags); set before the server starts.
+  struct TransportOptions {
+    int64_t max_layer_bytes = int64_t{8} << 30;  // --max_layer_bytes (chunked tensors)
+    int session_read_ahead = 2;                   // --session_read_ahead
+  };
+  /// Serves region tensors and the Regions RPC from `regions` (borrowed; null = none:
+  /// Regions and region tensors are FAILED_PRECONDITION). Set before the server starts.
+  void SetTransports(RegionRegistry* regions, TransportOptions options) {
+    regions_ = regions;
+    transport_options_ = options;
+  }
 
   /// Lists every preset and SCORER+ALLOCATOR composition (built once, at construction).
   grpc::Status ListPolicies(grpc::ServerContext* context, const v1::ListPoliciesRequest* request,
@@ -72,6 +86,14 @@ class KvtrimService final : public v1::Kvtrim::Service {
   grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
                            v1::DeleteModelResponse* response) override;
 
+  /// The lease stream of the zero-copy transports (see kvtrim.proto): answers `lease` with
+  /// a fresh client id, then one answer per RegisterRegion / UnregisterRegion, each with
+  /// its own status; when the stream ends every region of the lease is released. Not
+  /// counted against max_inflight, and not waited for by a drain.
+  grpc::Status Regions(grpc::ServerContext* context,
+                       grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream)
+      override;
+
   /// The registered models (PreparePolicy resolves settings.model_digest here).
   ModelStore& models() { return models_; }
 
@@ -107,6 +129,20 @@ class KvtrimService final : public v1::Kvtrim::Service {
   absl::Status RegisterModelImpl(grpc::ServerContext* context,
                                  grpc::ServerReader<v1::RegisterModelRequest>* reader,
                                  v1::RegisterModelResponse* response, int64_t* bytes);
+
+  /// The call's decoding context: the regions and its kvtrim-client-id metadata.
+  DecodeContext MakeDecodeContext(const grpc::ServerContext& context) const;
+  /// Counts a decoded layer's tensor bytes per transport.
+  void CountTransportBytes(Rpc rpc, const TransportBytes& bytes);
+  /// Publishes the region and lease counts (kvtrim_regions, kvtrim_region_leases).
+  void PublishRegionMetrics();
+  /// The Regions stream after the checks: the lease and its requests.
+  absl::Status RegionsImpl(grpc::ServerContext* context,
+                           grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream);
+  /// A session layer's computation failed: observes the time as validation, reports
+  /// INTERNAL to the backend-failure hook, returns `status`.
+  absl::Status ComputeFailed(const absl::Status& status, double validate_seconds,
+                             std::chrono::steady_clock::time_point start);
 
   /// Logs server-side failures (not client errors) with the request id.
   void LogServerError(Rpc rpc, const std::string& request_id, const absl::Status& status);
@@ -148,6 +184,8 @@ class KvtrimService final : public v1::Kvtrim::Service {
   bool draining_ = false;
   std::ostream* error_log_;
   BackendFailureHook backend_failure_hook_;
+  RegionRegistry* regions_ = nullptr;
+  TransportOptions transport_options_;
   std::mutex log_mutex_;                     // serialises error_log_ lines
   std::set<std::string> policy_names_;       // presets and SCORER+ALLOCATOR compositions
   v1::ListPoliciesResponse policies_;        // the ListPolicies answer, built once

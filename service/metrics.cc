@@ -7,7 +7,8 @@ namespace kvtrim::service {
 namespace {
 
 constexpr Rpc kAllRpcs[] = {Rpc::kListPolicies,  Rpc::kCompress,   Rpc::kCompressSession,
-                            Rpc::kRegisterModel, Rpc::kListModels, Rpc::kDeleteModel};
+                            Rpc::kRegisterModel, Rpc::kListModels, Rpc::kDeleteModel,
+                            Rpc::kRegions};
 constexpr Stage kAllStages[] = {Stage::kDecode, Stage::kValidate, Stage::kCompute,
                                 Stage::kEncode};
 
@@ -47,6 +48,16 @@ const char* RpcName(Rpc rpc) {
     case Rpc::kRegisterModel: return "RegisterModel";
     case Rpc::kListModels: return "ListModels";
     case Rpc::kDeleteModel: return "DeleteModel";
+    case Rpc::kRegions: return "Regions";
+  }
+  return "unknown";
+}
+
+const char* TransportName(Transport transport) {
+  switch (transport) {
+    case Transport::kInline: return "inline";
+    case Transport::kHostShm: return "host_shm";
+    case Transport::kCudaIpc: return "cuda_ipc";
   }
   return "unknown";
 }
@@ -108,7 +119,26 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
       build_info_(prometheus::BuildGauge()
                       .Name("kvtrim_build_info")
                       .Help("Always 1; labels carry the kvtrimd version and the backend")
-                      .Register(*registry_)) {
+                      .Register(*registry_)),
+      transport_bytes_(prometheus::BuildCounter()
+                           .Name("kvtrim_tensor_bytes_total")
+                           .Help("Bytes of layer tensors read, by transport (inline bytes and "
+                                 "chunks, host shared memory, CUDA IPC in place)")
+                           .Register(*registry_)),
+      regions_(prometheus::BuildGauge()
+                   .Name("kvtrim_regions")
+                   .Help("Regions registered by clients now, by kind")
+                   .Register(*registry_)),
+      leases_family_(prometheus::BuildGauge()
+                         .Name("kvtrim_region_leases")
+                         .Help("Open Regions streams (client leases)")
+                         .Register(*registry_)) {
+  for (Transport t : {Transport::kInline, Transport::kHostShm, Transport::kCudaIpc}) {
+    transport_[static_cast<size_t>(t)] = &transport_bytes_.Add({{"transport", TransportName(t)}});
+  }
+  const char* kinds[] = {"host_shm", "cuda_ipc", "cuda_ipc_event"};
+  for (size_t i = 0; i < 3; ++i) region_kinds_[i] = &regions_.Add({{"kind", kinds[i]}});
+  leases_ = &leases_family_.Add({});
   for (Rpc rpc : kAllRpcs) {
     const auto i = static_cast<size_t>(rpc);
     rpc_duration_[i] = &request_duration_.Add({{"rpc", RpcName(rpc)}}, RequestBuckets());
@@ -171,5 +201,17 @@ void Metrics::AddRequestBytes(Rpc rpc, int64_t bytes) {
 }
 
 void Metrics::InflightChanged(int delta) { inflight_->Increment(delta); }
+
+void Metrics::AddTransportBytes(Transport transport, int64_t bytes) {
+  if (bytes > 0) transport_[static_cast<size_t>(transport)]->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::SetRegions(int64_t host_shm, int64_t cuda_ipc, int64_t cuda_ipc_event,
+                         int64_t leases) {
+  region_kinds_[0]->Set(static_cast<double>(host_shm));
+  region_kinds_[1]->Set(static_cast<double>(cuda_ipc));
+  region_kinds_[2]->Set(static_cast<double>(cuda_ipc_event));
+  leases_->Set(static_cast<double>(leases));
+}
 
 }  // namespace kvtrim::service

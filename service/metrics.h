@@ -21,7 +21,12 @@ namespace kvtrim::service {
 
 /// The RPCs of kvtrim.v1.Kvtrim (the `rpc` label).
 enum class Rpc { kListPolicies, kCompress, kCompressSession, kRegisterModel, kListModels,
-                 kDeleteModel };
+                 kDeleteModel, kRegions };
+
+/// How tensor bytes reached kvtrimd (the `transport` label).
+enum class Transport { kInline, kHostShm, kCudaIpc };
+/// Label value of `transport` ("inline", "host_shm", "cuda_ipc").
+const char* TransportName(Transport transport);
 /// Method name of `rpc` as the `rpc` label spells it ("Compress").
 const char* RpcName(Rpc rpc);
 
@@ -68,6 +73,12 @@ class Metrics {
   void AddRequestBytes(Rpc rpc, int64_t bytes);
   /// Tracks admitted calls (kvtrim_inflight_requests).
   void InflightChanged(int delta);
+  /// Adds tensor bytes read through `transport` (kvtrim_tensor_bytes_total): inline bytes
+  /// and chunks as received, shm bytes as read, CUDA IPC bytes as read in place.
+  void AddTransportBytes(Transport transport, int64_t bytes);
+  /// Sets the registered regions per kind (kvtrim_regions{kind}: "host_shm", "cuda_ipc",
+  /// "cuda_ipc_event") and the open leases (kvtrim_region_leases).
+  void SetRegions(int64_t host_shm, int64_t cuda_ipc, int64_t cuda_ipc_event, int64_t leases);
 
  private:
   /// The per-policy series of one policy label value.
@@ -92,9 +103,15 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& request_bytes_;
   prometheus::Family<prometheus::Gauge>& inflight_family_;
   prometheus::Family<prometheus::Gauge>& build_info_;
+  prometheus::Family<prometheus::Counter>& transport_bytes_;
+  prometheus::Family<prometheus::Gauge>& regions_;
+  prometheus::Family<prometheus::Gauge>& leases_family_;
 
-  std::array<prometheus::Histogram*, 6> rpc_duration_{};   // by Rpc
-  std::array<prometheus::Counter*, 6> rpc_bytes_{};        // by Rpc
+  std::array<prometheus::Histogram*, 7> rpc_duration_{};   // by Rpc
+  std::array<prometheus::Counter*, 7> rpc_bytes_{};        // by Rpc
+  std::array<prometheus::Counter*, 3> transport_{};        // by Transport
+  std::array<prometheus::Gauge*, 3> region_kinds_{};       // host_shm, cuda_ipc, cuda_ipc_event
+  prometheus::Gauge* leases_ = nullptr;
   std::array<prometheus::Histogram*, 4> stage_{};          // by Stage
   prometheus::Gauge* inflight_ = nullptr;
 

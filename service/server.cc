@@ -116,6 +116,20 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   service_ = std::make_unique<KvtrimService>(*engine_, *metrics_, *models_, config_.max_inflight,
                                              &log);
   service_->SetBackendFailureHook([this](const absl::Status& status) { OnBackendFailure(status); });
+  // Zero-copy transports: CUDA IPC regions are mapped on the GPU backend's device (0).
+  if (std::string(backend_->name()) == "gpu") {
+    auto mapper = MakeCudaDeviceMapper(0);
+    if (!mapper.ok()) return mapper.status();
+    device_mapper_ = *std::move(mapper);
+  }
+  RegionOptions region_options;
+  region_options.allow_client_shm = config_.allow_client_shm;
+  region_options.max_regions_per_client = config_.max_regions_per_client;
+  regions_ = std::make_unique<RegionRegistry>(region_options, device_mapper_.get());
+  KvtrimService::TransportOptions transport_options;
+  transport_options.max_layer_bytes = config_.max_layer_bytes;
+  transport_options.session_read_ahead = config_.session_read_ahead;
+  service_->SetTransports(regions_.get(), transport_options);
 
   InitGrpcPluginsOnce();
   grpc::ServerBuilder builder;

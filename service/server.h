@@ -17,7 +17,9 @@
 #include "service/config.h"
 #include "service/kvtrim_service.h"
 #include "service/metrics.h"
+#include "service/device_mapper.h"
 #include "service/model_store.h"
+#include "service/region_registry.h"
 
 namespace prometheus {
 class Exposer;
@@ -104,6 +106,8 @@ class Server {
   std::unique_ptr<PolicyEngine> engine_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<ModelStore> models_;
+  std::unique_ptr<DeviceMapper> device_mapper_;  // GPU backend only
+  std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<KvtrimService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;

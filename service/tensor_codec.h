@@ -1,7 +1,10 @@
-// Decoding of proto tensors and layers into kernel views, with the proto-level checks.
+// Decoding of proto tensors and layers into kernel views, with the proto-level checks, for
+// every transport: inline bytes, session chunks, host shared memory and CUDA IPC regions.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +14,7 @@
 #include "kernels/layer.h"
 #include "kernels/tensor.h"
 #include "kvtrim/v1/kvtrim.pb.h"
+#include "service/region_registry.h"
 
 namespace kvtrim::service {
 
@@ -21,34 +25,80 @@ enum class TensorRole {
   kQueries,  // [H_q, w, d]
 };
 
-/// Byte buffers the decoder had to copy (inline bytes that were not aligned to their
-/// element size). Views returned by the decoder may point into these; keep them alive.
-using OwnedBuffers = std::vector<std::vector<uint32_t>>;
+/// Byte buffers the decoder filled (misaligned inline bytes, host shm reads, assembled
+/// chunks). Views returned by the decoder may point into these; keep them alive.
+/// Each buffer is uninitialised uint32 words (word-aligned bytes).
+using OwnedBuffers = std::vector<std::unique_ptr<uint32_t[]>>;
 
-/// Decodes one proto Tensor into a view over its inline bytes (no copy unless misaligned).
-/// Checks, all INVALID_ARGUMENT naming `field` + sub-field unless noted:
-///   dtype set and known ("<field>.dtype"); rank 3 ("<field>.shape"); every dimension >= 1
-///   and within `limits` ("<field>.shape[i]"); inline byte length == product(shape) *
-///   sizeof(dtype) ("<field>.inline_data"); data present ("<field>.inline_data");
-///   host_shm / cuda_ipc -> UNIMPLEMENTED naming "<field>.host_shm" / "<field>.cuda_ipc".
-/// The returned view aliases `tensor` (or `owned`): both must outlive it.
+/// Appends an uninitialised buffer of at least `bytes` bytes to `owned`; returns it.
+inline char* NewOwnedBuffer(OwnedBuffers* owned, size_t bytes) {
+  owned->emplace_back(new uint32_t[(bytes + 3) / 4]);
+  return reinterpret_cast<char*>(owned->back().get());
+}
+
+/// Bytes of tensor data a layer carried, per transport (metrics).
+struct TransportBytes {
+  int64_t inline_bytes = 0;  // inline_data and session chunks
+  int64_t host_shm = 0;      // read from shared-memory regions
+  int64_t cuda_ipc = 0;      // read in place from CUDA IPC regions
+};
+
+/// What decoding needs beyond the message itself.
+struct DecodeContext {
+  /// The registered regions; null: region tensors are FAILED_PRECONDITION.
+  const RegionRegistry* regions = nullptr;
+  /// The call's kvtrim-client-id metadata ("" when absent).
+  std::string client_id;
+  /// A session's assembled chunked tensors of this layer (keys, values, queries), each
+  /// product(shape) * sizeof(dtype) bytes; null: `chunked` tensors are refused.
+  std::array<const uint32_t*, 3> chunks{};
+};
+
+/// Decodes one proto Tensor into a view. Checks, all INVALID_ARGUMENT naming `field` +
+/// sub-field unless noted: dtype set and known ("<field>.dtype"); rank 3 ("<field>.shape");
+/// every dimension >= 1 and within `limits` ("<field>.shape[i]"); data present;
+///  inline_data: byte length == product(shape) * sizeof(dtype) ("<field>.inline_data");
+///    aliases `tensor` (copied into `owned` only when misaligned)
+///  chunked: total_bytes equal to it ("<field>.chunked.total_bytes"), a session's
+///    assembled bytes (refused outside sessions); aliases the assembled buffer
+///  host_shm / cuda_ipc: the region (RegionRegistry::Acquire: NOT_FOUND,
+///    PERMISSION_DENIED, FAILED_PRECONDITION), strides ("<field>.<kind>.strides_elements"),
+///    paging ("<field>.<kind>.paged...") and bounds ("<field>.<kind>.offset_bytes": every
+///    addressed element inside the region, offset a multiple of the element size);
+///    host_shm is read into `owned` (dense); cuda_ipc is a device view in place (with a
+///    StridedLayout unless dense). The region stays pinned through `pins`.
+absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, TensorRole role,
+                                        const EngineLimits& limits, const std::string& field,
+                                        const DecodeContext& context, OwnedBuffers* owned,
+                                        std::vector<RegionPin>* pins, TransportBytes* bytes);
+
+/// DecodeTensor without regions or chunks (unit tests, unary paths without a context).
 absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, TensorRole role,
                                         const EngineLimits& limits, const std::string& field,
                                         OwnedBuffers* owned);
 
-/// A decoded layer: the kernel request plus the storage its views may point into.
+/// product(shape) * sizeof(dtype) of a tensor after the dtype and shape checks of
+/// DecodeTensor (a session sizes chunk assembly with it before any byte arrives).
+absl::StatusOr<int64_t> TensorByteSize(const v1::Tensor& tensor, TensorRole role,
+                                       const EngineLimits& limits, const std::string& field);
+
+/// A decoded layer: the kernel request plus the storage and regions its views use.
 struct DecodedLayer {
-  LayerRequest request;      // views alias the proto message or `owned`
-  OwnedBuffers owned;        // copies of misaligned inline data
-  int64_t tensor_bytes = 0;  // bytes of tensor data received for this layer
+  LayerRequest request;        // views alias the proto message, `owned` or regions
+  OwnedBuffers owned;          // copies (misaligned inline data, host shm reads, chunks)
+  std::vector<RegionPin> pins; // regions read by this layer, pinned until it is answered
+  TransportBytes transport;    // bytes per transport
+  int64_t tensor_bytes = 0;    // bytes of tensor data received inline for this layer
 };
 
 /// Decodes one LayerInput: layer_id >= 0 ("<field>.layer_id"), keys required
 /// ("<field>.keys"), values and queries optional, softmax_scale finite and >= 0
-/// ("<field>.softmax_scale"), every present tensor through DecodeTensor. Cross-tensor
+/// ("<field>.softmax_scale"), ready_event_id a cuda_ipc_event region of the client
+/// ("<field>.ready_event_id"), every present tensor through DecodeTensor. Cross-tensor
 /// checks (matching dims, GQA, NaN/Inf) are the engine's. `input` must outlive `out`.
 absl::Status DecodeLayer(const v1::LayerInput& input, const EngineLimits& limits,
-                         const std::string& field, DecodedLayer* out);
+                         const std::string& field, const DecodeContext& context,
+                         DecodedLayer* out);
 
 /// Sum of the inline tensor bytes of `input` (for kvtrim_request_bytes_total), counted
 /// before any validation.

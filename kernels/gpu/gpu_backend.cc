@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/device_error.h"
+#include "kernels/gpu/device_input_stage.h"
 #include "kernels/gpu/device_nan_probe.h"
 #include "kernels/gpu/device_pipeline.h"
 #include "kernels/gpu/device_probe.h"
@@ -48,9 +49,23 @@ std::string GpuBackend::failure() const {
   return failure_;
 }
 
+namespace {
+
+/// Layers with d > kMaxGpuHeadDim run on the CPU fallback, which cannot read device tensors.
+absl::Status CheckHostOnly(const ValidatedLayer& layer) {
+  if (!layer.has_device_tensors()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "keys.shape[2]: d=", layer.shape.head_dim, " is above the GPU kernels' limit of ",
+      GpuBackend::kMaxGpuHeadDim, "; such layers run on the CPU, which cannot read cuda_ipc "
+      "tensors (send host_shm or inline_data)"));
+}
+
+}  // namespace
+
 absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
   if (layer.shape.head_dim > kMaxGpuHeadDim) {
+    KVTRIM_RETURN_IF_ERROR(CheckHostOnly(layer));
     return cpu_fallback_->CompressLayer(policy, layer, budget, out);
   }
   Outputs outputs;
@@ -61,6 +76,7 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
 absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, LayerScores* out) {
   if (layer.shape.head_dim > kMaxGpuHeadDim) {
+    KVTRIM_RETURN_IF_ERROR(CheckHostOnly(layer));
     return cpu_fallback_->ScoreLayer(policy, layer, budget, out);
   }
   Outputs outputs;
@@ -150,8 +166,18 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
     model_inputs.hidden = model.layout.hidden_size;
     if (plan->needs_ea_stats) {
       // The CPU scorer's own host preparation (double, rounded once): identical inputs.
+      // Device queries come back to the host first (w rows: small).
+      TensorView host_queries = layer.queries;
+      std::vector<uint32_t> downloaded;
+      if (host_queries.present() && host_queries.on_device()) {
+        KVTRIM_RETURN_IF_ERROR(
+            DownloadDense(context, layer.queries, layer.ready_event, &downloaded));
+        host_queries.data = downloaded.data();
+        host_queries.space = MemorySpace::kHost;
+        host_queries.layout = nullptr;
+      }
       auto stats = ComputeExpectedQueryStats(model, policy.params, layer.layer_id,
-                                             shape.num_tokens, layer.queries, layer.softmax_scale);
+                                             shape.num_tokens, host_queries, layer.softmax_scale);
       if (!stats.ok()) return stats.status();
       const int64_t d = shape.head_dim;
       const int64_t hq = model.layout.num_query_heads;
@@ -164,26 +190,22 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   }
 
   // Device working set: inputs first, then the pipeline's regions.
+  // Host inputs get arena slots; dense device inputs (CUDA IPC) are read in place.
   ArenaLayout layout;
-  const size_t key_bytes = plan->reads_keys ? static_cast<size_t>(layer.keys.nbytes()) : 0;
-  const size_t value_bytes = plan->reads_values ? static_cast<size_t>(layer.values.nbytes()) : 0;
-  const size_t query_bytes =
-      plan->reads_queries ? static_cast<size_t>(layer.queries.nbytes()) : 0;
-  const size_t keys_at = layout.Add(key_bytes);
-  const size_t values_at = layout.Add(value_bytes);
-  const size_t queries_at = layout.Add(query_bytes);
+  DeviceInputStage inputs;
+  inputs.AddSlots(layer, plan->reads_keys, plan->reads_values, plan->reads_queries, &layout);
   // The scratch queries read shapes only, but reject null tensors: size the regions on a
   // placeholder address (never dereferenced) before the arena's base is known.
-  static const char kPlaceholder = 0;
-  const DeviceLayer sizing =
-      MakeDeviceLayer(*plan, shape, dtype, layer.softmax_scale, layer.layer_id, layer.seed,
-                      &kPlaceholder, &kPlaceholder, &kPlaceholder);
+  const DeviceLayer sizing = MakeDeviceLayer(
+      *plan, shape, dtype, layer.softmax_scale, layer.layer_id, layer.seed,
+      inputs.DevicePointer(0, nullptr), inputs.DevicePointer(1, nullptr),
+      inputs.DevicePointer(2, nullptr));
   const PipelineRegions regions = AddPipelineRegions(*plan, sizing, &layout);
   KVTRIM_RETURN_IF_ERROR(context.arena().Reserve(layout.total()));
   char* base = static_cast<char*>(context.arena().data());
-  const DeviceLayer device_layer =
-      MakeDeviceLayer(*plan, shape, dtype, layer.softmax_scale, layer.layer_id, layer.seed,
-                      base + keys_at, base + values_at, base + queries_at);
+  const DeviceLayer device_layer = MakeDeviceLayer(
+      *plan, shape, dtype, layer.softmax_scale, layer.layer_id, layer.seed,
+      inputs.DevicePointer(0, base), inputs.DevicePointer(1, base), inputs.DevicePointer(2, base));
   PipelineBuffers buffers = ResolveBuffers(*plan, regions, base);
   buffers.model.w_o = model_inputs.w_o;
   buffers.model.head_gram = model_inputs.head_gram;
@@ -213,17 +235,9 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   KVTRIM_RETURN_IF_ERROR(context.transfer().Reserve(host.total()));
   char* pinned = context.transfer().data();
 
-  // Uploads: K/V/Q through the staging chunks; the meta region and the EA statistics from
-  // the transfer buffer.
-  if (key_bytes) {
-    KVTRIM_RETURN_IF_ERROR(context.Upload(base + keys_at, layer.keys.data, key_bytes));
-  }
-  if (value_bytes) {
-    KVTRIM_RETURN_IF_ERROR(context.Upload(base + values_at, layer.values.data, value_bytes));
-  }
-  if (query_bytes) {
-    KVTRIM_RETURN_IF_ERROR(context.Upload(base + queries_at, layer.queries.data, query_bytes));
-  }
+  // Inputs: host K/V/Q through the staging chunks, device ones in place or gathered (and
+  // probed for NaN / Inf); the meta region and the EA statistics from the transfer buffer.
+  KVTRIM_RETURN_IF_ERROR(inputs.Stage(context, base));
   std::memcpy(pinned + meta_at, meta.data(), meta.size() * sizeof(int64_t));
   KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffers.counts, pinned + meta_at,
                                               meta.size() * sizeof(int64_t),

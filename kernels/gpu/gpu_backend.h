@@ -63,6 +63,9 @@ class GpuBackend final : public Backend {
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, LayerScores* out) override;
   bool healthy() const override { return healthy_.load(); }
+  /// Device tensors (mapped CUDA IPC regions on this backend's device) are read in place
+  /// when dense, gathered on the device when strided / paged.
+  bool reads_device_memory() const override { return true; }
 
   /// Scores alone, protection applied, copied back (the GPU twin of CpuBackend::ScoreLayer,
   /// for tests and diagnostics): scores [H_kv, n] fp32. Same errors as CompressLayer.

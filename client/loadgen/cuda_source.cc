@@ -1,0 +1,100 @@
+// The cuda_ipc transport (built with CUDA only): tensors as RegionSlices into one device
+// buffer exported by CUDA IPC, with a ready event per layer.
+#include "absl/strings/str_cat.h"
+#include "client/loadgen/device_buffer.h"
+#include "client/loadgen/layer_source.h"
+#include "client/regions.h"
+
+namespace kvtrim::loadgen {
+namespace {
+
+/// One device buffer with a slot per layer (or one shared slot), and one event; both
+/// registered once.
+class CudaIpcSource final : public LayerSource {
+ public:
+  CudaIpcSource(const HostLayer& layer, std::unique_ptr<DeviceBuffer> buffer,
+                std::unique_ptr<RegionLease> lease, std::string region_id, std::string event_id)
+      : layer_(layer),
+        buffer_(std::move(buffer)),
+        lease_(std::move(lease)),
+        region_id_(std::move(region_id)),
+        event_id_(std::move(event_id)) {}
+
+  /// Releases the regions (closing the lease) before the device memory is freed.
+  ~CudaIpcSource() override { lease_->Close().IgnoreError(); }
+
+  absl::StatusOr<v1::LayerInput> Layer(int32_t layer_id) override {
+    // The worker "wrote" this layer's slot on its stream: mark it ready there.
+    if (absl::Status recorded = buffer_->RecordReady(); !recorded.ok()) return recorded;
+    const uint64_t base =
+        static_cast<uint64_t>(layer_id % buffer_->slots()) * buffer_->slot_bytes();
+    v1::LayerInput input = LayerTemplate(layer_, layer_id);
+    input.set_ready_event_id(event_id_);
+    Slice(input.mutable_keys(), base + layer_.keys_offset());
+    if (input.has_values()) Slice(input.mutable_values(), base + layer_.values_offset());
+    if (input.has_queries()) Slice(input.mutable_queries(), base + layer_.queries_offset());
+    return input;
+  }
+
+  int64_t WireBytesPerLayer() const override { return 0; }
+
+  /// Adds a remark for the report.
+  void AddNote(std::string note) { notes_.push_back(std::move(note)); }
+
+ private:
+  /// Points `tensor` at `offset` in the device buffer (dense layout).
+  void Slice(v1::Tensor* tensor, uint64_t offset) const {
+    v1::RegionSlice* slice = tensor->mutable_cuda_ipc();
+    slice->set_region_id(region_id_);
+    slice->set_offset_bytes(offset);
+  }
+
+  const HostLayer& layer_;
+  std::unique_ptr<DeviceBuffer> buffer_;  // destroyed after the lease
+  std::unique_ptr<RegionLease> lease_;
+  const std::string region_id_;
+  const std::string event_id_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LayerSource>> MakeCudaIpcSource(const HostLayer& layer,
+                                                               int32_t layers, int32_t device,
+                                                               Client& client) {
+  std::string note;
+  absl::StatusOr<std::unique_ptr<DeviceBuffer>> buffer =
+      DeviceBuffer::Create(device, layer.bytes(), layers, &note);
+  if (!buffer.ok()) return buffer.status();
+  for (const auto& [offset, bytes] :
+       {std::pair<uint64_t, const std::string*>{layer.keys_offset(), &layer.keys},
+        {layer.values_offset(), &layer.values},
+        {layer.queries_offset(), &layer.queries}}) {
+    absl::Status copied = (*buffer)->CopyToEverySlot(offset, bytes->data(), bytes->size());
+    if (!copied.ok()) return copied;
+  }
+  absl::StatusOr<std::unique_ptr<RegionLease>> lease = client.OpenRegionLease();
+  if (!lease.ok()) {
+    return absl::Status(lease.status().code(),
+                        absl::StrCat("opening the region lease: ", lease.status().message()));
+  }
+  const DeviceExport& exported = (*buffer)->exported();
+  absl::StatusOr<std::string> region = (*lease)->RegisterCudaIpc(
+      exported.mem_handle, exported.device, exported.device_uuid, exported.size_bytes);
+  if (!region.ok()) {
+    return absl::Status(region.status().code(),
+                        absl::StrCat("RegisterRegion cuda_ipc: ", region.status().message()));
+  }
+  absl::StatusOr<std::string> event =
+      (*lease)->RegisterCudaIpcEvent(exported.event_handle, exported.device_uuid);
+  if (!event.ok()) {
+    return absl::Status(event.status().code(),
+                        absl::StrCat("RegisterRegion cuda_ipc_event: ", event.status().message()));
+  }
+  client.SetClientId((*lease)->client_id());
+  auto source = std::make_unique<CudaIpcSource>(layer, std::move(*buffer), std::move(*lease),
+                                                std::move(*region), std::move(*event));
+  if (!note.empty()) source->AddNote(std::move(note));
+  return std::unique_ptr<LayerSource>(std::move(source));
+}
+
+}  // namespace kvtrim::loadgen

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Issue 5 on the GPU machine: the CUDA IPC transport tests, then a Llama-3.1-8B-shaped
+# prefill (32 layers, H_kv 8, H_q 32, d 128, w 32, bf16, DropKV keep 20 %) driven by the
+# worker-side load generator through each transport, beside the kernel time alone
+# (kvtrim_gpu_bench) and a same-run PyTorch SDPA prefill (tools/sdpa_prefill_bench.py).
+# Run by scripts/gpu_run.sh (section `transport`), or alone from the repo copy with the
+# bundle: bash scripts/gpu_transport.sh. Output under $OUT: ipc_test.xml, kernel/ (gpu
+# bench json/csv), sdpa_prefill.json, loadgen_<run>.json, transport.log.
+# Environment: OUT (default out), BUNDLE (gpu_bundle), RUNS (default: every run below).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$(pwd)
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+BUNDLE="${BUNDLE:-gpu_bundle}"
+BIN="$ROOT/$BUNDLE/bin"
+export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+RC=0
+
+echo "== CUDA IPC transport tests (kvtrim_ipc_test)"
+KVTRIMD_PATH="$BIN/kvtrimd" timeout 240 "$BIN/kvtrim_ipc_test" \
+  --gtest_output="xml:$OUT/ipc_test.xml" || RC=1
+
+echo "== kernel time alone (kvtrim_gpu_bench, dropkv)"
+mkdir -p "$OUT/kernel"
+timeout 120 "$BIN/kvtrim_gpu_bench" --out="$OUT/kernel" --policies=dropkv --n=32768,131072 \
+  --w=32 --reps=20 --warmup=2 --copy_mib=1024 | grep -vE "^\s*$" | tail -n 20 || RC=1
+
+echo "== PyTorch SDPA prefill (same run)"
+timeout 120 python3 tools/sdpa_prefill_bench.py --out "$OUT/sdpa_prefill.json" || RC=1
+
+echo "== kvtrimd --backend=gpu --allow_client_shm"
+server_log="$OUT/kvtrimd_transport.log"
+"$BIN/kvtrimd" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 --metrics_listen= \
+  --workers=2 --max_message_bytes=$((64 << 20)) >"$server_log" 2>&1 &
+pid=$!
+address=""
+for _ in $(seq 1 600); do
+  address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$server_log" | head -n 1)
+  [ -n "$address" ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+cat "$server_log"
+[ -n "$address" ] || { echo "kvtrimd did not start"; exit 1; }
+
+# run NAME CAP ARGS...: one load-generator run -> loadgen_NAME.json
+run() {
+  local name=$1 cap=$2
+  shift 2
+  case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return 0 ;; esac
+  echo "== loadgen $name: $*"
+  timeout "$cap" "$BIN/kvtrim-loadgen" --target="$address" --policy=dropkv --keep_fraction=0.2 \
+    --layers=32 --kv_heads=8 --q_heads=32 --head_dim=128 --window=32 --dtype=bf16 \
+    --json_out="$OUT/loadgen_$name.json" "$@" || { echo "loadgen $name failed"; RC=1; }
+}
+run ipc_32k 60 --transport=cuda_ipc --tokens=32768 --prefills=5 --warmup_prefills=1
+run ipc_32k_serial 60 --transport=cuda_ipc --tokens=32768 --prefills=3 --warmup_prefills=1 --serial
+run ipc_128k 90 --transport=cuda_ipc --tokens=131072 --prefills=3 --warmup_prefills=1
+run ipc_128k_serial 90 --transport=cuda_ipc --tokens=131072 --prefills=2 --warmup_prefills=1 --serial
+run shm_32k 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
+run inline_32k 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
+run inline_32k_w8 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 --workers=8
+kill -TERM "$pid"
+wait "$pid" || { echo "kvtrimd exit status $?"; RC=1; }
+tail -n 3 "$server_log"
+exit "$RC"

@@ -1,0 +1,65 @@
+// DeviceMapper over kernels/gpu/ipc_region (built with CUDA only; see
+// service/no_cuda_device_mapper.cc for the other build).
+#include "kernels/gpu/ipc_region.h"
+#include "service/device_mapper.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+/// gpu::IpcMemoryMapping as a MappedDeviceMemory.
+class CudaMappedMemory final : public MappedDeviceMemory {
+ public:
+  explicit CudaMappedMemory(std::unique_ptr<gpu::IpcMemoryMapping> mapping)
+      : mapping_(std::move(mapping)) {}
+  const char* base() const override { return mapping_->base(); }
+
+ private:
+  std::unique_ptr<gpu::IpcMemoryMapping> mapping_;
+};
+
+/// gpu::IpcEvent as a MappedDeviceEvent.
+class CudaMappedEvent final : public MappedDeviceEvent {
+ public:
+  explicit CudaMappedEvent(std::unique_ptr<gpu::IpcEvent> event) : event_(std::move(event)) {}
+  void* event() const override { return event_->event(); }
+
+ private:
+  std::unique_ptr<gpu::IpcEvent> event_;
+};
+
+/// Opens handles on one device ordinal.
+class CudaDeviceMapper final : public DeviceMapper {
+ public:
+  CudaDeviceMapper(int device, std::string uuid) : device_(device), uuid_(std::move(uuid)) {}
+  const std::string& device_uuid() const override { return uuid_; }
+  std::string FormatUuid(const std::string& uuid16) const override {
+    return gpu::FormatUuid(uuid16);
+  }
+  absl::StatusOr<std::unique_ptr<MappedDeviceMemory>> OpenMemory(
+      const std::string& handle, uint64_t size_bytes, const std::string& field) override {
+    auto mapping = gpu::IpcMemoryMapping::Open(device_, handle, size_bytes, field);
+    if (!mapping.ok()) return mapping.status();
+    return std::unique_ptr<MappedDeviceMemory>(new CudaMappedMemory(*std::move(mapping)));
+  }
+  absl::StatusOr<std::unique_ptr<MappedDeviceEvent>> OpenEvent(
+      const std::string& handle, const std::string& field) override {
+    auto event = gpu::IpcEvent::Open(device_, handle, field);
+    if (!event.ok()) return event.status();
+    return std::unique_ptr<MappedDeviceEvent>(new CudaMappedEvent(*std::move(event)));
+  }
+
+ private:
+  int device_;
+  std::string uuid_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(int device) {
+  auto uuid = gpu::DeviceUuid(device);
+  if (!uuid.ok()) return uuid.status();
+  return std::unique_ptr<DeviceMapper>(new CudaDeviceMapper(device, *std::move(uuid)));
+}
+
+}  // namespace kvtrim::service

@@ -1,0 +1,11 @@
+// MakeCudaDeviceMapper for builds without CUDA: there is no device to map onto.
+#include "service/device_mapper.h"
+
+namespace kvtrim::service {
+
+absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(int device) {
+  (void)device;
+  return std::unique_ptr<DeviceMapper>();
+}
+
+}  // namespace kvtrim::service

@@ -1,0 +1,295 @@
+#include "service/region_registry.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+/// 128 random bits as 32 lower-case hex digits.
+std::string RandomHex() {
+  static std::mutex mutex;
+  static std::mt19937_64 engine{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(mutex);
+  return absl::StrFormat("%016x%016x", engine(), engine());
+}
+
+/// The shm_open name rule: "/" then 1..250 of [A-Za-z0-9._-].
+bool ValidShmName(const std::string& name) {
+  if (name.size() < 2 || name.size() > 251 || name[0] != '/') return false;
+  for (size_t i = 1; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return name != "/." && name != "/..";
+}
+
+}  // namespace
+
+const char* RegionKindName(RegionKind kind) {
+  switch (kind) {
+    case RegionKind::kHostShm: return "host_shm";
+    case RegionKind::kCudaIpc: return "cuda_ipc";
+    case RegionKind::kCudaIpcEvent: return "cuda_ipc_event";
+  }
+  return "unknown";
+}
+
+Region::~Region() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::Status Region::ReadHost(uint64_t offset, void* dst, size_t bytes,
+                              const std::string& field) const {
+  auto* out = static_cast<char*>(dst);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t got = pread(fd_, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": reading ", bytes, " bytes at offset ", offset, " of shared-memory region '",
+          id_, "' failed after ", done, " bytes (",
+          got < 0 ? std::strerror(errno) : "the segment is shorter than registered",
+          "); the segment must stay as registered until it is unregistered"));
+    }
+    done += static_cast<size_t>(got);
+  }
+  return absl::OkStatus();
+}
+
+RegionPin::RegionPin(std::shared_ptr<Region> region) : region_(std::move(region)) {
+  if (region_) region_->pins_.fetch_add(1);
+}
+
+RegionPin::~RegionPin() {
+  if (region_) region_->pins_.fetch_sub(1);
+}
+
+RegionPin& RegionPin::operator=(RegionPin&& other) noexcept {
+  if (this != &other) {
+    if (region_) region_->pins_.fetch_sub(1);
+    region_ = std::move(other.region_);
+  }
+  return *this;
+}
+
+RegionRegistry::RegionRegistry(RegionOptions options, DeviceMapper* mapper)
+    : options_(options), mapper_(mapper) {}
+
+absl::Status RegionRegistry::CheckEnabled() const {
+  if (options_.allow_client_shm) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "regions: this kvtrimd runs without --allow_client_shm, so host_shm and cuda_ipc "
+      "tensors are off; send inline_data, or start kvtrimd with --allow_client_shm");
+}
+
+std::string RegionRegistry::OpenClient() {
+  std::string id = RandomHex();
+  std::lock_guard<std::mutex> lock(mutex_);
+  clients_.emplace(id, 0);
+  return id;
+}
+
+void RegionRegistry::CloseClient(const std::string& client_id) {
+  std::vector<std::shared_ptr<Region>> released;  // destroyed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clients_.erase(client_id);
+    for (auto it = regions_.begin(); it != regions_.end();) {
+      if (it->second->client_id() == client_id) {
+        released.push_back(std::move(it->second));
+        it = regions_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_id,
+                                                     const v1::RegisterRegion& request) {
+  if (auto st = CheckEnabled(); !st.ok()) return st;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = clients_.find(client_id);
+    if (it == clients_.end()) {
+      return absl::FailedPreconditionError("register_region: the lease has ended");
+    }
+    if (it->second >= options_.max_regions_per_client) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register_region: this client already holds ", it->second,
+          " regions (--max_regions_per_client); unregister some first"));
+    }
+  }
+  std::shared_ptr<Region> region;
+  switch (request.kind_case()) {
+    case v1::RegisterRegion::kHostShm: {
+      const v1::HostShmRegion& shm = request.host_shm();
+      const std::string field = "register_region.host_shm";
+      if (!ValidShmName(shm.name())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".name: '", shm.name(), "' is not a shm_open name: '/' then 1..250 of "
+            "[A-Za-z0-9._-]"));
+      }
+      if (shm.size_bytes() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".size_bytes: must be >= 1"));
+      }
+      const int fd = shm_open(shm.name().c_str(), O_RDONLY | O_CLOEXEC, 0);
+      if (fd < 0) {
+        const int err = errno;
+        const std::string text = absl::StrCat(field, ".name: cannot open shared-memory segment '",
+                                              shm.name(), "': ", std::strerror(err));
+        if (err == ENOENT) return absl::NotFoundError(text);
+        return absl::InvalidArgumentError(text);
+      }
+      struct stat info {};
+      if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+        close(fd);
+        return absl::InvalidArgumentError(absl::StrCat(field, ".name: '", shm.name(),
+                                                       "' is not a shared-memory segment"));
+      }
+      if (static_cast<uint64_t>(info.st_size) < shm.size_bytes()) {
+        close(fd);
+        return absl::InvalidArgumentError(absl::StrCat(field, ".size_bytes: ", shm.size_bytes(),
+                                                       " exceeds the segment's ", info.st_size,
+                                                       " bytes"));
+      }
+      region = std::make_shared<Region>(RegionKind::kHostShm, "shm-" + RandomHex(), client_id,
+                                        shm.size_bytes());
+      region->fd_ = fd;
+      break;
+    }
+    case v1::RegisterRegion::kCudaIpc:
+    case v1::RegisterRegion::kCudaIpcEvent: {
+      const bool is_event = request.kind_case() == v1::RegisterRegion::kCudaIpcEvent;
+      const std::string field =
+          is_event ? "register_region.cuda_ipc_event" : "register_region.cuda_ipc";
+      if (mapper_ == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ": this kvtrimd computes on the CPU (no GPU backend), so it cannot map CUDA "
+            "IPC memory; use host_shm or inline_data"));
+      }
+      const std::string& uuid =
+          is_event ? request.cuda_ipc_event().device_uuid() : request.cuda_ipc().device_uuid();
+      if (uuid.size() != 16) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".device_uuid: ", uuid.size(), " bytes; send the 16-byte cudaDeviceProp.uuid"));
+      }
+      if (uuid != mapper_->device_uuid()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            field, ".device_uuid: the memory is on device ", mapper_->FormatUuid(uuid),
+            is_event ? "" : absl::StrCat(" (the worker's ordinal ", request.cuda_ipc().device(), ")"),
+            " but this kvtrimd computes on ", mapper_->FormatUuid(mapper_->device_uuid()),
+            "; register with the kvtrimd of that GPU"));
+      }
+      if (is_event) {
+        auto event = mapper_->OpenEvent(request.cuda_ipc_event().handle(), field);
+        if (!event.ok()) return event.status();
+        region = std::make_shared<Region>(RegionKind::kCudaIpcEvent, "evt-" + RandomHex(),
+                                          client_id, 0);
+        region->event_ = *std::move(event);
+      } else {
+        auto memory =
+            mapper_->OpenMemory(request.cuda_ipc().handle(), request.cuda_ipc().size_bytes(), field);
+        if (!memory.ok()) return memory.status();
+        region = std::make_shared<Region>(RegionKind::kCudaIpc, "ipc-" + RandomHex(), client_id,
+                                          request.cuda_ipc().size_bytes());
+        region->memory_ = *std::move(memory);
+      }
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          "register_region: empty; set host_shm, cuda_ipc or cuda_ipc_event");
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = clients_.find(client_id);
+  if (it == clients_.end()) {
+    return absl::FailedPreconditionError("register_region: the lease has ended");
+  }
+  ++it->second;
+  const std::string id = region->id();
+  regions_.emplace(id, std::move(region));
+  return id;
+}
+
+absl::Status RegionRegistry::Unregister(const std::string& client_id,
+                                        const std::string& region_id) {
+  std::shared_ptr<Region> released;
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = regions_.find(region_id);
+  if (it == regions_.end() || it->second->client_id() != client_id) {
+    return absl::NotFoundError(absl::StrCat("unregister_region.region_id: this client holds no "
+                                            "region '", region_id, "'"));
+  }
+  if (const int pins = it->second->pins(); pins > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "unregister_region.region_id: region '", region_id, "' is being read by ", pins,
+        " running layer(s); unregister it after their answers"));
+  }
+  released = std::move(it->second);
+  regions_.erase(it);
+  auto client = clients_.find(client_id);
+  if (client != clients_.end()) --client->second;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RegionPin> RegionRegistry::Acquire(const std::string& client_id,
+                                                  const std::string& region_id, RegionKind kind,
+                                                  const std::string& field) const {
+  if (auto st = CheckEnabled(); !st.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ": ", st.message()));
+  }
+  if (client_id.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": the call carries no '", kClientIdMetadata, "' metadata; send the client id "
+        "of the Regions lease that registered the region"));
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = regions_.find(region_id);
+  if (it == regions_.end()) {
+    return absl::NotFoundError(absl::StrCat(field, ": no region '", region_id,
+                                            "' (never registered, unregistered, or its lease "
+                                            "ended)"));
+  }
+  const Region& region = *it->second;
+  if (region.client_id() != client_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": region '", region_id, "' belongs to another client; a call may use only the "
+        "regions of its own kvtrim-client-id"));
+  }
+  if (region.kind() != kind) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": region '", region_id, "' is a ",
+                                                   RegionKindName(region.kind()),
+                                                   " region, not ", RegionKindName(kind)));
+  }
+  return RegionPin(it->second);
+}
+
+std::map<RegionKind, int64_t> RegionRegistry::CountByKind() const {
+  std::map<RegionKind, int64_t> counts = {
+      {RegionKind::kHostShm, 0}, {RegionKind::kCudaIpc, 0}, {RegionKind::kCudaIpcEvent, 0}};
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [id, region] : regions_) ++counts[region->kind()];
+  return counts;
+}
+
+int64_t RegionRegistry::clients() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(clients_.size());
+}
+
+}  // namespace kvtrim::service

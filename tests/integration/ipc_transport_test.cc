@@ -1,0 +1,406 @@
+// CUDA IPC transport end to end on a GPU: this test process plays the worker (it owns the
+// device buffers and exports them), a real `kvtrimd --backend=gpu --allow_client_shm` child
+// maps them. Sessions over CUDA IPC (dense, token-major strided and paged layouts, with a
+// ready event) and over host shared memory give the indices of inline Compress; region
+// misuse gets clear errors and the server keeps serving. Skips without a GPU.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/kvtrim_client.h"
+#include "client/regions.h"
+#include "client/shm_segment.h"
+#include "gtest/gtest.h"
+#include "tests/integration/kvtrimd_process.h"
+
+namespace kvtrim {
+namespace {
+
+using testing::KvtrimdProcess;
+
+constexpr int kLayers = 3;
+constexpr int64_t kHeads = 2, kTokens = 300, kDim = 64, kQHeads = 4, kWindow = 16;
+constexpr int64_t kBlock = 16;
+
+/// bf16 bits of `x` (round to nearest even).
+uint16_t ToBf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+/// Deterministic bf16 values of a tensor with `count` elements.
+std::vector<uint16_t> Data(int64_t count, uint64_t seed) {
+  std::vector<uint16_t> out(static_cast<size_t>(count));
+  uint64_t state = seed * 0x9E3779B97F4A7C15ULL + 7;
+  for (auto& v : out) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    v = ToBf16(static_cast<float>(static_cast<double>(state >> 40) / 16777216.0) * 4.0f - 2.0f);
+  }
+  return out;
+}
+
+/// A bf16 tensor proto header of `shape`.
+v1::Tensor Header(std::vector<int64_t> shape) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_BF16);
+  for (int64_t s : shape) t.add_shape(s);
+  return t;
+}
+
+/// Worker-side layouts of K/V in the device buffer.
+enum class Layout { kDense, kTokenMajor, kPaged };
+
+/// One layer's host data and where its copies sit in the device buffer.
+struct HostLayer {
+  std::vector<uint16_t> keys, values, queries;  // dense [H, n, d], [H, n, d], [H_q, w, d]
+};
+
+/// Rewrites dense [H, n, d] into token-major [n, H, d] or a paged pool [blocks, B, H, d]
+/// with the block order reversed (table[b] = blocks - 1 - b).
+std::vector<uint16_t> Relayout(const std::vector<uint16_t>& dense, Layout layout) {
+  if (layout == Layout::kDense) return dense;
+  const int64_t blocks = (kTokens + kBlock - 1) / kBlock;
+  std::vector<uint16_t> out(static_cast<size_t>(blocks * kBlock * kHeads * kDim), 0);
+  for (int64_t h = 0; h < kHeads; ++h) {
+    for (int64_t t = 0; t < kTokens; ++t) {
+      int64_t token = t * kHeads * kDim;
+      if (layout == Layout::kPaged) {
+        token = (blocks - 1 - t / kBlock) * kBlock * kHeads * kDim + (t % kBlock) * kHeads * kDim;
+      }
+      std::memcpy(&out[token + h * kDim], &dense[(h * kTokens + t) * kDim], kDim * 2);
+    }
+  }
+  return out;
+}
+
+/// A cuda_ipc tensor of `shape` at `offset` in `region`, in `layout`.
+v1::Tensor IpcTensor(const std::string& region, uint64_t offset, std::vector<int64_t> shape,
+                     Layout layout) {
+  v1::Tensor t = Header(shape);
+  v1::RegionSlice* slice = t.mutable_cuda_ipc();
+  slice->set_region_id(region);
+  slice->set_offset_bytes(offset);
+  if (layout != Layout::kDense) {
+    slice->add_strides_elements(kDim);
+    slice->add_strides_elements(kHeads * kDim);
+    slice->add_strides_elements(1);
+  }
+  if (layout == Layout::kPaged) {
+    const int64_t blocks = (kTokens + kBlock - 1) / kBlock;
+    slice->mutable_paged()->set_block_tokens(kBlock);
+    slice->mutable_paged()->set_block_stride_elements(kBlock * kHeads * kDim);
+    for (int64_t b = 0; b < blocks; ++b) slice->mutable_paged()->add_block_table(blocks - 1 - b);
+  }
+  return t;
+}
+
+class IpcTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      cudaGetLastError();
+      GTEST_SKIP() << "no CUDA device";
+    }
+    const char* binary = std::getenv("KVTRIMD_PATH");
+    auto port = testing::PickFreePort();
+    ASSERT_TRUE(port.ok());
+    auto process = KvtrimdProcess::Start(
+        binary != nullptr ? binary : KVTRIMD_PATH,
+        {absl::StrCat("--listen=127.0.0.1:", *port), "--metrics_listen=", "--backend=gpu",
+         "--allow_client_shm", "--workers=2", absl::StrCat("--max_message_bytes=", 64 << 20)},
+        ::testing::TempDir() + "/kvtrimd_ipc.log");
+    ASSERT_TRUE(process.ok()) << process.status();
+    process_.emplace(*std::move(process));
+    ClientOptions options;
+    auto client = Client::Connect(absl::StrCat("127.0.0.1:", *port), options);
+    ASSERT_TRUE(client.ok());
+    client_ = *std::move(client);
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (absl::Now() < deadline) {
+      ASSERT_TRUE(process_->Running()) << process_->Log();
+      auto state = client_->Health();
+      if (state.ok() && *state == HealthState::kServing) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    // The worker's data: every layer dense, token-major and paged, back to back.
+    for (int l = 0; l < kLayers; ++l) {
+      HostLayer layer;
+      layer.keys = Data(kHeads * kTokens * kDim, 10 * l + 1);
+      layer.values = Data(kHeads * kTokens * kDim, 10 * l + 2);
+      layer.queries = Data(kQHeads * kWindow * kDim, 10 * l + 3);
+      layers_.push_back(std::move(layer));
+    }
+    std::vector<uint16_t> image;
+    auto append = [&](const std::vector<uint16_t>& data) {
+      const uint64_t at = image.size() * 2;
+      image.insert(image.end(), data.begin(), data.end());
+      image.resize((image.size() + 127) / 128 * 128, 0);  // 256-byte alignment
+      return at;
+    };
+    for (const HostLayer& layer : layers_) {
+      Offsets o;
+      for (Layout layout : {Layout::kDense, Layout::kTokenMajor, Layout::kPaged}) {
+        o.keys[static_cast<int>(layout)] = append(Relayout(layer.keys, layout));
+        o.values[static_cast<int>(layout)] = append(Relayout(layer.values, layout));
+      }
+      o.queries = append(layer.queries);
+      offsets_.push_back(o);
+    }
+    bytes_ = image.size() * 2;
+    ASSERT_EQ(cudaMalloc(&device_, bytes_), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(device_, image.data(), bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    cudaIpcMemHandle_t handle;
+    ASSERT_EQ(cudaIpcGetMemHandle(&handle, device_), cudaSuccess);
+    handle_.assign(reinterpret_cast<const char*>(&handle), sizeof handle);
+    cudaDeviceProp prop{};
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    uuid_.assign(reinterpret_cast<const char*>(prop.uuid.bytes), 16);
+    ASSERT_EQ(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | cudaEventInterprocess),
+              cudaSuccess);
+    cudaIpcEventHandle_t event_handle;
+    ASSERT_EQ(cudaIpcGetEventHandle(&event_handle, event_), cudaSuccess);
+    event_handle_.assign(reinterpret_cast<const char*>(&event_handle), sizeof event_handle);
+  }
+
+  void TearDown() override {
+    if (HasFailure() && process_.has_value()) std::cerr << process_->Log();
+    client_.reset();
+    if (process_.has_value()) process_->StopWith(SIGTERM, absl::Seconds(20)).IgnoreError();
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (device_ != nullptr) cudaFree(device_);
+  }
+
+  /// An inline layer l (the reference).
+  v1::LayerInput InlineLayer(int l) const {
+    v1::LayerInput layer;
+    layer.set_layer_id(l);
+    auto fill = [](std::vector<int64_t> shape, const std::vector<uint16_t>& data) {
+      v1::Tensor t = Header(shape);
+      t.set_inline_data(std::string(reinterpret_cast<const char*>(data.data()), data.size() * 2));
+      return t;
+    };
+    *layer.mutable_keys() = fill({kHeads, kTokens, kDim}, layers_[l].keys);
+    *layer.mutable_values() = fill({kHeads, kTokens, kDim}, layers_[l].values);
+    *layer.mutable_queries() = fill({kQHeads, kWindow, kDim}, layers_[l].queries);
+    return layer;
+  }
+
+  /// Layer l as CUDA IPC tensors of `region` in `layout`, waiting on `event` (may be "").
+  v1::LayerInput IpcLayer(int l, const std::string& region, Layout layout,
+                          const std::string& event) const {
+    v1::LayerInput layer;
+    layer.set_layer_id(l);
+    const int i = static_cast<int>(layout);
+    *layer.mutable_keys() = IpcTensor(region, offsets_[l].keys[i], {kHeads, kTokens, kDim}, layout);
+    *layer.mutable_values() =
+        IpcTensor(region, offsets_[l].values[i], {kHeads, kTokens, kDim}, layout);
+    *layer.mutable_queries() =
+        IpcTensor(region, offsets_[l].queries, {kQHeads, kWindow, kDim}, Layout::kDense);
+    if (!event.empty()) layer.set_ready_event_id(event);
+    return layer;
+  }
+
+  static v1::CompressionSettings Settings(const std::string& policy) {
+    v1::CompressionSettings s;
+    s.mutable_policy()->set_name(policy);
+    s.mutable_budget()->set_keep_fraction(0.2);
+    s.set_num_layers(kLayers);
+    return s;
+  }
+
+  /// Kept indices by layer id of a session over `layers`.
+  absl::StatusOr<std::map<int32_t, std::vector<int32_t>>> RunSession(
+      const std::string& policy, std::vector<v1::LayerInput> layers) {
+    auto session = client_->OpenSession(Settings(policy));
+    if (!session.ok()) return session.status();
+    for (auto& layer : layers) {
+      // The worker "writes" the layer, records its event, sends without synchronising.
+      cudaEventRecord(event_, 0);
+      if (auto st = (*session)->SendLayer(std::move(layer)); !st.ok()) return st;
+    }
+    auto result = (*session)->Finish();
+    if (!result.ok()) return result.status();
+    std::map<int32_t, std::vector<int32_t>> out;
+    for (const auto& l : result->layers) out[l.layer_id()] = {l.indices().begin(), l.indices().end()};
+    return out;
+  }
+
+  std::map<int32_t, std::vector<int32_t>> InlineAnswers(const std::string& policy) {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings(policy);
+    for (int l = 0; l < kLayers; ++l) *request.add_layers() = InlineLayer(l);
+    auto response = client_->Compress(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    std::map<int32_t, std::vector<int32_t>> out;
+    if (!response.ok()) return out;
+    for (const auto& l : response->layers()) {
+      out[l.layer_id()] = {l.indices().begin(), l.indices().end()};
+    }
+    return out;
+  }
+
+  struct Offsets {
+    uint64_t keys[3], values[3], queries;
+  };
+  std::optional<KvtrimdProcess> process_;
+  std::unique_ptr<Client> client_;
+  std::vector<HostLayer> layers_;
+  std::vector<Offsets> offsets_;
+  void* device_ = nullptr;
+  size_t bytes_ = 0;
+  std::string handle_, uuid_, event_handle_;
+  cudaEvent_t event_ = nullptr;
+};
+
+TEST_F(IpcTransportTest, CudaIpcSessionsMatchInlineCompressInEveryLayout) {
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  auto region = (*lease)->RegisterCudaIpc(handle_, 0, uuid_, bytes_);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto event = (*lease)->RegisterCudaIpcEvent(event_handle_, uuid_);
+  ASSERT_TRUE(event.ok()) << event.status();
+  for (const std::string policy : {"snapkv", "dropkv", "knorm", "keydiff", "tova"}) {
+    const auto expected = InlineAnswers(policy);
+    ASSERT_EQ(expected.size(), static_cast<size_t>(kLayers));
+    for (Layout layout : {Layout::kDense, Layout::kTokenMajor, Layout::kPaged}) {
+      SCOPED_TRACE(policy + " layout " + std::to_string(static_cast<int>(layout)));
+      std::vector<v1::LayerInput> layers;
+      for (int l = 0; l < kLayers; ++l) {
+        layers.push_back(IpcLayer(l, *region, layout, l % 2 == 0 ? *event : ""));
+      }
+      auto answers = RunSession(policy, std::move(layers));
+      ASSERT_TRUE(answers.ok()) << answers.status();
+      EXPECT_EQ(*answers, expected);
+    }
+  }
+  // Unary Compress over CUDA IPC too.
+  v1::CompressRequest request;
+  *request.mutable_settings() = Settings("snapkv");
+  for (int l = 0; l < kLayers; ++l) *request.add_layers() = IpcLayer(l, *region, Layout::kPaged, "");
+  auto response = client_->Compress(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->backend(), "gpu");
+  EXPECT_TRUE((*lease)->Close().ok());
+}
+
+TEST_F(IpcTransportTest, HostShmSessionOnTheGpuBackendMatchesInline) {
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  const size_t tensor = kHeads * kTokens * kDim * 2, queries = kQHeads * kWindow * kDim * 2;
+  auto segment = SharedMemorySegment::Create(UniqueShmName("ipc-test"), kLayers * (2 * tensor + queries));
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  auto region = (*lease)->RegisterHostShm((*segment)->name(), (*segment)->size());
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<v1::LayerInput> layers;
+  uint64_t at = 0;
+  for (int l = 0; l < kLayers; ++l) {
+    v1::LayerInput layer;
+    layer.set_layer_id(l);
+    auto place = [&](const std::vector<uint16_t>& data, std::vector<int64_t> shape) {
+      std::memcpy(static_cast<char*>((*segment)->data()) + at, data.data(), data.size() * 2);
+      v1::Tensor t = Header(shape);
+      t.mutable_host_shm()->set_region_id(*region);
+      t.mutable_host_shm()->set_offset_bytes(at);
+      at += data.size() * 2;
+      return t;
+    };
+    *layer.mutable_keys() = place(layers_[l].keys, {kHeads, kTokens, kDim});
+    *layer.mutable_values() = place(layers_[l].values, {kHeads, kTokens, kDim});
+    *layer.mutable_queries() = place(layers_[l].queries, {kQHeads, kWindow, kDim});
+    layers.push_back(std::move(layer));
+  }
+  const auto expected = InlineAnswers("snapkv");
+  auto answers = RunSession("snapkv", std::move(layers));
+  ASSERT_TRUE(answers.ok()) << answers.status();
+  EXPECT_EQ(*answers, expected);
+}
+
+TEST_F(IpcTransportTest, RegionMisuseGetsClearErrorsAndTheServerKeepsServing) {
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  // A handle "from another device": the uuid is not kvtrimd's.
+  std::string other_uuid = uuid_;
+  other_uuid[0] = static_cast<char>(other_uuid[0] ^ 0x5A);
+  auto wrong_device = (*lease)->RegisterCudaIpc(handle_, 1, other_uuid, bytes_);
+  EXPECT_EQ(wrong_device.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(wrong_device.status().message().find("register_region.cuda_ipc.device_uuid"),
+            std::string::npos) << wrong_device.status();
+  // A handle the driver refuses.
+  auto garbage = (*lease)->RegisterCudaIpc(std::string(64, '\x11'), 0, uuid_, bytes_);
+  EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument) << garbage.status();
+  // More bytes than the allocation has.
+  auto too_big = (*lease)->RegisterCudaIpc(handle_, 0, uuid_, bytes_ + (64 << 20));
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kInvalidArgument) << too_big.status();
+  EXPECT_NE(too_big.status().message().find("size_bytes"), std::string::npos);
+  auto region = (*lease)->RegisterCudaIpc(handle_, 0, uuid_, bytes_);
+  ASSERT_TRUE(region.ok()) << region.status();
+  // Offset + size outside the region.
+  {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings("knorm");
+    v1::LayerInput layer = IpcLayer(0, *region, Layout::kDense, "");
+    layer.mutable_keys()->mutable_cuda_ipc()->set_offset_bytes(bytes_ - 256);
+    *request.add_layers() = layer;
+    auto response = client_->Compress(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(response.status().message().find("layers[0].keys.cuda_ipc.offset_bytes"),
+              std::string::npos) << response.status();
+  }
+  // NaN inside device memory: found on the device, named like the host check.
+  {
+    const uint16_t nan = 0x7FC0;
+    ASSERT_EQ(cudaMemcpy(static_cast<char*>(device_) + offsets_[1].keys[0] + 2 * (kDim + 5), &nan,
+                         2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings("knorm");
+    *request.add_layers() = IpcLayer(1, *region, Layout::kDense, "");
+    auto response = client_->Compress(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(response.status().message().find("layers[0].keys: contains NaN at [0, 1, 5]"),
+              std::string::npos) << response.status();
+  }
+  // Another client's region.
+  auto other = client_->OpenRegionLease();
+  ASSERT_TRUE(other.ok());
+  client_->SetClientId((*other)->client_id());
+  {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings("knorm");
+    *request.add_layers() = IpcLayer(0, *region, Layout::kDense, "");
+    auto response = client_->Compress(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kPermissionDenied) << response.status();
+  }
+  // Disconnect with regions registered: released, and the id is gone.
+  client_->SetClientId((*lease)->client_id());
+  lease->reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings("knorm");
+    *request.add_layers() = IpcLayer(0, *region, Layout::kDense, "");
+    auto response = client_->Compress(request);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kNotFound) << response.status();
+  }
+  // Still serving.
+  v1::CompressRequest request;
+  *request.mutable_settings() = Settings("snapkv");
+  *request.add_layers() = InlineLayer(0);
+  EXPECT_TRUE(client_->Compress(request).ok());
+  EXPECT_TRUE(process_->Running());
+}
+
+}  // namespace
+}  // namespace kvtrim
