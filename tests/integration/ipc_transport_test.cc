@@ -25,7 +25,7 @@ namespace {
 using testing::KvtrimdProcess;
 
 constexpr int kLayers = 3;
-constexpr int64_t kHeads = 2, kTokens = 300, kDim = 64, kQHeads = 4, kWindow = 16;
+constexpr int64_t kHeads = 2, kTokens = 300, kDim = 64, kQHeads = 4, kWindow = 32;
 constexpr int64_t kBlock = 16;
 
 /// bf16 bits of `x` (round to nearest even).
