@@ -1,7 +1,8 @@
 // CUDA IPC transport end to end on a GPU: this test process plays the worker (it owns the
 // device buffers and exports them), a real `kvtrimd --backend=gpu --allow_client_shm` child
 // maps them. Sessions over CUDA IPC (dense, token-major strided and paged layouts, with a
-// ready event) and over host shared memory give the indices of inline Compress; region
+// ready event), over host shared memory and over inline bytes, plain and chunked, give the
+// indices of inline Compress; region
 // misuse gets clear errors and the server keeps serving. Skips without a GPU.
 #include <cuda_runtime.h>
 
@@ -121,7 +122,8 @@ class IpcTransportTest : public ::testing::Test {
     ASSERT_TRUE(process.ok()) << process.status();
     process_.emplace(*std::move(process));
     ClientOptions options;
-    auto client = Client::Connect(absl::StrCat("127.0.0.1:", *port), options);
+    address_ = absl::StrCat("127.0.0.1:", *port);
+    auto client = Client::Connect(address_, options);
     ASSERT_TRUE(client.ok());
     client_ = *std::move(client);
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
@@ -252,6 +254,7 @@ class IpcTransportTest : public ::testing::Test {
     uint64_t keys[3], values[3], queries;
   };
   std::optional<KvtrimdProcess> process_;
+  std::string address_;
   std::unique_ptr<Client> client_;
   std::vector<HostLayer> layers_;
   std::vector<Offsets> offsets_;
@@ -324,6 +327,28 @@ TEST_F(IpcTransportTest, HostShmSessionOnTheGpuBackendMatchesInline) {
   auto answers = RunSession("snapkv", std::move(layers));
   ASSERT_TRUE(answers.ok()) << answers.status();
   EXPECT_EQ(*answers, expected);
+}
+
+TEST_F(IpcTransportTest, InlineSessionsPlainAndChunkedMatchInlineCompress) {
+  for (int64_t chunk : {int64_t{0}, int64_t{4096}, int64_t{65536}}) {
+    ClientOptions options;
+    options.session_chunk_bytes = chunk;
+    auto client = Client::Connect(address_, options);
+    ASSERT_TRUE(client.ok());
+    for (const std::string policy : {"snapkv", "dropkv"}) {
+      const auto expected = InlineAnswers(policy);
+      auto session = (*client)->OpenSession(Settings(policy));
+      ASSERT_TRUE(session.ok()) << session.status();
+      for (int l = 0; l < kLayers; ++l) ASSERT_TRUE((*session)->SendLayer(InlineLayer(l)).ok());
+      auto result = (*session)->Finish();
+      ASSERT_TRUE(result.ok()) << result.status();
+      std::map<int32_t, std::vector<int32_t>> answers;
+      for (const auto& l : result->layers) {
+        answers[l.layer_id()] = {l.indices().begin(), l.indices().end()};
+      }
+      EXPECT_EQ(answers, expected) << policy << " chunk " << chunk;
+    }
+  }
 }
 
 TEST_F(IpcTransportTest, RegionMisuseGetsClearErrorsAndTheServerKeepsServing) {
