@@ -461,6 +461,7 @@ absl::Status KvtrimService::SessionImpl(
         metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);
         CountTransportBytes(Rpc::kCompressSession, item.decoded->transport);
         if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
+        policy = item.policy;  // num_layers grows with the layers seen when begin left it 0
         const ResolvedPolicy& layer_policy = *item.policy;
         const ValidatedLayer& layer = *item.validated;
         const auto start = Clock::now();

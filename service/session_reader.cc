@@ -50,7 +50,10 @@ bool SessionReader::Push(SessionItem item) {
   });
   if (stopping_) return false;
   if (is_layer) ++pending_layers_;
-  const bool last = item.kind == SessionItem::Kind::kEnd || item.kind == SessionItem::Kind::kError;
+  // Nothing is read after these: Stop() must not cancel the call once one is queued.
+  const bool last = item.kind == SessionItem::Kind::kEnd ||
+                    item.kind == SessionItem::Kind::kError ||
+                    item.kind == SessionItem::Kind::kFinish;
   if (last) done_ = true;
   queue_.push_back(std::move(item));
   changed_.notify_all();
@@ -201,14 +204,9 @@ void SessionReader::Run() {
       Push(std::move(item));
       return;
     }
+    // Nothing may follow finish; the compute loop ends the call after it.
     const bool stop = item.kind == SessionItem::Kind::kFinish;
-    if (!Push(std::move(item))) return;
-    if (stop) {
-      // Nothing may follow finish; the compute loop ends the call after it.
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
-      return;
-    }
+    if (!Push(std::move(item)) || stop) return;
   }
 }
 
