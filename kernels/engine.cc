@@ -44,12 +44,7 @@ absl::Status CheckFinite(const TensorView& t, const std::string& field) {
   if (i < 0) return absl::OkStatus();
   float value = 0;
   ConvertToF32(t.dtype, static_cast<const char*>(t.data) + i * DTypeSize(t.dtype), 1, &value);
-  const int64_t a = i / (t.shape[1] * t.shape[2]);
-  const int64_t b = (i / t.shape[2]) % t.shape[1];
-  const int64_t c = i % t.shape[2];
-  return absl::InvalidArgumentError(absl::StrCat(field, ": contains ",
-                                                 std::isnan(value) ? "NaN" : "Inf", " at [", a,
-                                                 ", ", b, ", ", c, "]"));
+  return NonFiniteError(field, t, i, value);
 }
 
 /// Backends name a layer's tensor without the request's field ("keys: contains NaN ...");

@@ -1,6 +1,20 @@
 #include "kernels/tensor.h"
 
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
 namespace kvtrim {
+
+absl::Status NonFiniteError(const std::string& field, const TensorView& t, int64_t flat_index,
+                            float value) {
+  const int64_t a = flat_index / (t.shape[1] * t.shape[2]);
+  const int64_t b = (flat_index / t.shape[2]) % t.shape[1];
+  const int64_t c = flat_index % t.shape[2];
+  return absl::InvalidArgumentError(absl::StrCat(field, ": contains ",
+                                                 std::isnan(value) ? "NaN" : "Inf", " at [", a,
+                                                 ", ", b, ", ", c, "]"));
+}
 
 F32Tensor F32Tensor::FromView(const TensorView& view) {
   F32Tensor t;

@@ -4,8 +4,10 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "kernels/dtype.h"
 
 namespace kvtrim {
@@ -38,7 +40,7 @@ struct TensorView {
   DType dtype = DType::kF32;
   std::array<int64_t, 3> shape{0, 0, 0};  // [dim0, dim1, dim2]
   MemorySpace space = MemorySpace::kHost;
-  std::shared_ptr<const StridedLayout> layout;  // null = dense row-major
+  std::shared_ptr<const StridedLayout> layout = nullptr;  // null = dense row-major
 
   /// True when the bytes are in device memory.
   bool on_device() const { return space == MemorySpace::kDevice; }
@@ -50,6 +52,12 @@ struct TensorView {
   /// Number of bytes the elements occupy.
   int64_t nbytes() const { return numel() * static_cast<int64_t>(DTypeSize(dtype)); }
 };
+
+/// INVALID_ARGUMENT "<field>: contains NaN at [a, b, c]" (or Inf, from `value`) for the
+/// element at row-major flat index `flat_index` of `t`: the one message of the host and the
+/// device NaN / Inf checks.
+absl::Status NonFiniteError(const std::string& field, const TensorView& t, int64_t flat_index,
+                            float value);
 
 /// A read-only fp32 rank-3 tensor [dim0, dim1, dim2], row-major. It either aliases
 /// caller memory (f32 input) or owns a converted copy (f16/bf16 input).

@@ -174,13 +174,7 @@ absl::StatusOr<LayerDecision> KvtrimService::ComputeLayer(const ResolvedPolicy& 
   const auto start = Clock::now();
   auto decision = engine_.CompressLayer(policy, layer, field);
   const double wall = SecondsSince(start);
-  if (!decision.ok()) {
-    metrics_.ObserveStage(Stage::kValidate, wall);
-    if (decision.status().code() == absl::StatusCode::kInternal && backend_failure_hook_) {
-      backend_failure_hook_(decision.status());
-    }
-    return decision.status();
-  }
+  if (!decision.ok()) return ComputeFailed(decision.status(), 0, start);
   const double compute = std::min(wall, std::max(0.0, decision->compute_seconds));
   metrics_.ObserveStage(Stage::kCompute, compute);
   metrics_.ObserveStage(Stage::kValidate, wall - compute);
@@ -195,13 +189,7 @@ absl::Status KvtrimService::ScoreForModelWide(const ResolvedPolicy& policy,
   double compute = 0;
   auto scores = engine_.ScoreLayer(policy, layer, field, &compute);
   const double wall = SecondsSince(start);
-  if (!scores.ok()) {
-    metrics_.ObserveStage(Stage::kValidate, wall);
-    if (scores.status().code() == absl::StatusCode::kInternal && backend_failure_hook_) {
-      backend_failure_hook_(scores.status());
-    }
-    return scores.status();
-  }
+  if (!scores.ok()) return ComputeFailed(scores.status(), 0, start);
   compute = std::min(wall, std::max(0.0, compute));
   metrics_.ObserveStage(Stage::kCompute, compute);
   metrics_.ObserveStage(Stage::kValidate, wall - compute);
@@ -277,7 +265,7 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
         !st.ok()) {
       return st;
     }
-    CountTransportBytes(Rpc::kCompress, layers[i].transport);
+    CountTransportBytes(layers[i].transport);
     const int32_t id = request.layers(i).layer_id();
     auto [it, inserted] = first_index.emplace(id, i);
     if (!inserted) {
@@ -459,7 +447,7 @@ absl::Status KvtrimService::SessionImpl(
         break;
       case SessionItem::Kind::kLayer: {
         metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);
-        CountTransportBytes(Rpc::kCompressSession, item.decoded->transport);
+        CountTransportBytes(item.decoded->transport);
         if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
         policy = item.policy;  // num_layers grows with the layers seen when begin left it 0
         const ResolvedPolicy& layer_policy = *item.policy;
@@ -553,8 +541,7 @@ DecodeContext KvtrimService::MakeDecodeContext(const grpc::ServerContext& contex
   return decode;
 }
 
-void KvtrimService::CountTransportBytes(Rpc rpc, const TransportBytes& bytes) {
-  (void)rpc;
+void KvtrimService::CountTransportBytes(const TransportBytes& bytes) {
   metrics_.AddTransportBytes(Transport::kInline, bytes.inline_bytes);
   metrics_.AddTransportBytes(Transport::kHostShm, bytes.host_shm);
   metrics_.AddTransportBytes(Transport::kCudaIpc, bytes.cuda_ipc);
@@ -582,13 +569,12 @@ grpc::Status KvtrimService::Regions(
           "draining: kvtrimd is shutting down and accepts no new calls; retry on another replica");
     }
   }
-  if (status.ok()) status = RegionsImpl(context, stream);
+  if (status.ok()) status = RegionsImpl(stream);
   metrics_.RecordRequest(Rpc::kRegions, kNoPolicy, status.code(), SecondsSince(start));
   return ToGrpcStatus(status);
 }
 
 absl::Status KvtrimService::RegionsImpl(
-    grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream) {
   const std::string client_id = regions_->OpenClient();
   PublishRegionMetrics();
@@ -639,7 +625,6 @@ absl::Status KvtrimService::RegionsImpl(
     response.set_message(std::string(result.message()));
     PublishRegionMetrics();
     if (!stream->Write(response)) return absl::OkStatus();
-    (void)context;
   }
 }
 

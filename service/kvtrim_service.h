@@ -133,12 +133,11 @@ class KvtrimService final : public v1::Kvtrim::Service {
   /// The call's decoding context: the regions and its kvtrim-client-id metadata.
   DecodeContext MakeDecodeContext(const grpc::ServerContext& context) const;
   /// Counts a decoded layer's tensor bytes per transport.
-  void CountTransportBytes(Rpc rpc, const TransportBytes& bytes);
+  void CountTransportBytes(const TransportBytes& bytes);
   /// Publishes the region and lease counts (kvtrim_regions, kvtrim_region_leases).
   void PublishRegionMetrics();
   /// The Regions stream after the checks: the lease and its requests.
-  absl::Status RegionsImpl(grpc::ServerContext* context,
-                           grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream);
+  absl::Status RegionsImpl(grpc::ServerReaderWriter<v1::RegionResponse, v1::RegionRequest>* stream);
   /// A session layer's computation failed: observes the time as validation, reports
   /// INTERNAL to the backend-failure hook, returns `status`.
   absl::Status ComputeFailed(const absl::Status& status, double validate_seconds,

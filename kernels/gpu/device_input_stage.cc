@@ -37,13 +37,7 @@ absl::Status NonFiniteStatus(const char* name, const TensorView& view, const voi
       "cudaMemcpy(non-finite element)");
   float value = 0;
   ConvertToF32(view.dtype, &raw, 1, &value);
-  const int64_t flat = static_cast<int64_t>(i);
-  const int64_t a = flat / (view.shape[1] * view.shape[2]);
-  const int64_t b = (flat / view.shape[2]) % view.shape[1];
-  const int64_t c = flat % view.shape[2];
-  return absl::InvalidArgumentError(absl::StrCat(name, ": contains ",
-                                                 std::isnan(value) ? "NaN" : "Inf", " at [", a,
-                                                 ", ", b, ", ", c, "]"));
+  return NonFiniteError(name, view, static_cast<int64_t>(i), value);
 }
 
 }  // namespace
