@@ -1,0 +1,170 @@
+#include "kernels/bench/gpu_bench_model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+
+#include "kernels/bench/gpu_bench_fill.h"
+#include "kernels/decide.h"
+#include "kernels/expected_attention_stats.h"
+#include "kernels/gpu/device_error.h"
+#include "kernels/gpu/launchers.h"
+
+namespace kvtrim::gpu::bench {
+namespace {
+
+/// Fast deterministic uniforms in [0, 1) (host).
+float HostUniform(uint64_t* state) {
+  *state = *state * 6364136223846793005ULL + 1442695040888963407ULL;
+  return static_cast<float>(static_cast<double>(*state >> 40) / 16777216.0);
+}
+
+}  // namespace
+
+absl::Status MakeBenchModel(const Options& o, cudaStream_t stream, BenchModel* m) {
+  const int64_t hq = kKvHeads * kGroup;
+  const int64_t vf = LaneMajorFloats(kHeadDim);
+  auto model = std::make_shared<RegisteredModel>();
+  model->digest = "sha256:bench";
+  model->layout = {"bench", kNumLayers, static_cast<int32_t>(hq), static_cast<int32_t>(kKvHeads),
+                   static_cast<int32_t>(kHeadDim), static_cast<int32_t>(o.hidden)};
+  LukvProfile profile;
+  profile.name = profile.metric = "snapkv";
+  profile.sink = 0;
+  profile.window = o.model_w;
+  profile.prune_ratios.resize(static_cast<size_t>(kLukvProfileRows * kNumLayers * kKvHeads));
+  uint64_t state = 17;
+  for (int64_t r = 0; r < kLukvProfileRows; ++r) {
+    for (int64_t i = 0; i < kNumLayers * kKvHeads; ++i) {
+      const float f = 0.5f + HostUniform(&state);
+      profile.prune_ratios[static_cast<size_t>(r * kNumLayers * kKvHeads + i)] =
+          std::min(1.0f, static_cast<float>(r + 1) / 100.0f * f);
+    }
+  }
+  model->profiles["snapkv"] = std::move(profile);
+  // Pre-RoPE query statistics of every layer (ea_stats_host row).
+  model->query_mean.assign(static_cast<size_t>(kNumLayers),
+                           std::vector<float>(static_cast<size_t>(hq * kHeadDim)));
+  model->query_cov.assign(static_cast<size_t>(kNumLayers),
+                          std::vector<float>(static_cast<size_t>(hq * kHeadDim * kHeadDim)));
+  for (auto& layer : model->query_mean) for (float& x : layer) x = HostUniform(&state) - 0.5f;
+  for (auto& layer : model->query_cov) for (float& x : layer) x = 0.05f * (HostUniform(&state) - 0.5f);
+  m->host = model;
+  const size_t w_o_count = static_cast<size_t>(hq * o.hidden * vf);
+  const size_t head_count = static_cast<size_t>(hq * kHeadDim * vf);
+  const size_t group_count = static_cast<size_t>(kKvHeads * kHeadDim * vf);
+  KVTRIM_RETURN_IF_ERROR(m->w_o.Allocate(w_o_count * sizeof(float)));
+  KVTRIM_RETURN_IF_ERROR(m->head_gram.Allocate(head_count * sizeof(float)));
+  KVTRIM_RETURN_IF_ERROR(m->group_gram.Allocate(group_count * sizeof(float)));
+  const float w_scale = 1.0f / std::sqrt(static_cast<float>(o.hidden));
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->w_o.get(), DType::kF32,
+                                                     static_cast<int64_t>(w_o_count), 71, w_scale,
+                                                     stream),
+                              "fill w_o");
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->head_gram.get(), DType::kF32,
+                                                     static_cast<int64_t>(head_count), 72, 0.05f,
+                                                     stream),
+                              "fill head_gram");
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->group_gram.get(), DType::kF32,
+                                                     static_cast<int64_t>(group_count), 73, 0.05f,
+                                                     stream),
+                              "fill group_gram");
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "fill model");
+  return absl::OkStatus();
+}
+
+std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& model, int64_t n,
+                             const Options& options) {
+  std::vector<Row> rows;
+  auto median_ms = [&](const std::function<void()>& fn) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < options.host_reps; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                       .count());
+    }
+    return Median(ms);
+  };
+  {
+    Row row;
+    row.policy = "laprox_decide32";
+    row.scorer = "laprox";
+    row.n = n;
+    row.w = options.model_w;
+    row.note = absl::StrCat("host DecideLaProx (mode model) over ", kNumLayers, " layers");
+    CompressionSettings settings;
+    settings.policy = "laprox";
+    settings.budget.keep_fraction = options.keep_fraction;
+    settings.num_layers = kNumLayers;
+    auto policy = registry.Resolve(settings, "settings");
+    if (!policy.ok()) {
+      row.error = policy.status().ToString();
+      rows.push_back(row);
+      return rows;
+    }
+    policy->model = model.host;
+    std::vector<LayerScores> layers(static_cast<size_t>(kNumLayers));
+    uint64_t state = static_cast<uint64_t>(n);
+    for (int32_t l = 0; l < kNumLayers; ++l) {
+      LayerScores& ls = layers[static_cast<size_t>(l)];
+      ls.layer_id = l;
+      ls.num_layers = kNumLayers;
+      ls.num_heads = kKvHeads;
+      ls.num_tokens = n;
+      ls.scores.resize(static_cast<size_t>(kKvHeads * n));
+      for (float& x : ls.scores) x = HostUniform(&state);
+      ls.budget.kept_per_head = KeptCount(policy->settings.budget, n);
+      ls.budget.requested = Protection{0, options.model_w};
+      ls.budget.protection =
+          ClampProtection(ls.budget.requested, ls.budget.kept_per_head, n);
+    }
+    absl::Status status;
+    row.select_us = 1e3 * median_ms([&] {
+      auto decisions = DecideLaProx(*policy, layers);
+      if (!decisions.ok()) {
+        status = decisions.status();
+        return;
+      }
+      for (const LayerDecision& d : *decisions) {
+        if (std::string e = CheckAnswer(d.offsets, d.indices, n, -1); !e.empty()) {
+          status = absl::InternalError(e);
+        }
+      }
+    });
+    row.total_us = row.select_us;
+    if (!status.ok()) row.error = status.ToString();
+    rows.push_back(row);
+  }
+  {
+    Row row;
+    row.policy = "ea_stats_host";
+    row.scorer = "expected_attention";
+    row.n = n;
+    row.w = options.model_w;
+    row.note = "host ComputeExpectedQueryStats of one layer (query_stats model)";
+    CompressionSettings settings;
+    settings.policy = "expected_attention";
+    settings.params["query_stats"] = ParamValue::Text("model");
+    auto policy = registry.Resolve(settings, "settings");
+    if (!policy.ok()) {
+      row.error = policy.status().ToString();
+      rows.push_back(row);
+      return rows;
+    }
+    absl::Status status;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+    row.select_us = 1e3 * median_ms([&] {
+      auto stats = ComputeExpectedQueryStats(*model.host, policy->params, kLayerId, n,
+                                             TensorView(), scale);
+      if (!stats.ok()) status = stats.status();
+    });
+    row.total_us = row.select_us;
+    if (!status.ok()) row.error = status.ToString();
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace kvtrim::gpu::bench
