@@ -3,6 +3,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "kernels/decide.h"
@@ -30,6 +31,14 @@ class Backend {
     (void)policy, (void)layer, (void)budget, (void)out;
     return absl::UnimplementedError(std::string(name()) +
                                     " backend: scoring without selection is not implemented");
+  }
+  /// The numerics modes this backend computes `scorer` + `allocator` in (ListPolicies).
+  /// kExact is always among them. A request for kFast on a policy whose list lacks it is
+  /// computed exact, and LayerDecision::numerics / LayerScores::numerics say so.
+  virtual std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
+                                              const AllocatorSpec& allocator) const {
+    (void)scorer, (void)allocator;
+    return {Numerics::kExact};
   }
   /// True when the backend reads tensors in device memory (MemorySpace::kDevice) in place.
   /// The engine refuses device tensors for backends that do not.

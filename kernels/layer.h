@@ -9,6 +9,7 @@
 
 #include "kernels/budget.h"
 #include "kernels/params.h"
+#include "kernels/policy_kind.h"
 #include "kernels/tensor.h"
 
 namespace kvtrim {
@@ -32,6 +33,10 @@ struct CompressionSettings {
   uint64_t seed = 0;
   int32_t block_size = 0;                      // kBlockAligned: tokens per block (>= 1)
   std::string model_digest;                    // registered model, or empty
+  /// Numerics asked for (the service fills the server default --numerics when the request
+  /// leaves it unspecified). A backend without a fast path for the policy computes exact
+  /// and says so in LayerDecision::numerics.
+  Numerics numerics = Numerics::kFast;
 };
 
 /// The raw tensors of one layer, as received (any dtype, not yet validated).
@@ -93,6 +98,7 @@ struct LayerDecision {
   std::vector<int32_t> kept_per_head; // [H_kv]
   std::vector<double> perturbation;   // [H_kv], empty when values or queries are absent
   double compute_seconds = 0;
+  Numerics numerics = Numerics::kExact;  // the mode that computed the scores
 };
 
 }  // namespace kvtrim

@@ -12,6 +12,7 @@
 #include "kernels/layer.h"
 #include "kernels/model.h"
 #include "kernels/params.h"
+#include "kernels/policy_kind.h"
 
 namespace kvtrim {
 
@@ -30,6 +31,7 @@ enum class DecisionScope { kHead, kLayer, kModel };
 /// Describes a scorer: one retention score per (KV head, token), higher = keep.
 struct ScorerSpec {
   std::string name;
+  ScorerKind kind = ScorerKind::kStreamingLlm;  // the typed identity of `name`
   std::string description;
   std::string paper;
   uint32_t required_inputs = kInputKeys;
@@ -50,6 +52,7 @@ struct ScorerSpec {
 /// Describes an allocator: how many tokens each head of a layer keeps.
 struct AllocatorSpec {
   std::string name;
+  AllocatorKind kind = AllocatorKind::kUniform;  // the typed identity of `name`
   std::string description;
   std::string paper;
   std::vector<ParamSpec> params;
