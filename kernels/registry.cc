@@ -1,9 +1,26 @@
 #include "kernels/registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace kvtrim {
+
+namespace {
+
+/// The API spelling of `shape` ("PER_HEAD", as kvtrim.proto's OutputShape), for messages.
+const char* OutputShapeName(OutputShape shape) {
+  switch (shape) {
+    case OutputShape::kPerHead: return "PER_HEAD";
+    case OutputShape::kShared: return "SHARED";
+    case OutputShape::kBlockAligned: return "BLOCK_ALIGNED";
+    case OutputShape::kEqualCount: return "EQUAL_COUNT";
+  }
+  return "?";
+}
+
+}  // namespace
 
 void PolicyRegistry::AddScorer(ScorerSpec spec) {
   auto name = spec.name;
@@ -45,6 +62,24 @@ std::vector<ParamSpec> PolicyRegistry::CombinedParams(const ScorerSpec& s, const
   return params;
 }
 
+absl::Status PolicyRegistry::CheckComposable(const ScorerSpec& scorer,
+                                             const AllocatorSpec& allocator) {
+  if (scorer.kind == ScorerKind::kLaProx && allocator.kind != AllocatorKind::kUniform) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "laprox allocates by its own top-K (policy.params.mode) and composes with the uniform "
+        "allocator only, not '", allocator.name, "'"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<OutputShape> PolicyRegistry::OutputShapes(const ScorerSpec& scorer,
+                                                      const AllocatorSpec& allocator) {
+  (void)allocator;  // every allocator answers every shape its scorer allows
+  if (scorer.kind == ScorerKind::kLaProx) return {OutputShape::kPerHead, OutputShape::kEqualCount};
+  return {OutputShape::kPerHead, OutputShape::kShared, OutputShape::kBlockAligned,
+          OutputShape::kEqualCount};
+}
+
 absl::StatusOr<ResolvedPolicy> PolicyRegistry::Resolve(const CompressionSettings& settings,
                                                        const std::string& field_prefix) const {
   const std::string name_field = absl::StrCat(field_prefix, ".policy.name");
@@ -80,6 +115,19 @@ absl::StatusOr<ResolvedPolicy> PolicyRegistry::Resolve(const CompressionSettings
         name_field, ": unknown policy '", settings.policy, "'; known policies: ",
         absl::StrJoin(names, ", "), "; or SCORER+ALLOCATOR with allocator one of ",
         absl::StrJoin(parts, ", ")));
+  }
+  if (absl::Status composable = CheckComposable(*scorer, *allocator); !composable.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(name_field, ": policy '", settings.policy,
+                                                   "' cannot be served: ",
+                                                   composable.message()));
+  }
+  const std::vector<OutputShape> shapes = OutputShapes(*scorer, *allocator);
+  if (std::find(shapes.begin(), shapes.end(), settings.output_shape) == shapes.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field_prefix, ".output_shape: policy '", settings.policy, "' answers ",
+        absl::StrJoin(shapes, " or ",
+                      [](std::string* out, OutputShape s) { out->append(OutputShapeName(s)); }),
+        " lists, not ", OutputShapeName(settings.output_shape)));
   }
   auto params = ResolvedParams::Resolve(CombinedParams(*scorer, *allocator), settings.params,
                                         absl::StrCat(field_prefix, ".policy.params"));

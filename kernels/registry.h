@@ -20,10 +20,24 @@ class PolicyRegistry {
   void AddPreset(PolicyPreset preset);
 
   /// Resolves `settings.policy` (a preset or "SCORER+ALLOCATOR") with its parameter
-  /// overrides. Errors: INVALID_ARGUMENT naming `field_prefix` + ".policy.name" for an
-  /// unknown policy, or + ".policy.params.<name>" for a bad parameter.
+  /// overrides. Errors, all INVALID_ARGUMENT: `field_prefix` + ".policy.name" for an unknown
+  /// policy or a composition CheckComposable refuses; + ".output_shape" for a shape
+  /// OutputShapes does not list; + ".policy.params.<name>" for a bad parameter.
   absl::StatusOr<ResolvedPolicy> Resolve(const CompressionSettings& settings,
                                          const std::string& field_prefix) const;
+
+  /// The composability rule, the one place that says which scorer + allocator pairs can
+  /// serve a request (Resolve refuses the others; ListPolicies does not list them). OK, or
+  /// INVALID_ARGUMENT with the reason (no field name). laprox selects by its own top-K
+  /// (policy.params.mode: per head, per layer or model-wide) and composes with the uniform
+  /// allocator only; every other scorer composes with every allocator.
+  static absl::Status CheckComposable(const ScorerSpec& scorer, const AllocatorSpec& allocator);
+
+  /// The output shapes a composable scorer + allocator answers with, in enum order: every
+  /// shape, except laprox: kPerHead (ragged) and kEqualCount (its top-K is defined per head
+  /// list; SHARED and BLOCK_ALIGNED are not).
+  static std::vector<OutputShape> OutputShapes(const ScorerSpec& scorer,
+                                               const AllocatorSpec& allocator);
 
   const ScorerSpec* FindScorer(const std::string& name) const;
   const AllocatorSpec* FindAllocator(const std::string& name) const;

@@ -2,6 +2,7 @@
 #include "service/response_codec.h"
 #include "service/settings_codec.h"
 #include "service/status.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "service/tensor_codec.h"
 #include "service/test_util.h"
 
@@ -65,7 +66,7 @@ TEST(SettingsCodecTest, DecodesEveryField) {
   s.set_output_shape(v1::SHARED);
   s.set_num_layers(32);
   s.set_seed(7);
-  auto out = DecodeSettings(s, "settings");
+  auto out = DecodeSettings(s, "settings", Numerics::kFast);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->policy, "snapkv");
   EXPECT_TRUE(out->budget.by_fraction);
@@ -81,7 +82,7 @@ TEST(SettingsCodecTest, DecodesEveryField) {
 }
 
 TEST(SettingsCodecTest, UnsetOptionalsStayUnset) {
-  auto out = DecodeSettings(MakeSettings("knorm"), "begin");
+  auto out = DecodeSettings(MakeSettings("knorm"), "begin", Numerics::kFast);
   ASSERT_TRUE(out.ok());
   EXPECT_FALSE(out->sink_tokens.has_value());
   EXPECT_FALSE(out->recent_tokens.has_value());
@@ -91,12 +92,12 @@ TEST(SettingsCodecTest, UnsetOptionalsStayUnset) {
 TEST(SettingsCodecTest, KeepTokensBudget) {
   v1::CompressionSettings s = MakeSettings("knorm");
   s.mutable_budget()->set_keep_tokens(12);
-  auto out = DecodeSettings(s, "settings");
+  auto out = DecodeSettings(s, "settings", Numerics::kFast);
   ASSERT_TRUE(out.ok());
   EXPECT_FALSE(out->budget.by_fraction);
   EXPECT_EQ(out->budget.keep_tokens, 12);
   s.mutable_budget()->set_keep_tokens(-3);
-  auto bad = DecodeSettings(s, "begin");
+  auto bad = DecodeSettings(s, "begin", Numerics::kFast);
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
               ::testing::HasSubstr("begin.budget.keep_tokens: must be >= 1, got -3"));
@@ -105,9 +106,135 @@ TEST(SettingsCodecTest, KeepTokensBudget) {
 TEST(SettingsCodecTest, EmptyBudgetOneofIsRequired) {
   v1::CompressionSettings s = MakeSettings("knorm");
   s.mutable_budget()->Clear();  // budget present, no value
-  auto out = DecodeSettings(s, "settings");
+  auto out = DecodeSettings(s, "settings", Numerics::kFast);
   ASSERT_FALSE(out.ok());
   EXPECT_THAT(std::string(out.status().message()), ::testing::HasSubstr("settings.budget: required"));
+}
+
+TEST(SettingsCodecTest, NumericsUnspecifiedTakesTheServerDefault) {
+  const v1::CompressionSettings s = MakeSettings("knorm");
+  ASSERT_EQ(s.numerics(), v1::NUMERICS_UNSPECIFIED);
+  auto fast = DecodeSettings(s, "settings", Numerics::kFast);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(fast->numerics, Numerics::kFast);
+  auto exact = DecodeSettings(s, "settings", Numerics::kExact);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->numerics, Numerics::kExact);
+}
+
+TEST(SettingsCodecTest, NumericsAskedForWinsOverTheServerDefault) {
+  v1::CompressionSettings s = MakeSettings("knorm");
+  s.set_numerics(v1::NUMERICS_FAST);
+  auto fast = DecodeSettings(s, "settings", Numerics::kExact);
+  ASSERT_TRUE(fast.ok()) << fast.status();
+  EXPECT_EQ(fast->numerics, Numerics::kFast);
+  s.set_numerics(v1::NUMERICS_EXACT);
+  auto exact = DecodeSettings(s, "begin", Numerics::kFast);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->numerics, Numerics::kExact);
+}
+
+TEST(SettingsCodecTest, UnknownNumericsValueNamesTheField) {
+  v1::CompressionSettings s = MakeSettings("knorm");
+  s.set_numerics(static_cast<v1::Numerics>(7));  // proto3 keeps unknown enum values
+  auto out = DecodeSettings(s, "settings", Numerics::kFast);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(out.status().message()),
+              ::testing::HasSubstr("settings.numerics: unknown numerics mode 7"));
+  auto begin = DecodeSettings(s, "begin", Numerics::kExact);
+  EXPECT_THAT(std::string(begin.status().message()), ::testing::HasSubstr("begin.numerics"));
+}
+
+TEST(ResponseCodecTest, EncodesNumericsOfTheDecision) {
+  LayerDecision d;
+  d.offsets = {0};
+  v1::LayerResult r;
+  EncodeLayerResult(d, &r);  // a default decision says exact
+  EXPECT_EQ(r.numerics(), v1::NUMERICS_EXACT);
+  d.numerics = Numerics::kFast;
+  v1::LayerResult fast;
+  EncodeLayerResult(d, &fast);
+  EXPECT_EQ(fast.numerics(), v1::NUMERICS_FAST);
+  EXPECT_EQ(EncodeNumerics(Numerics::kExact), v1::NUMERICS_EXACT);
+}
+
+/// A backend that reports fast for the knorm scorer only (the numerics list of ListPolicies
+/// comes from the serving backend).
+class FastKnormBackend final : public Backend {
+ public:
+  const char* name() const override { return "test"; }
+  absl::Status CompressLayer(const ResolvedPolicy&, const ValidatedLayer&, const LayerBudget&,
+                             LayerDecision*) override {
+    return absl::UnimplementedError("test backend");
+  }
+  std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
+                                      const AllocatorSpec&) const override {
+    if (scorer.kind == ScorerKind::kKnorm) return {Numerics::kExact, Numerics::kFast};
+    return {Numerics::kExact};
+  }
+};
+
+const v1::PolicyInfo* FindPolicy(const v1::ListPoliciesResponse& list, const std::string& name) {
+  for (const v1::PolicyInfo& info : list.policies()) {
+    if (info.name() == name) return &info;
+  }
+  return nullptr;
+}
+
+TEST(ResponseCodecTest, PoliciesListTheBackendsNumericsModesFastFirst) {
+  PolicyRegistry registry;
+  RegisterBuiltinPolicies(&registry);
+  FastKnormBackend backend;
+  v1::ListPoliciesResponse list;
+  EncodePolicies(registry, backend, &list);
+  const v1::PolicyInfo* knorm = FindPolicy(list, "knorm");
+  ASSERT_NE(knorm, nullptr);
+  EXPECT_THAT(knorm->numerics_modes(), ::testing::ElementsAre(v1::NUMERICS_FAST,
+                                                              v1::NUMERICS_EXACT));
+  const v1::PolicyInfo* adakv = FindPolicy(list, "knorm+adakv");
+  ASSERT_NE(adakv, nullptr);
+  EXPECT_THAT(adakv->numerics_modes(), ::testing::ElementsAre(v1::NUMERICS_FAST,
+                                                              v1::NUMERICS_EXACT));
+  const v1::PolicyInfo* snapkv = FindPolicy(list, "snapkv");
+  ASSERT_NE(snapkv, nullptr);
+  EXPECT_THAT(snapkv->numerics_modes(), ::testing::ElementsAre(v1::NUMERICS_EXACT));
+  CpuBackend cpu(1);
+  v1::ListPoliciesResponse on_cpu;
+  EncodePolicies(registry, cpu, &on_cpu);
+  for (const v1::PolicyInfo& info : on_cpu.policies()) {
+    EXPECT_THAT(info.numerics_modes(), ::testing::ElementsAre(v1::NUMERICS_EXACT)) << info.name();
+  }
+}
+
+TEST(ResponseCodecTest, PoliciesListOnlyComposablePairsWithTheirOutputShapes) {
+  PolicyRegistry registry;
+  RegisterBuiltinPolicies(&registry);
+  CpuBackend cpu(1);
+  v1::ListPoliciesResponse list;
+  EncodePolicies(registry, cpu, &list);
+  for (const char* refused : {"laprox+adakv", "laprox+pyramid", "laprox+lukv"}) {
+    EXPECT_EQ(FindPolicy(list, refused), nullptr) << refused;
+  }
+  const v1::PolicyInfo* laprox = FindPolicy(list, "laprox+uniform");
+  ASSERT_NE(laprox, nullptr);
+  EXPECT_THAT(laprox->output_shapes(), ::testing::ElementsAre(v1::PER_HEAD, v1::EQUAL_COUNT));
+  const v1::PolicyInfo* snapkv = FindPolicy(list, "snapkv+lukv");
+  ASSERT_NE(snapkv, nullptr);
+  EXPECT_THAT(snapkv->output_shapes(),
+              ::testing::ElementsAre(v1::PER_HEAD, v1::SHARED, v1::BLOCK_ALIGNED,
+                                     v1::EQUAL_COUNT));
+  // Every scorer with every allocator it composes with, after the presets.
+  size_t composable = 0;
+  for (const ScorerSpec* scorer : registry.scorers()) {
+    for (const AllocatorSpec* allocator : registry.allocators()) {
+      composable += PolicyRegistry::CheckComposable(*scorer, *allocator).ok();
+    }
+  }
+  EXPECT_EQ(static_cast<size_t>(list.policies_size()), registry.presets().size() + composable);
+  EXPECT_EQ(composable, registry.scorers().size() * registry.allocators().size() - 3);
+  EXPECT_EQ(list.scorers_size(), static_cast<int>(registry.scorers().size()));
+  EXPECT_EQ(list.allocators_size(), static_cast<int>(registry.allocators().size()));
 }
 
 TEST(ResponseCodecTest, EncodesCsrAndStats) {

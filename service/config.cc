@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -42,6 +43,12 @@ ABSL_FLAG(std::string, backend, "auto",
           "CUDA device is visible, else the CPU. gpu in a build without CUDA exits 2; gpu "
           "with no visible CUDA device exits 1 at start-up (\"cannot start: --backend=gpu: "
           "no CUDA device is visible\").");
+ABSL_FLAG(std::string, numerics, "fast",
+          "Numerics of requests that leave settings.numerics unspecified: fast | exact. fast "
+          "computes on tensor cores / with FMA where the backend has a fast path for the "
+          "policy, within the tolerance of exact that docs/numerics.md derives; exact is the "
+          "canonical arithmetic, bit-identical on CPU and GPU. A policy without a fast path "
+          "is computed exact either way; each LayerResult.numerics reports the mode used.");
 ABSL_FLAG(int32_t, drain_timeout_s, 30,
           "On SIGTERM/SIGINT: seconds to wait for in-flight calls before cancelling them "
           "(0 .. 86400).");
@@ -85,7 +92,8 @@ namespace {
 /// Every kvtrimd flag, in --help order.
 constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "max_message_bytes",
                                      "workers",         "max_inflight",   "backend",
-                                     "drain_timeout_s", "gpu_memory_limit_bytes",
+                                     "numerics",        "drain_timeout_s",
+                                     "gpu_memory_limit_bytes",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_layer_bytes", "session_read_ahead"};
@@ -355,6 +363,13 @@ absl::StatusOr<Config> ConfigFromFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--backend: must be auto, cpu or gpu, got '", backend, "'"));
   }
+  const std::string numerics = absl::GetFlag(FLAGS_numerics);
+  const std::optional<Numerics> mode = ParseNumerics(numerics);
+  if (!mode.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--numerics: must be fast or exact, got '", numerics, "'"));
+  }
+  config.numerics = *mode;
   if (auto st = config.Validate(); !st.ok()) return st;
   return config;
 }

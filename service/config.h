@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/policy_kind.h"
 
 namespace kvtrim::service {
 
@@ -61,6 +62,10 @@ struct Config {
   int64_t max_layer_bytes = int64_t{8} << 30;
   /// Layers a session reads and decodes ahead of the one being computed.
   int session_read_ahead = 2;
+  /// Numerics of requests that leave CompressionSettings.numerics unspecified: kFast
+  /// (tensor cores / FMA where the backend has a fast path, within docs/numerics.md's
+  /// tolerance of exact) or kExact (the canonical arithmetic, CPU and GPU bit-identical).
+  Numerics numerics = Numerics::kFast;
 
   /// Checks every field; errors are INVALID_ARGUMENT naming the flag ("--workers: ...").
   absl::Status Validate() const;

@@ -20,6 +20,13 @@ using ::testing::HasSubstr;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
+/// ParseCommandLineStrict over `args` (argv[0] first).
+absl::Status Parse(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ParseCommandLineStrict(static_cast<int>(argv.size()), argv.data());
+}
+
 TEST(ConfigTest, DefaultsAreValid) {
   Config config;
   EXPECT_TRUE(config.Validate().ok());
@@ -27,6 +34,24 @@ TEST(ConfigTest, DefaultsAreValid) {
   EXPECT_EQ(config.data_dir, "");  // models in memory unless --data_dir is set
   EXPECT_EQ(config.max_models, 16);
   EXPECT_EQ(config.max_model_bytes, int64_t{16} << 30);
+  EXPECT_EQ(config.numerics, Numerics::kFast);  // fast by default (design.md, "Numerics")
+}
+
+TEST(ConfigTest, NumericsFlagIsParsedAndValidatedOnce) {
+  absl::FlagSaver saver;
+  auto config = ConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->numerics, Numerics::kFast);
+  ASSERT_TRUE(Parse({"kvtrimd", "--numerics=exact"}).ok());
+  config = ConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->numerics, Numerics::kExact);
+  ASSERT_TRUE(Parse({"kvtrimd", "--numerics", "fast"}).ok());
+  EXPECT_EQ(ConfigFromFlags()->numerics, Numerics::kFast);
+  ASSERT_TRUE(Parse({"kvtrimd", "--numerics=FAST"}).ok());  // a string: checked once, here
+  const absl::Status bad = ConfigFromFlags().status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(bad), "--numerics: must be fast or exact, got 'FAST'");
 }
 
 TEST(ConfigTest, EveryBadValueNamesItsFlag) {
@@ -79,16 +104,11 @@ TEST(ConfigTest, GpuWithoutCudaBuild) {
 
 TEST(ConfigTest, StrictParserNamesTheFlag) {
   absl::FlagSaver saver;
-  auto parse = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    return ParseCommandLineStrict(static_cast<int>(argv.size()), argv.data());
-  };
-  EXPECT_THAT(Message(parse({"kvtrimd", "--workers=abc"})), HasSubstr("--workers"));
-  EXPECT_THAT(Message(parse({"kvtrimd", "--bogus=1"})), HasSubstr("--bogus: unknown flag"));
-  EXPECT_THAT(Message(parse({"kvtrimd", "--max_inflight"})), HasSubstr("--max_inflight: missing"));
-  EXPECT_THAT(Message(parse({"kvtrimd", "stray"})), HasSubstr("unexpected argument 'stray'"));
-  EXPECT_TRUE(parse({"kvtrimd", "--workers", "3", "--backend=cpu", "--metrics_listen=",
+  EXPECT_THAT(Message(Parse({"kvtrimd", "--workers=abc"})), HasSubstr("--workers"));
+  EXPECT_THAT(Message(Parse({"kvtrimd", "--bogus=1"})), HasSubstr("--bogus: unknown flag"));
+  EXPECT_THAT(Message(Parse({"kvtrimd", "--max_inflight"})), HasSubstr("--max_inflight: missing"));
+  EXPECT_THAT(Message(Parse({"kvtrimd", "stray"})), HasSubstr("unexpected argument 'stray'"));
+  EXPECT_TRUE(Parse({"kvtrimd", "--workers", "3", "--backend=cpu", "--metrics_listen=",
                      "--data_dir=/var/lib/kvtrim", "--max_models=4",
                      "--max_model_bytes=1048576"}).ok());
   auto config = ConfigFromFlags();
@@ -99,7 +119,7 @@ TEST(ConfigTest, StrictParserNamesTheFlag) {
   EXPECT_EQ(config->workers, 3);
   EXPECT_EQ(config->backend, BackendKind::kCpu);
   EXPECT_EQ(config->metrics_listen, "");
-  EXPECT_TRUE(parse({"kvtrimd", "--backend=tpu"}).ok());  // a string: checked by ConfigFromFlags
+  EXPECT_TRUE(Parse({"kvtrimd", "--backend=tpu"}).ok());  // a string: checked by ConfigFromFlags
   EXPECT_THAT(Message(ConfigFromFlags().status()), HasSubstr("--backend"));
 }
 
@@ -120,7 +140,7 @@ TEST(KvtrimdBinaryTest, HelpDocumentsEveryFlag) {
   EXPECT_EQ(RunKvtrimd("--help", &out), 0);
   for (const char* flag : {"--listen", "--metrics_listen", "--max_message_bytes", "--workers",
                            "--max_inflight", "--backend", "--drain_timeout_s", "--data_dir",
-                           "--max_models", "--max_model_bytes"}) {
+                           "--max_models", "--max_model_bytes", "--numerics"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }
@@ -135,6 +155,7 @@ TEST(KvtrimdBinaryTest, BadFlagsExitTwoNamingTheFlag) {
       {"--metrics_listen=x:y", "--metrics_listen"},
       {"--backend=tpu", "--backend"},
       {"--backend=gpu", "--backend"},
+      {"--numerics=approximate", "--numerics"},
       {"--drain_timeout_s=-5", "--drain_timeout_s"},
       {"--max_models=0", "--max_models"},
       {"--max_model_bytes=abc", "--max_model_bytes"},
@@ -178,6 +199,7 @@ TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
   close(out_pipe[0]);
   EXPECT_THAT(line, HasSubstr("serving on 127.0.0.1:"));
   EXPECT_THAT(line, HasSubstr("backend cpu"));
+  EXPECT_THAT(line, HasSubstr("numerics fast"));
   EXPECT_THAT(line, HasSubstr("workers 1"));
   // Health over gRPC on the announced port.
   const auto start = line.find("serving on ") + 11;

@@ -138,12 +138,19 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->gauge.value, 1);
   // Preset series exist at zero before any request.
-  ASSERT_NE(FindMetric(families, "kvtrim_layers_total", {{"policy", "dropkv"}}), nullptr);
+  for (const char* numerics : {"fast", "exact"}) {
+    ASSERT_NE(FindMetric(families, "kvtrim_layers_total",
+                         {{"policy", "dropkv"}, {"numerics", numerics}}),
+              nullptr)
+        << numerics;
+  }
 
   ASSERT_TRUE(CallCompress(*stub_, MakeRequest("snapkv", 3)).ok());
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "Compress"}, {"policy", "snapkv"}, {"code", "OK"}}), 1);
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}}), 3);
+  // The request left numerics unspecified (server default fast); the CPU computes exact.
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "exact"}}), 3);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "fast"}}), 0);
   EXPECT_EQ(Counter("kvtrim_tokens_in_total", {{"policy", "snapkv"}}), 3 * 2 * 64);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "snapkv"}}), 3 * 2 * 32);
   EXPECT_EQ(HistogramCount(*server_, "kvtrim_kept_ratio", {{"policy", "snapkv"}}), 3u * 2);
@@ -170,7 +177,8 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "Compress"}, {"policy", "invalid"}, {"code", "INVALID_ARGUMENT"}}),
             1);
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}}), 3);  // unchanged
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "exact"}}),
+            3);  // unchanged
 
   // Sessions count per layer as answered.
   grpc::ClientContext context;
@@ -189,7 +197,7 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   ASSERT_TRUE(stream->Finish().ok());
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "CompressSession"}, {"policy", "knorm"}, {"code", "OK"}}), 1);
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "knorm"}}), 1);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "knorm"}, {"numerics", "exact"}}), 1);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "knorm"}}), 2 * 32);
   EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio", {{"policy", "knorm"}}), 2u);
 

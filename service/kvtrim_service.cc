@@ -111,14 +111,16 @@ absl::Status CheckCallAlive(const grpc::ServerContext& context, const std::strin
   return absl::OkStatus();
 }
 
-KvtrimService::KvtrimService(const PolicyEngine& engine, Metrics& metrics, ModelStore& models,
-                             int max_inflight, std::ostream* error_log)
+KvtrimService::KvtrimService(const PolicyEngine& engine, const Backend& backend,
+                             Metrics& metrics, ModelStore& models, Options options,
+                             std::ostream* error_log)
     : engine_(engine),
       metrics_(metrics),
       models_(models),
-      max_inflight_(std::max(1, max_inflight)),
+      max_inflight_(std::max(1, options.max_inflight)),
+      default_numerics_(options.default_numerics),
       error_log_(error_log) {
-  EncodePolicies(engine_.registry(), &policies_);
+  EncodePolicies(engine_.registry(), backend, &policies_);
   for (const auto& info : policies_.policies()) policy_names_.insert(info.name());
 }
 
@@ -206,10 +208,12 @@ absl::StatusOr<std::vector<LayerDecision>> KvtrimService::DecideModelWide(
   const double select = SecondsSince(start);
   metrics_.ObserveStage(Stage::kCompute, select);
   if (!decisions.ok()) return decisions.status();
-  // Each layer reports its own scoring time plus an equal share of the global selection.
+  // Each layer reports its own scoring time plus an equal share of the global selection,
+  // and the numerics mode that computed its scores.
   const double share = select / static_cast<double>(decisions->size());
   for (size_t i = 0; i < decisions->size(); ++i) {
     (*decisions)[i].compute_seconds = buffered->compute_seconds[i] + share;
+    (*decisions)[i].numerics = buffered->layers[i].numerics;
   }
   buffered->layers.clear();
   buffered->compute_seconds.clear();
@@ -249,7 +253,7 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
     return absl::InvalidArgumentError(
         "settings: required (policy and budget); see ListPolicies for the policy names");
   }
-  auto settings = DecodeSettings(request.settings(), "settings");
+  auto settings = DecodeSettings(request.settings(), "settings", default_numerics_);
   if (!settings.ok()) return settings.status();
   if (request.layers_size() == 0) {
     return absl::InvalidArgumentError("layers: empty; send at least one layer");
@@ -367,7 +371,7 @@ absl::Status KvtrimService::SessionImpl(
                                 "begin: the session has already begun; send begin exactly once"));
         }
         const auto start = Clock::now();
-        auto settings = DecodeSettings(item->request->begin(), "begin");
+        auto settings = DecodeSettings(item->request->begin(), "begin", default_numerics_);
         metrics_.ObserveStage(Stage::kDecode, SecondsSince(start));
         if (!settings.ok()) return fail(item, settings.status());
         const auto validate_start = Clock::now();

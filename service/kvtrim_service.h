@@ -25,17 +25,26 @@ namespace kvtrim::service {
 /// Implements kvtrim.v1.Kvtrim on a PolicyEngine (sync gRPC API; every method may run on
 /// several threads at once). Every handler works in absl::Status and converts once, at
 /// its end, with ToGrpcStatus. Compress and CompressSession are admitted against
-/// `max_inflight`; the engine, metrics, model store and registry are borrowed and must
-/// outlive it.
+/// `max_inflight`; the engine, backend, metrics, model store and registry are borrowed and
+/// must outlive it.
 class KvtrimService final : public v1::Kvtrim::Service {
  public:
-  /// `models` holds the registered models (RegisterModel / ListModels / DeleteModel, and
-  /// the model_digest of compression settings). `max_inflight` >= 1: the most Compress +
-  /// CompressSession calls served at once. `error_log` (may be null) receives one line per
-  /// call that fails with a server-side error (INTERNAL, UNKNOWN, DATA_LOSS), with the
-  /// request's request_id.
-  KvtrimService(const PolicyEngine& engine, Metrics& metrics, ModelStore& models,
-                int max_inflight, std::ostream* error_log = nullptr);
+  /// Request-handling settings (kvtrimd flags).
+  struct Options {
+    /// --max_inflight (>= 1; lower values are raised to 1): the most Compress +
+    /// CompressSession calls served at once.
+    int max_inflight = 64;
+    /// --numerics: the mode of requests that leave settings.numerics unspecified.
+    Numerics default_numerics = Numerics::kFast;
+  };
+
+  /// `backend` is the one `engine` computes on (ListPolicies reports its numerics modes per
+  /// policy). `models` holds the registered models (RegisterModel / ListModels /
+  /// DeleteModel, and the model_digest of compression settings). `error_log` (may be null)
+  /// receives one line per call that fails with a server-side error (INTERNAL, UNKNOWN,
+  /// DATA_LOSS), with the request's request_id.
+  KvtrimService(const PolicyEngine& engine, const Backend& backend, Metrics& metrics,
+                ModelStore& models, Options options, std::ostream* error_log = nullptr);
 
   /// Session and transport settings (kvtrimd flags); set before the server starts.
   struct TransportOptions {
@@ -49,7 +58,8 @@ class KvtrimService final : public v1::Kvtrim::Service {
     transport_options_ = options;
   }
 
-  /// Lists every preset and SCORER+ALLOCATOR composition (built once, at construction).
+  /// Lists every preset and composable SCORER+ALLOCATOR pair with its output shapes and
+  /// numerics modes (built once, at construction).
   grpc::Status ListPolicies(grpc::ServerContext* context, const v1::ListPoliciesRequest* request,
                             v1::ListPoliciesResponse* response) override;
 
@@ -176,6 +186,7 @@ class KvtrimService final : public v1::Kvtrim::Service {
   Metrics& metrics_;
   ModelStore& models_;
   const int max_inflight_;
+  const Numerics default_numerics_;
   std::atomic<int> inflight_{0};
   std::mutex calls_mutex_;               // guards active_calls_ and draining_
   std::condition_variable calls_idle_;   // signalled when active_calls_ drops to 0

@@ -12,6 +12,9 @@ constexpr Rpc kAllRpcs[] = {Rpc::kListPolicies,  Rpc::kCompress,   Rpc::kCompres
 constexpr Stage kAllStages[] = {Stage::kDecode, Stage::kValidate, Stage::kCompute,
                                 Stage::kEncode};
 
+/// Index of `mode` in PolicySeries::layers (0 fast, 1 exact).
+size_t NumericsIndex(Numerics mode) { return mode == Numerics::kFast ? 0 : 1; }
+
 /// Call latency buckets, seconds: 0.5 ms .. 60 s.
 const prometheus::Histogram::BucketBoundaries& RequestBuckets() {
   static const auto* b = new prometheus::Histogram::BucketBoundaries{
@@ -89,7 +92,8 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
                           .Register(*registry_)),
       layers_(prometheus::BuildCounter()
                   .Name("kvtrim_layers_total")
-                  .Help("Layers answered, by policy")
+                  .Help("Layers answered, by policy and by the numerics mode that computed "
+                        "them (fast|exact)")
                   .Register(*registry_)),
       tokens_in_(prometheus::BuildCounter()
                      .Name("kvtrim_tokens_in_total")
@@ -170,7 +174,10 @@ Metrics::PolicySeries& Metrics::SeriesFor(const std::string& policy) {
   if (it != series_.end()) return it->second;
   const prometheus::Labels labels{{"policy", policy}};
   PolicySeries s;
-  s.layers = &layers_.Add(labels);
+  for (Numerics mode : {Numerics::kFast, Numerics::kExact}) {
+    s.layers[NumericsIndex(mode)] =
+        &layers_.Add({{"policy", policy}, {"numerics", NumericsName(mode)}});
+  }
   s.tokens_in = &tokens_in_.Add(labels);
   s.tokens_kept = &tokens_kept_.Add(labels);
   s.kept_ratio = &kept_ratio_.Add(labels, KeptRatioBuckets());
@@ -191,7 +198,7 @@ void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decisi
   if (decision.perturbation.size() == decision.kept_per_head.size()) {
     for (double p : decision.perturbation) s.perturbation->Observe(p);
   }
-  s.layers->Increment();
+  s.layers[NumericsIndex(decision.numerics)]->Increment();
   s.tokens_in->Increment(static_cast<double>(heads * decision.num_tokens));
   s.tokens_kept->Increment(static_cast<double>(kept));
 }

@@ -65,7 +65,8 @@ class Metrics {
   void RecordRequest(Rpc rpc, const std::string& policy, absl::StatusCode code, double seconds);
   /// Observes `seconds` spent in `stage` (kvtrim_stage_duration_seconds).
   void ObserveStage(Stage stage, double seconds);
-  /// Counts one answered layer: kvtrim_layers_total, kvtrim_tokens_in_total (H_kv * n),
+  /// Counts one answered layer: kvtrim_layers_total{policy, numerics} (the mode that
+  /// computed it, "fast" / "exact"), kvtrim_tokens_in_total (H_kv * n),
   /// kvtrim_tokens_kept_total, one kvtrim_kept_ratio observation per head and one
   /// kvtrim_perturbation_ratio observation per head when perturbation was computed.
   void RecordLayer(const std::string& policy, const LayerDecision& decision);
@@ -83,7 +84,7 @@ class Metrics {
  private:
   /// The per-policy series of one policy label value.
   struct PolicySeries {
-    prometheus::Counter* layers = nullptr;
+    std::array<prometheus::Counter*, 2> layers{};  // by numerics: fast, exact
     prometheus::Counter* tokens_in = nullptr;
     prometheus::Counter* tokens_kept = nullptr;
     prometheus::Histogram* kept_ratio = nullptr;

@@ -38,14 +38,7 @@ class ModelPoliciesTest : public ::testing::Test {
   }
 
   static std::string Register(const ModelInput& input) {
-    grpc::ClientContext context;
-    v1::RegisterModelResponse response;
-    auto writer = stub_->RegisterModel(&context, &response);
-    for (const auto& message : ToStream(input, 1000)) EXPECT_TRUE(writer->Write(message));
-    writer->WritesDone();
-    const grpc::Status st = writer->Finish();
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    return response.digest();
+    return RegisterThrough(*stub_, input, 1000);
   }
 
   static v1::CompressRequest Request(const std::string& policy, const std::string& digest) {
@@ -59,16 +52,7 @@ class ModelPoliciesTest : public ::testing::Test {
   /// Runs a whole session; returns the final status and every response.
   static grpc::Status Session(const v1::CompressRequest& request, bool finish,
                               std::vector<v1::SessionResponse>* responses) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    auto stream = stub_->CompressSession(&context);
-    stream->Write(Begin(request.settings()));
-    for (const auto& layer : request.layers()) stream->Write(LayerMsg(layer));
-    if (finish) stream->Write(FinishMsg());
-    stream->WritesDone();
-    v1::SessionResponse response;
-    while (stream->Read(&response)) responses->push_back(response);
-    return stream->Finish();
+    return CallSession(*stub_, request, finish, responses);
   }
 
   static Server* server_;
@@ -214,6 +198,8 @@ TEST_F(ModelPoliciesTest, BadInputsNameTheField) {
   // laprox does not compose with another allocator or a shared list.
   st = CallCompress(*stub_, Request("laprox+adakv", *digest_));
   EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("settings.policy.name"), std::string::npos)
+      << st.error_message();
   v1::CompressRequest shared = Request("laprox", *digest_);
   shared.mutable_settings()->set_output_shape(v1::SHARED);
   st = CallCompress(*stub_, shared);

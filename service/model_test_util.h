@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "kernels/model.h"
-#include "kvtrim/v1/kvtrim.pb.h"
+#include "kvtrim/v1/kvtrim.grpc.pb.h"
 #include "service/model_codec.h"
 #include "tests/model_fixture.h"
 
@@ -86,6 +87,20 @@ inline std::vector<v1::RegisterModelRequest> ToStream(const ModelInput& input,
     }
     if (!any) return out;
   }
+}
+
+/// Registers `input` through `stub` (RegisterModel, chunks of `chunk_bytes`); returns its
+/// digest, or "" with a test failure when the call fails.
+inline std::string RegisterThrough(v1::Kvtrim::Stub& stub, const ModelInput& input,
+                                   size_t chunk_bytes) {
+  grpc::ClientContext context;
+  v1::RegisterModelResponse response;
+  auto writer = stub.RegisterModel(&context, &response);
+  for (const auto& message : ToStream(input, chunk_bytes)) EXPECT_TRUE(writer->Write(message));
+  writer->WritesDone();
+  const grpc::Status st = writer->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return response.digest();
 }
 
 }  // namespace kvtrim::service::testing

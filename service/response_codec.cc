@@ -35,9 +35,19 @@ v1::ParamSpec::Kind EncodeKind(ParamSpec::Kind kind) {
   return v1::ParamSpec::KIND_UNSPECIFIED;
 }
 
+v1::OutputShape EncodeOutputShape(OutputShape shape) {
+  switch (shape) {
+    case OutputShape::kPerHead: return v1::PER_HEAD;
+    case OutputShape::kShared: return v1::SHARED;
+    case OutputShape::kBlockAligned: return v1::BLOCK_ALIGNED;
+    case OutputShape::kEqualCount: return v1::EQUAL_COUNT;
+  }
+  return v1::OUTPUT_SHAPE_UNSPECIFIED;
+}
+
 void EncodePolicy(const std::string& name, const std::string& description,
                   const ScorerSpec& scorer, const AllocatorSpec& allocator,
-                  const std::string& selector, v1::PolicyInfo* out) {
+                  const std::string& selector, const Backend& backend, v1::PolicyInfo* out) {
   out->set_name(name);
   out->set_description(description);
   out->set_paper(allocator.name == "uniform" ? scorer.paper
@@ -62,27 +72,27 @@ void EncodePolicy(const std::string& name, const std::string& description,
   out->set_scope(EncodeScope(std::max(scorer.scope, allocator.scope)));
   out->set_default_sink_tokens(scorer.doc_default_sink);
   out->set_default_recent_tokens(scorer.doc_default_recent);
+  const std::vector<Numerics> modes = backend.NumericsModes(scorer, allocator);
+  for (Numerics mode : {Numerics::kFast, Numerics::kExact}) {
+    if (std::find(modes.begin(), modes.end(), mode) != modes.end()) {
+      out->add_numerics_modes(EncodeNumerics(mode));
+    }
+  }
+  for (OutputShape shape : PolicyRegistry::OutputShapes(scorer, allocator)) {
+    out->add_output_shapes(EncodeOutputShape(shape));
+  }
 }
 
 }  // namespace
 
+v1::Numerics EncodeNumerics(Numerics mode) {
+  return mode == Numerics::kFast ? v1::NUMERICS_FAST : v1::NUMERICS_EXACT;
+}
+
 void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out) {
   out->set_layer_id(decision.layer_id);
   out->set_num_tokens(decision.num_tokens);
-  switch (decision.output_shape) {
-    case OutputShape::kPerHead:
-      out->set_output_shape(v1::PER_HEAD);
-      break;
-    case OutputShape::kShared:
-      out->set_output_shape(v1::SHARED);
-      break;
-    case OutputShape::kBlockAligned:
-      out->set_output_shape(v1::BLOCK_ALIGNED);
-      break;
-    case OutputShape::kEqualCount:
-      out->set_output_shape(v1::EQUAL_COUNT);
-      break;
-  }
+  out->set_output_shape(EncodeOutputShape(decision.output_shape));
   out->mutable_offsets()->Add(decision.offsets.begin(), decision.offsets.end());
   out->mutable_indices()->Add(decision.indices.begin(), decision.indices.end());
   const bool has_perturbation = decision.perturbation.size() == decision.kept_per_head.size();
@@ -92,14 +102,19 @@ void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out) {
     if (has_perturbation) head->set_perturbation(decision.perturbation[h]);
   }
   out->set_compute_seconds(decision.compute_seconds);
+  out->set_numerics(EncodeNumerics(decision.numerics));
 }
 
-void EncodePolicies(const PolicyRegistry& registry, v1::ListPoliciesResponse* out) {
+void EncodePolicies(const PolicyRegistry& registry, const Backend& backend,
+                    v1::ListPoliciesResponse* out) {
   for (const PolicyPreset& preset : registry.presets()) {
     const ScorerSpec* scorer = registry.FindScorer(preset.scorer);
     const AllocatorSpec* allocator = registry.FindAllocator(preset.allocator);
-    if (scorer == nullptr || allocator == nullptr) continue;
-    EncodePolicy(preset.name, preset.description, *scorer, *allocator, preset.selector,
+    if (scorer == nullptr || allocator == nullptr ||
+        !PolicyRegistry::CheckComposable(*scorer, *allocator).ok()) {
+      continue;
+    }
+    EncodePolicy(preset.name, preset.description, *scorer, *allocator, preset.selector, backend,
                  out->add_policies());
   }
   const auto scorers = registry.scorers();
@@ -107,10 +122,11 @@ void EncodePolicies(const PolicyRegistry& registry, v1::ListPoliciesResponse* ou
   for (const ScorerSpec* scorer : scorers) {
     out->add_scorers(scorer->name);
     for (const AllocatorSpec* allocator : allocators) {
+      if (!PolicyRegistry::CheckComposable(*scorer, *allocator).ok()) continue;
       EncodePolicy(absl::StrCat(scorer->name, "+", allocator->name),
                    absl::StrCat(scorer->name, " scores with the ", allocator->name,
                                 " allocator: ", allocator->description),
-                   *scorer, *allocator, "topk", out->add_policies());
+                   *scorer, *allocator, "topk", backend, out->add_policies());
     }
   }
   for (const AllocatorSpec* allocator : allocators) out->add_allocators(allocator->name);

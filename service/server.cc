@@ -113,8 +113,11 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   models_ = std::make_unique<ModelStore>(store_options, std::cerr);
   absl::StatusOr<int> loaded = models_->LoadAll();  // before the server answers anything
   if (!loaded.ok()) return loaded.status();
-  service_ = std::make_unique<KvtrimService>(*engine_, *metrics_, *models_, config_.max_inflight,
-                                             &log);
+  KvtrimService::Options service_options;
+  service_options.max_inflight = config_.max_inflight;
+  service_options.default_numerics = config_.numerics;
+  service_ = std::make_unique<KvtrimService>(*engine_, *backend_, *metrics_, *models_,
+                                             service_options, &log);
   service_->SetBackendFailureHook([this](const absl::Status& status) { OnBackendFailure(status); });
   // Zero-copy transports: CUDA IPC regions are mapped on the GPU backend's device (0).
   if (std::string(backend_->name()) == "gpu") {
@@ -174,7 +177,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
 
   // Every preset once through the backend that will serve (the GPU's kernels load here).
   WarmUpReport report;
-  if (auto st = WarmUp(*engine_, &report); !st.ok()) {
+  if (auto st = WarmUp(*engine_, *backend_, &report); !st.ok()) {
     log << "kvtrimd: warm-up failed, staying NOT_SERVING: " << st << std::endl;
     return st;
   }
@@ -191,7 +194,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   log << "kvtrimd " << KvtrimVersion() << " serving on " << address_ << " metrics "
       << metrics_address << " backend " << backend_->name()
       << (backend_detail_.empty() ? std::string() : absl::StrCat(" (", backend_detail_, ")"))
-      << " workers " << config_.workers
+      << " numerics " << NumericsName(config_.numerics) << " workers " << config_.workers
       << " max_inflight " << config_.max_inflight << " max_message_bytes "
       << config_.max_message_bytes << " models " << *loaded
       << (config_.data_dir.empty() ? std::string(" (in memory only)")

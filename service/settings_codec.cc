@@ -53,10 +53,27 @@ absl::StatusOr<OutputShape> DecodeOutputShape(v1::OutputShape shape, const std::
   }
 }
 
+absl::StatusOr<Numerics> DecodeNumerics(v1::Numerics numerics, Numerics default_numerics,
+                                        const std::string& field) {
+  switch (numerics) {
+    case v1::NUMERICS_UNSPECIFIED:
+      return default_numerics;
+    case v1::NUMERICS_FAST:
+      return Numerics::kFast;
+    case v1::NUMERICS_EXACT:
+      return Numerics::kExact;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": unknown numerics mode ", static_cast<int>(numerics),
+          "; use NUMERICS_FAST, NUMERICS_EXACT or leave it unspecified (the server default)"));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings& settings,
-                                                   const std::string& field) {
+                                                   const std::string& field,
+                                                   Numerics default_numerics) {
   CompressionSettings out;
   out.policy = settings.policy().name();
   for (const auto& [name, value] : settings.policy().params()) {
@@ -112,6 +129,9 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
   }
   out.block_size = settings.block_size();
   out.model_digest = settings.model_digest();
+  auto numerics = DecodeNumerics(settings.numerics(), default_numerics, field + ".numerics");
+  if (!numerics.ok()) return numerics.status();
+  out.numerics = *numerics;
   return out;
 }
 

@@ -19,9 +19,12 @@ namespace kvtrim::service {
 ///   "<field>.output_shape"            BLOCK_ALIGNED / EQUAL_COUNT     UNIMPLEMENTED
 ///                                     unknown enum value              INVALID_ARGUMENT
 ///   "<field>.policy.params.<name>"    no value set                    INVALID_ARGUMENT
+///   "<field>.numerics"                unknown enum value              INVALID_ARGUMENT
+/// NUMERICS_UNSPECIFIED becomes `default_numerics` (the server's --numerics).
 /// Policy name and parameter values are resolved later by the registry (PolicyEngine).
 /// `model_digest` is not part of the kernel settings; the service checks it.
 absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings& settings,
-                                                   const std::string& field);
+                                                   const std::string& field,
+                                                   Numerics default_numerics);
 
 }  // namespace kvtrim::service

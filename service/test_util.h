@@ -231,4 +231,21 @@ inline v1::SessionRequest SessionFinish() {
   return r;
 }
 
+/// Runs `request` as one CompressSession with a 30 s deadline: begin with its settings, its
+/// layers, then finish when `finish`; appends every answer to `responses`. Returns the
+/// call's final status.
+inline grpc::Status CallSession(v1::Kvtrim::Stub& stub, const v1::CompressRequest& request,
+                                bool finish, std::vector<v1::SessionResponse>* responses) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub.CompressSession(&context);
+  stream->Write(SessionBegin(request.settings()));
+  for (const auto& layer : request.layers()) stream->Write(SessionLayer(layer));
+  if (finish) stream->Write(SessionFinish());
+  stream->WritesDone();
+  v1::SessionResponse response;
+  while (stream->Read(&response)) responses->push_back(response);
+  return stream->Finish();
+}
+
 }  // namespace kvtrim::service::testing

@@ -84,7 +84,7 @@ std::shared_ptr<const RegisteredModel> SyntheticModel() {
 
 }  // namespace
 
-absl::Status WarmUp(const PolicyEngine& engine, WarmUpReport* report) {
+absl::Status WarmUp(const PolicyEngine& engine, const Backend& backend, WarmUpReport* report) {
   const std::vector<float> keys = SyntheticValues(kKvHeads * kTokens * kHeadDim, 1);    // [2, 64, 8]
   const std::vector<float> values = SyntheticValues(kKvHeads * kTokens * kHeadDim, 2);  // [2, 64, 8]
   const std::vector<float> queries = SyntheticValues(kQueryHeads * kWindow * kHeadDim, 3);  // [4, 32, 8]
@@ -103,33 +103,36 @@ absl::Status WarmUp(const PolicyEngine& engine, WarmUpReport* report) {
       return absl::InternalError(
           absl::StrCat("warm-up: preset '", preset.name, "' names a missing part"));
     }
-    CompressionSettings settings;
-    settings.policy = preset.name;
-    settings.budget.by_fraction = true;
-    settings.budget.keep_fraction = 0.5;
-    settings.num_layers = 4;
-    auto policy = engine.Prepare(settings, "warmup");
-    if (!policy.ok()) {
-      return absl::InternalError(absl::StrCat("warm-up of preset '", preset.name,
-                                              "' failed in Prepare: ", policy.status().ToString()));
-    }
-    const uint32_t needs = scorer->required_inputs | allocator->required_inputs;
-    if (auto st = engine.AttachModel(&*policy, (needs & kInputModel) ? model : nullptr, "warmup");
-        !st.ok()) {
-      return absl::InternalError(absl::StrCat("warm-up of preset '", preset.name,
-                                              "' failed in AttachModel: ", st.ToString()));
-    }
-    auto decision = engine.CompressLayer(*policy, layer, "warmup.layer");
-    if (!decision.ok()) {
-      return absl::InternalError(absl::StrCat("warm-up of preset '", preset.name,
-                                              "' failed: ", decision.status().ToString()));
-    }
-    const size_t lists = decision->output_shape == OutputShape::kShared ? 1 : kKvHeads;
-    if (decision->offsets.size() != lists + 1 ||
-        decision->offsets.back() != static_cast<int64_t>(decision->indices.size()) ||
-        decision->kept_per_head.size() != static_cast<size_t>(kKvHeads)) {
-      return absl::InternalError(absl::StrCat("warm-up of preset '", preset.name,
-                                              "' returned a malformed decision"));
+    for (Numerics mode : backend.NumericsModes(*scorer, *allocator)) {
+      const std::string what =
+          absl::StrCat("warm-up of preset '", preset.name, "' (", NumericsName(mode), ")");
+      CompressionSettings settings;
+      settings.policy = preset.name;
+      settings.budget.by_fraction = true;
+      settings.budget.keep_fraction = 0.5;
+      settings.num_layers = 4;
+      settings.numerics = mode;
+      auto policy = engine.Prepare(settings, "warmup");
+      if (!policy.ok()) {
+        return absl::InternalError(
+            absl::StrCat(what, " failed in Prepare: ", policy.status().ToString()));
+      }
+      const uint32_t needs = scorer->required_inputs | allocator->required_inputs;
+      if (auto st =
+              engine.AttachModel(&*policy, (needs & kInputModel) ? model : nullptr, "warmup");
+          !st.ok()) {
+        return absl::InternalError(absl::StrCat(what, " failed in AttachModel: ", st.ToString()));
+      }
+      auto decision = engine.CompressLayer(*policy, layer, "warmup.layer");
+      if (!decision.ok()) {
+        return absl::InternalError(absl::StrCat(what, " failed: ", decision.status().ToString()));
+      }
+      const size_t lists = decision->output_shape == OutputShape::kShared ? 1 : kKvHeads;
+      if (decision->offsets.size() != lists + 1 ||
+          decision->offsets.back() != static_cast<int64_t>(decision->indices.size()) ||
+          decision->kept_per_head.size() != static_cast<size_t>(kKvHeads)) {
+        return absl::InternalError(absl::StrCat(what, " returned a malformed decision"));
+      }
     }
     report->warmed.push_back(preset.name);
   }

@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "client/cli/commands.h"
 #include "client/cli/flag_parse.h"
 #include "client/cli/param_parse.h"
+#include "client/cli/print.h"
 
 ABSL_FLAG(std::string, test_name, "x", "a string flag for the parser tests");
 ABSL_FLAG(bool, test_switch, false, "a bool flag for the parser tests");
@@ -88,6 +90,54 @@ TEST(BuildSettingsTest, BudgetMustBeExactlyOne) {
   EXPECT_EQ(BuildSettings(options)->budget().keep_tokens(), 3);
   options.policy.clear();
   EXPECT_EQ(BuildSettings(options).status().message(), "--policy is required");
+}
+
+TEST(BuildSettingsTest, NumericsDefaultsToTheServersChoice) {
+  CompressOptions options;
+  options.policy = "snapkv";
+  options.keep_fraction = 0.5;
+  EXPECT_EQ(BuildSettings(options)->numerics(), v1::NUMERICS_UNSPECIFIED);
+  options.numerics = "fast";
+  EXPECT_EQ(BuildSettings(options)->numerics(), v1::NUMERICS_FAST);
+  options.numerics = "exact";
+  EXPECT_EQ(BuildSettings(options)->numerics(), v1::NUMERICS_EXACT);
+  options.numerics = "turbo";
+  const absl::Status bad = BuildSettings(options).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(),
+            "--numerics: \"turbo\" is not fast or exact (leave it empty for the server default)");
+}
+
+TEST(PrintTest, LayerLinePrintsTheNumericsThatComputedIt) {
+  v1::LayerResult layer;
+  layer.set_layer_id(2);
+  layer.set_num_tokens(10);
+  layer.set_output_shape(v1::PER_HEAD);
+  layer.set_numerics(v1::NUMERICS_EXACT);
+  layer.add_offsets(0);
+  layer.add_offsets(1);
+  layer.add_indices(4);
+  layer.add_heads()->set_kept(1);
+  std::ostringstream out;
+  PrintLayer(layer, 0.5, false, out);
+  EXPECT_NE(out.str().find("layer 2  n=10  output=PER_HEAD  numerics=exact  compute="),
+            std::string::npos)
+      << out.str();
+}
+
+TEST(PrintTest, PoliciesPrintTheirShapesAndNumericsModes) {
+  v1::ListPoliciesResponse list;
+  v1::PolicyInfo* policy = list.add_policies();
+  policy->set_name("laprox");
+  policy->add_output_shapes(v1::PER_HEAD);
+  policy->add_output_shapes(v1::EQUAL_COUNT);
+  policy->add_numerics_modes(v1::NUMERICS_FAST);
+  policy->add_numerics_modes(v1::NUMERICS_EXACT);
+  std::ostringstream out;
+  PrintPolicies(list, out);
+  EXPECT_NE(out.str().find("  shapes:    per_head, equal_count  numerics: fast, exact\n"),
+            std::string::npos)
+      << out.str();
 }
 
 }  // namespace

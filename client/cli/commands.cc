@@ -10,6 +10,7 @@
 #include "client/cli/print.h"
 #include "client/layer_inputs.h"
 #include "client/model_bundle.h"
+#include "client/numerics.h"
 #include "client/safetensors.h"
 
 namespace kvtrim::cli {
@@ -43,9 +44,10 @@ int CompressUnary(Client& client, const v1::CompressionSettings& settings,
   absl::StatusOr<v1::CompressResponse> response = client.Compress(request);
   const double rtt = absl::ToDoubleSeconds(absl::Now() - start);
   if (!response.ok()) return RpcError(err, "Compress", response.status());
-  out << absl::StrFormat("Compress policy=%s backend=%s layers=%d call_rtt=%.6fs\n",
+  out << absl::StrFormat("Compress policy=%s backend=%s numerics_asked=%s layers=%d "
+                         "call_rtt=%.6fs\n",
                          settings.policy().name(), response->backend(),
-                         response->layers_size(), rtt);
+                         NumericsLabel(settings.numerics()), response->layers_size(), rtt);
   // One unary call answers every layer: each layer's round trip is the call's.
   for (const v1::LayerResult& layer : response->layers()) {
     PrintLayer(layer, rtt, options.show_indices, out);
@@ -67,9 +69,10 @@ int CompressStreamed(Client& client, const v1::CompressionSettings& settings,
   absl::StatusOr<SessionResult> result = (*session)->Finish();
   const double total = absl::ToDoubleSeconds(absl::Now() - start);
   if (!result.ok()) return RpcError(err, "CompressSession", result.status());
-  out << absl::StrFormat("CompressSession policy=%s backend=%s layers=%d session_time=%.6fs\n",
+  out << absl::StrFormat("CompressSession policy=%s backend=%s numerics_asked=%s layers=%d "
+                         "session_time=%.6fs\n",
                          settings.policy().name(), result->summary.backend(),
-                         result->summary.layers(), total);
+                         NumericsLabel(settings.numerics()), result->summary.layers(), total);
   std::sort(result->layers.begin(), result->layers.end(),
             [](const auto& a, const auto& b) { return a.layer_id() < b.layer_id(); });
   for (const v1::LayerResult& layer : result->layers) {
@@ -95,6 +98,8 @@ absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& opt
   if (!params.ok()) return params.status();
   absl::StatusOr<v1::OutputShape> shape = ParseOutputShape(options.output_shape);
   if (!shape.ok()) return shape.status();
+  absl::StatusOr<v1::Numerics> numerics = ParseNumericsFlag(options.numerics);
+  if (!numerics.ok()) return numerics.status();
 
   v1::CompressionSettings settings;
   settings.mutable_policy()->set_name(options.policy);
@@ -109,6 +114,7 @@ absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& opt
   settings.set_output_shape(*shape);
   settings.set_seed(options.seed);
   settings.set_request_id(options.request_id);
+  settings.set_numerics(*numerics);
   return settings;
 }
 

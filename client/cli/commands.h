@@ -36,10 +36,11 @@ struct CompressOptions {
   bool show_indices = false;           // also print the kept index lists
   std::string model;                   // model bundle to register first ("" = none); its
                                        // digest goes into settings.model_digest
+  std::string numerics;                // "fast" | "exact" | "" (the server's default)
 };
 
 /// The request settings of `options`. INVALID_ARGUMENT (a usage error) for a missing
-/// policy, both or neither budget, a bad --param list or output shape.
+/// policy, both or neither budget, a bad --param list, output shape or numerics mode.
 absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& options);
 
 /// `kvtrim health`: prints the kvtrim service's serving state. kExitOk only when SERVING.
@@ -50,7 +51,7 @@ int RunPolicies(Client& client, std::ostream& out, std::ostream& err);
 
 /// `kvtrim compress`: reads the input file, registers --model when given, sends the layers
 /// (unary or one session) and prints each layer's result with its compute and round-trip
-/// time.
+/// time and the numerics mode that computed it.
 int RunCompress(Client& client, const CompressOptions& options, std::ostream& out,
                 std::ostream& err);
 

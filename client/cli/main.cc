@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, input, "",
           "compress: safetensors file with layer.{i}.keys [H_kv,n,d] and optional "
           "layer.{i}.values [H_kv,n,d], layer.{i}.queries [H_q,w,d]");
 ABSL_FLAG(bool, show_indices, false, "compress: also print the kept token indices");
+ABSL_FLAG(std::string, numerics, "",
+          "compress: fast | exact; empty leaves it to the server (kvtrimd --numerics). Each "
+          "layer prints the mode that computed it (exact where the policy has no fast path)");
 // --model (a model bundle .safetensors, client/model_bundle.h) is defined in
 // client/cli_profile.cc and shared by register-model, compress and profile.
 ABSL_DECLARE_FLAG(std::string, model);
@@ -61,7 +64,8 @@ std::string Usage() {
       "  health     grpc.health.v1 check of kvtrim.v1.Kvtrim (exit 0 only when SERVING)\n"
       "  policies   list every policy with parts, inputs and parameters\n"
       "  compress   send the layers of --input (unary Compress, or --session) and print\n"
-      "             per layer: n, kept and perturbation per head, compute and round-trip time;\n"
+      "             per layer: n, numerics mode, kept and perturbation per head, compute and\n"
+      "             round-trip time;\n"
       "             with --model=BUNDLE, registers the model first and names its digest\n"
       "  register-model  register --model=BUNDLE.safetensors and print its digest\n"
       "  models     list the registered models\n"
@@ -138,5 +142,6 @@ int main(int argc, char** argv) {
   compress.input = absl::GetFlag(FLAGS_input);
   compress.show_indices = absl::GetFlag(FLAGS_show_indices);
   compress.model = absl::GetFlag(FLAGS_model);
+  compress.numerics = absl::GetFlag(FLAGS_numerics);
   return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
 }

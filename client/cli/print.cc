@@ -3,9 +3,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/numerics.h"
 
 namespace kvtrim::cli {
 namespace {
@@ -88,6 +90,18 @@ void PrintPolicies(const v1::ListPoliciesResponse& response, std::ostream& out) 
         << "  (optional: " << Inputs(policy.optional_inputs()) << ")\n";
     out << absl::StrFormat("  protected: sink=%d recent=%s\n", policy.default_sink_tokens(),
                            policy.default_recent_tokens());
+    out << "  shapes:    "
+        << absl::StrJoin(policy.output_shapes(), ", ",
+                         [](std::string* text, int shape) {
+                           text->append(absl::AsciiStrToLower(
+                               v1::OutputShape_Name(static_cast<v1::OutputShape>(shape))));
+                         })
+        << "  numerics: "
+        << absl::StrJoin(policy.numerics_modes(), ", ",
+                         [](std::string* text, int mode) {
+                           text->append(NumericsLabel(static_cast<v1::Numerics>(mode)));
+                         })
+        << "\n";
     if (policy.params().empty()) {
       out << "  params:    none\n";
       continue;
@@ -105,9 +119,10 @@ void PrintPolicies(const v1::ListPoliciesResponse& response, std::ostream& out) 
 
 void PrintLayer(const v1::LayerResult& layer, double round_trip_seconds, bool show_indices,
                 std::ostream& out) {
-  out << absl::StrFormat("layer %d  n=%d  output=%s  compute=%.6fs  rtt=%.6fs\n",
+  out << absl::StrFormat("layer %d  n=%d  output=%s  numerics=%s  compute=%.6fs  rtt=%.6fs\n",
                          layer.layer_id(), layer.num_tokens(),
-                         v1::OutputShape_Name(layer.output_shape()), layer.compute_seconds(),
+                         v1::OutputShape_Name(layer.output_shape()),
+                         NumericsLabel(layer.numerics()), layer.compute_seconds(),
                          round_trip_seconds);
   std::vector<std::string> kept, perturbation;
   for (const v1::HeadStats& head : layer.heads()) {

@@ -54,6 +54,7 @@ struct LoadgenConfig {
   double timeout_s = 600;                // deadline of each session stream
   bool rewrite_per_layer = false;        // host_shm: copy the layer into the segment per layer
   std::string json_out;                  // "" = no JSON file
+  v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
 };
 
 /// OK when every field is in range; INVALID_ARGUMENT naming the flag otherwise.

@@ -23,6 +23,7 @@
 #include "client/loadgen/report.h"
 #include "client/loadgen/synthetic.h"
 #include "client/loadgen/worker.h"
+#include "client/numerics.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "kvtrimd address (any gRPC target)");
 ABSL_FLAG(std::string, transport, "inline",
@@ -30,6 +31,9 @@ ABSL_FLAG(std::string, transport, "inline",
           "cudaMalloc buffer); region transports need kvtrimd --allow_client_shm");
 ABSL_FLAG(std::string, policy, "dropkv", "policy preset or SCORER+ALLOCATOR");
 ABSL_FLAG(double, keep_fraction, 0.2, "budget: fraction of the n tokens kept per head");
+ABSL_FLAG(std::string, numerics, "",
+          "fast | exact; empty leaves it to the server (kvtrimd --numerics). The report counts "
+          "the layers the server computed in each mode");
 ABSL_FLAG(int32_t, layers, 32, "layers per prefill (L)");
 ABSL_FLAG(int64_t, tokens, 32768, "prompt tokens (n)");
 ABSL_FLAG(int32_t, kv_heads, 8, "KV heads (H_kv)");
@@ -75,8 +79,9 @@ std::string Usage() {
       "JSON (--json_out): config{target, transport, policy, keep_fraction, layers, tokens,\n"
       "kv_heads, q_heads, head_dim, window, dtype, workers, prefills, warmup_prefills,\n"
       "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, send_values,\n"
-      "send_queries}, backend, layer_latency_s, layer_prepare_s, server_compute_s,\n"
+      "send_queries, numerics}, backend, layer_latency_s, layer_prepare_s, server_compute_s,\n"
       "prefill_wall_s (each {count, mean, p50, p99, min, max}), wire_bytes_per_prefill,\n"
+      "layers_by_numerics{fast, exact},\n"
       "workers[{worker, prefills, wire_bytes, wall_s, throughput_bytes_per_s, ok, error,\n"
       "notes}], aggregate{prefills, wire_bytes, run_wall_s, throughput_bytes_per_s},\n"
       "host_memcpy{buffer_bytes, repeats, best_bytes_per_s}, notes\n\n"
@@ -92,6 +97,9 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   if (!transport.ok()) return transport.status();
   absl::StatusOr<kvtrim::v1::DType> dtype = kvtrim::loadgen::ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return dtype.status();
+  absl::StatusOr<kvtrim::v1::Numerics> numerics =
+      kvtrim::ParseNumericsFlag(absl::GetFlag(FLAGS_numerics));
+  if (!numerics.ok()) return numerics.status();
   config.target = absl::GetFlag(FLAGS_target);
   config.transport = *transport;
   config.policy = absl::GetFlag(FLAGS_policy);
@@ -115,6 +123,7 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   config.rewrite_per_layer = absl::GetFlag(FLAGS_rewrite_per_layer);
   config.json_out = absl::GetFlag(FLAGS_json_out);
+  config.numerics = *numerics;
   if (absl::Status valid = kvtrim::loadgen::ValidateConfig(config); !valid.ok()) return valid;
   return config;
 }

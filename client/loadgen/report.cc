@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "client/numerics.h"
 
 namespace kvtrim::loadgen {
 namespace {
@@ -61,6 +62,8 @@ RunTotals Aggregate(const RunReport& report) {
       mine.prefills += 1;
       mine.wire_bytes += prefill.wire_bytes;
       totals.wire_bytes_per_prefill = prefill.wire_bytes;
+      totals.fast_layers += prefill.fast_layers;
+      totals.exact_layers += prefill.exact_layers;
     }
     if (mine.wall_s > 0) mine.bytes_per_s = static_cast<double>(mine.wire_bytes) / mine.wall_s;
     totals.prefills += mine.prefills;
@@ -82,11 +85,13 @@ RunTotals Aggregate(const RunReport& report) {
 void PrintReport(const RunReport& report, const RunTotals& totals, std::ostream& out) {
   const LoadgenConfig& c = report.config;
   out << absl::StrFormat(
-      "kvtrim-loadgen  target=%s transport=%s policy=%s keep_fraction=%g backend=%s\n"
+      "kvtrim-loadgen  target=%s transport=%s policy=%s keep_fraction=%g backend=%s "
+      "numerics_asked=%s\n"
       "  model: L=%d n=%d H_kv=%d H_q=%d d=%d w=%d dtype=%s; inputs sent: keys%s%s\n"
       "  load: workers=%d prefills=%d (+%d warm-up) per worker, %s%s\n",
       c.target, TransportName(c.transport), c.policy, c.keep_fraction,
-      totals.backend.empty() ? "?" : totals.backend, c.layers, c.tokens, c.kv_heads, c.q_heads,
+      totals.backend.empty() ? "?" : totals.backend, NumericsLabel(c.numerics), c.layers,
+      c.tokens, c.kv_heads, c.q_heads,
       c.head_dim, c.window, DTypeName(c.dtype), report.needs.values ? ", values" : "",
       report.needs.queries ? ", queries" : "", c.workers, c.prefills, c.warmup_prefills,
       c.serial ? "serial layers" : "pipelined layers",
@@ -96,6 +101,8 @@ void PrintReport(const RunReport& report, const RunTotals& totals, std::ostream&
     out << "  no measured prefill completed\n";
   } else {
     PrintTable(totals, out);
+    out << absl::StrFormat("  layers computed: fast=%d exact=%d\n", totals.fast_layers,
+                           totals.exact_layers);
   }
   out << absl::StrFormat("  host memcpy reference: best %.2f GB/s (%d MiB x %d)\n",
                          Gbps(report.memcpy.best_bytes_per_s),
@@ -137,6 +144,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"rewrite_per_layer", c.rewrite_per_layer},
       {"send_values", report.needs.values},
       {"send_queries", report.needs.queries},
+      {"numerics", NumericsLabel(c.numerics)},
   };
   nlohmann::json workers = nlohmann::json::array();
   for (size_t i = 0; i < totals.workers.size(); ++i) {
@@ -159,6 +167,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"server_compute_s", SummaryJson(totals.compute_s)},
       {"prefill_wall_s", SummaryJson(totals.prefill_wall_s)},
       {"wire_bytes_per_prefill", totals.wire_bytes_per_prefill},
+      {"layers_by_numerics", {{"fast", totals.fast_layers}, {"exact", totals.exact_layers}}},
       {"workers", workers},
       {"aggregate",
        {{"prefills", totals.prefills},

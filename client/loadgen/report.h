@@ -45,6 +45,8 @@ struct RunTotals {
   double bytes_per_s = 0;              // wire_bytes / run_wall_s
   std::vector<WorkerTotals> workers;
   std::string backend;  // the first non-empty backend a worker saw
+  int64_t fast_layers = 0;   // measured layers the server computed NUMERICS_FAST
+  int64_t exact_layers = 0;  // measured layers the server computed NUMERICS_EXACT
 };
 
 /// Aggregates `report`'s workers (failed workers contribute the prefills they completed).

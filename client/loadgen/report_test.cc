@@ -16,6 +16,7 @@ PrefillSample Prefill(int layers, double latency, double compute, double wall, i
   sample.layer_latency_s.assign(layers, latency);
   sample.layer_prepare_s.assign(layers, 0.001);
   sample.compute_s.assign(layers, compute);
+  sample.exact_layers = layers;
   return sample;
 }
 
@@ -61,6 +62,8 @@ TEST(AggregateTest, PoolsEveryLayerAndPrefillAcrossWorkers) {
   EXPECT_DOUBLE_EQ(totals.workers[1].wall_s, 2.0);
   EXPECT_DOUBLE_EQ(totals.workers[1].bytes_per_s, 500.0);
   EXPECT_EQ(totals.backend, "gpu");
+  EXPECT_EQ(totals.exact_layers, 6);
+  EXPECT_EQ(totals.fast_layers, 0);
 }
 
 TEST(ReportJsonTest, HoldsConfigurationAndNumbers) {
@@ -79,6 +82,9 @@ TEST(ReportJsonTest, HoldsConfigurationAndNumbers) {
   EXPECT_EQ(json["workers"][1]["error"], "UNAVAILABLE: gone");
   EXPECT_EQ(json["workers"][1]["notes"][0], "one slot");
   EXPECT_DOUBLE_EQ(json["host_memcpy"]["best_bytes_per_s"].get<double>(), 5e9);
+  EXPECT_EQ(json["config"]["numerics"], "default");
+  EXPECT_EQ(json["layers_by_numerics"]["exact"], 6);
+  EXPECT_EQ(json["layers_by_numerics"]["fast"], 0);
 }
 
 TEST(PrintReportTest, ShowsTheTableAndErrors) {
@@ -87,6 +93,8 @@ TEST(PrintReportTest, ShowsTheTableAndErrors) {
   PrintReport(report, Aggregate(report), out);
   EXPECT_NE(out.str().find("layer latency"), std::string::npos) << out.str();
   EXPECT_NE(out.str().find("ERROR (worker 1): UNAVAILABLE: gone"), std::string::npos);
+  EXPECT_NE(out.str().find("numerics_asked=default"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("layers computed: fast=0 exact=6"), std::string::npos) << out.str();
   RunReport empty;
   std::ostringstream none;
   PrintReport(empty, Aggregate(empty), none);

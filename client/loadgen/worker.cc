@@ -18,6 +18,7 @@ v1::CompressionSettings Settings(const LoadgenConfig& config, int worker, int pr
   settings.set_num_layers(config.layers);
   settings.set_seed(config.seed);
   settings.set_request_id(absl::StrCat("loadgen-w", worker, "-p", prefill));
+  settings.set_numerics(config.numerics);
   return settings;
 }
 
@@ -61,6 +62,8 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
     }
     sample.layer_latency_s.push_back(sample.layer_prepare_s[id] + round_trip->second);
     sample.compute_s.push_back(answer.compute_seconds());
+    sample.fast_layers += answer.numerics() == v1::NUMERICS_FAST;
+    sample.exact_layers += answer.numerics() == v1::NUMERICS_EXACT;
   }
   sample.wire_bytes = source.WireBytesPerLayer() * layers;
   sample.tokens_in = result->summary.tokens_in();

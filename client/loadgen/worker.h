@@ -24,6 +24,8 @@ struct PrefillSample {
   std::vector<double> compute_s;        // [L] server-reported LayerResult.compute_seconds
   int64_t tokens_in = 0;                // SessionSummary.tokens_in
   int64_t tokens_kept = 0;              // SessionSummary.tokens_kept
+  int64_t fast_layers = 0;              // layers the server computed NUMERICS_FAST
+  int64_t exact_layers = 0;             // layers the server computed NUMERICS_EXACT
 };
 
 /// Everything one worker measured, or why it stopped.

@@ -97,6 +97,8 @@ v1::CompressionSettings SettingsFor(const v1::PolicyInfo& policy, const Sample& 
   settings.set_output_shape(v1::PER_HEAD);
   settings.set_seed(kSeed);
   settings.set_request_id(absl::StrCat("integration-", policy.name()));
+  // Fast asked for explicitly: the CPU backend has no fast path, computes exact and says so.
+  settings.set_numerics(v1::NUMERICS_FAST);
   return settings;
 }
 
@@ -108,6 +110,7 @@ std::vector<int64_t> CheckLayerStructure(const v1::LayerResult& layer, const Sam
   const int64_t n = sample.tokens, heads = sample.kv_heads;
   EXPECT_EQ(layer.num_tokens(), n);
   EXPECT_EQ(layer.output_shape(), v1::PER_HEAD);
+  EXPECT_EQ(layer.numerics(), v1::NUMERICS_EXACT);  // fast asked; the CPU computes exact
   EXPECT_GE(layer.compute_seconds(), 0.0);
   std::vector<int64_t> kept;
   if (layer.offsets_size() != heads + 1 || layer.heads_size() != heads) {
@@ -322,6 +325,9 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
   std::map<std::string, Expected> expected;
   for (const v1::PolicyInfo& policy : presets) {
     SCOPED_TRACE(absl::StrCat("policy ", policy.name()));
+    // The CPU backend computes every policy in the canonical arithmetic only.
+    ASSERT_EQ(policy.numerics_modes_size(), 1);
+    EXPECT_EQ(policy.numerics_modes(0), v1::NUMERICS_EXACT);
     const v1::CompressionSettings settings = SettingsFor(policy, *sample, *digest);
     Expected& e = expected[policy.name()];
 

@@ -229,11 +229,22 @@ TEST_F(ModelRestartTest, CliRegistersListsDeletesAndCompressesWithAModel) {
 
   out.clear();
   ASSERT_EQ(RunCli(absl::StrCat(target, " compress --policy=knorm --keep_fraction=0.25 --input=",
-                                KVTRIM_SAMPLE_PATH, " --model=", bundle),
+                                KVTRIM_SAMPLE_PATH, " --model=", bundle, " --numerics=fast"),
                    &out),
             0)
       << out;
   EXPECT_NE(out.find("model " + digest), std::string::npos) << out;
+  // Fast asked for; the CPU backend computed every layer exact and each layer says so.
+  EXPECT_NE(out.find("numerics_asked=fast"), std::string::npos) << out;
+  EXPECT_NE(out.find("layer 4  n=256  output=PER_HEAD  numerics=exact"), std::string::npos)
+      << out;
+  out.clear();
+  EXPECT_EQ(RunCli(absl::StrCat(target, " compress --policy=knorm --keep_fraction=0.25 --input=",
+                                KVTRIM_SAMPLE_PATH, " --numerics=quick"),
+                   &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("--numerics: \"quick\" is not fast or exact"), std::string::npos) << out;
 
   out.clear();
   ASSERT_EQ(RunCli(absl::StrCat(target, " delete-model ", digest), &out), 0) << out;
