@@ -116,19 +116,8 @@ absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
         "' needs a registered model (RegisterModel: W_O, RoPE, optional query statistics and "
         "LU-KV profiles); set model_digest to the digest RegisterModel returned"));
   }
-  if (scorer.name == "laprox") {
-    if (allocator.name != "uniform") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".policy.name: laprox allocates by its own top-K (policy.params.mode); it "
-                 "does not compose with allocator '", allocator.name, "'"));
-    }
-    const OutputShape shape = policy->settings.output_shape;
-    if (shape != OutputShape::kPerHead && shape != OutputShape::kEqualCount) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".output_shape: laprox answers PER_HEAD (ragged) or EQUAL_COUNT lists; SHARED "
-                 "and BLOCK_ALIGNED are not defined for it"));
-    }
-  }
+  // Which scorer + allocator pairs and output shapes compose is the registry's rule
+  // (PolicyRegistry::CheckComposable / OutputShapes), already applied by Resolve.
   if (scorer.name == "expected_attention" && policy->params.Text("query_stats") == "model" &&
       policy->model != nullptr && !policy->model->has_query_stats()) {
     return absl::FailedPreconditionError(absl::StrCat(

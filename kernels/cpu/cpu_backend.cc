@@ -90,6 +90,7 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, LayerScores* out) {
   const CpuLayer cpu = CpuLayer::From(layer);
+  out->numerics = Numerics::kExact;  // the CPU computes the canonical arithmetic only
   return ScoreRaw(policy, cpu, &out->scores, &out->critical);
 }
 
@@ -111,6 +112,7 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   } else if (auto st = DecideLayer(policy, scores, out); !st.ok()) {
     return st;
   }
+  out->numerics = Numerics::kExact;  // the CPU computes the canonical arithmetic only
   // Exact output perturbation on the observation window.
   out->perturbation.clear();
   if (cpu.shape.has_values && cpu.shape.has_queries) {
