@@ -77,4 +77,19 @@ void Pool1D(PoolKind kind, const float* in, int64_t n, int64_t kernel, float* ou
   }
 }
 
+float FirstMax(const float* x, int64_t count) {
+  if (count <= 0) return 0.0f;
+  float best = x[0];
+  for (int64_t j = 1; j < count; ++j) {
+    if (x[j] > best) best = x[j];
+  }
+  return best;
+}
+
+void PoolPrefix(PoolKind kind, const float* in, int64_t n, int64_t prefix, int64_t kernel,
+                float* out) {
+  Pool1D(kind, in, prefix, kernel, out);
+  std::fill(out + prefix, out + n, FirstMax(out, prefix));
+}
+
 }  // namespace kvtrim

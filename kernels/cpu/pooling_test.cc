@@ -47,6 +47,32 @@ TEST(PoolingTest, InfinityPropagatesThroughMax) {
             (std::vector<float>{0, 0, inf, inf, inf, 0, 0}));
 }
 
+TEST(PoolingTest, PoolPrefixPoolsThePrefixAloneAndFillsTheWindowWithItsMax) {
+  // n = 7, prefix 4: the window [4, 7) holds a spike that must not reach tokens 2 and 3.
+  const std::vector<float> in = {1, 0, 0, 2, 50, 60, 70};
+  std::vector<float> out(7, -123.0f);
+  PoolPrefix(PoolKind::kMax, in.data(), 7, 4, 5, out.data());
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 2, 2, 2, 2, 2}));
+  PoolPrefix(PoolKind::kAvg, in.data(), 7, 4, 3, out.data());  // zero padding at P as well
+  EXPECT_EQ(out, (std::vector<float>{1.0f / 3, 1.0f / 3, 2.0f / 3, 2.0f / 3, 2.0f / 3,
+                                     2.0f / 3, 2.0f / 3}));
+  PoolPrefix(PoolKind::kMax, in.data(), 7, 7, 3, out.data());  // no window: plain Pool1D
+  EXPECT_EQ(out, Pooled(PoolKind::kMax, in, 3));
+  PoolPrefix(PoolKind::kMax, in.data(), 3, 0, 3, out.data());  // no prefix: the window is 0
+  EXPECT_EQ(std::vector<float>(out.begin(), out.begin() + 3), (std::vector<float>{0, 0, 0}));
+}
+
+TEST(PoolingTest, FirstMaxKeepsTheFirstOfEqualValues) {
+  const std::vector<float> zeros = {-0.0f, 0.0f};
+  EXPECT_TRUE(std::signbit(FirstMax(zeros.data(), 2)));
+  const std::vector<float> rev = {0.0f, -0.0f};
+  EXPECT_FALSE(std::signbit(FirstMax(rev.data(), 2)));
+  const std::vector<float> x = {-3, 5, -1, 5};
+  EXPECT_EQ(FirstMax(x.data(), 4), 5.0f);
+  EXPECT_EQ(FirstMax(x.data(), 1), -3.0f);
+  EXPECT_EQ(FirstMax(x.data(), 0), 0.0f);
+}
+
 TEST(PoolingTest, MatchesOracleOnRandomInputs) {
   std::mt19937_64 rng(7);
   std::normal_distribution<double> normal(0, 1);

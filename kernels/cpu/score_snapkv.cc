@@ -1,4 +1,6 @@
-// SnapKV (baselines §3): mean window attention, GQA-mean, then 1-D pooling.
+// SnapKV (baselines §3): mean window attention over the prefix, GQA-mean, then 1-D pooling
+// of the prefix.
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cpu/pooling.h"
@@ -7,11 +9,15 @@
 
 namespace kvtrim {
 
-// For KV head h (canonical steps 4-6 of window_attention.h):
-//   acc_j = seq_{g < G} seq_{t in last `window` rows} p_{g,t,j}
-//   score = Pool_kernel(CmDiv(acc_j, G * window))
-// Masked (causal) entries add nothing; window tokens keep their finite scores (the backend
-// protects them afterwards).
+// For KV head h (canonical steps 4-6 of window_attention.h), P = max(0, n - window):
+//   acc_j = seq_{g < G} seq_{t in last `window` rows} p_{g,t,j}          j < P (prefix only)
+//   score[0..P) = Pool_kernel(CmDiv(acc_j, G * window)) over the prefix alone
+//   score[P..n) = the largest pooled prefix score (PoolPrefix; 0 when P = 0)
+// The softmax still runs over every visible key (window keys in the denominator); only the
+// window columns are dropped, so window attention never reaches a prefix score. Masked
+// (causal) entries add nothing. The backend protects the window (+inf) afterwards unless the
+// request lowers recent_tokens; unprotected window tokens then rank with the best prefix
+// token and lose the tie (rule 1: lower index).
 absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores) {
   const int64_t window = params.Int("window");
@@ -23,21 +29,23 @@ absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, Th
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
   const int64_t group = layer.shape.group_size();
+  const int64_t prefix = std::max<int64_t>(0, n - window);  // P
   const float denom = static_cast<float>(window * group);
   pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
     AttentionRowScratch scratch;
-    std::vector<float> acc(n, 0.0f);  // [n] seq sum of p over the group's window rows
+    std::vector<float> acc(prefix, 0.0f);  // [P] seq sum of p over the group's window rows
     for (int64_t g = 0; g < group; ++g) {
       for (int64_t t = w - window; t < w; ++t) {
         const AttentionRowStats row = ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
         const float* logits = scratch.logits.data();
-        for (int64_t j = 0; j < row.visible; ++j) {
+        const int64_t visible = std::min(row.visible, prefix);
+        for (int64_t j = 0; j < visible; ++j) {
           acc[j] = CmAdd(acc[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
         }
       }
     }
-    for (int64_t j = 0; j < n; ++j) acc[j] = CmDiv(acc[j], denom);
-    Pool1D(*kind, acc.data(), n, kernel, scores + h * n);
+    for (int64_t j = 0; j < prefix; ++j) acc[j] = CmDiv(acc[j], denom);
+    PoolPrefix(*kind, acc.data(), n, prefix, kernel, scores + h * n);
   });
   return absl::OkStatus();
 }

@@ -26,6 +26,7 @@
 //              for j >= V_r. A row with V_r = 0 contributes nothing (a = 0).
 //  5. per-token sums over rows run seq in the scorer's row order (never reassociated):
 //     SnapKV  acc_j = seq_{g < G} seq_{t in window} p;       pre_j = CmDiv(acc_j, G*window)
+//             (only j < P = n - window is used)
 //     H2O     acc_j = seq_{g < G} seq_{t < w} p;             pre_j = CmDiv(acc_j, G*rows_j)
 //             (rows_j = 1, or with causal_normalize the rows that see j; 0 rows -> 0)
 //     TOVA    s_{h,j} = seq_{g < G} p (row t = w-1);  acc_j = seq_{h < H_kv} s_{h,j};
@@ -38,7 +39,9 @@
 //             pre_j = CmDiv(cost_j, G)
 //     (integers are converted to float exactly; adding a +0 term changes no bit, so a
 //     masked token may be skipped or added as 0.)
-//  6. pooling of pre (SnapKV, DropKV): Pool1D in pooling.h: max is exact; avg is a double
+//  6. pooling of pre: DropKV Pool1D (pooling.h) over all n tokens; SnapKV PoolPrefix
+//     (pooling.h) over the prefix j < P = n - window only, the window tokens taking the
+//     largest pooled prefix score. Max is exact; avg is a double
 //     sum over the clipped window in index order, divided by the kernel in double, rounded
 //     once to float (IEEE double add/div, reproducible on both backends).
 // The GPU streams K/V in tiles (never a [w, n] matrix): step 2 needs only one segment's

@@ -33,6 +33,46 @@ __global__ void __launch_bounds__(kPoolThreads)
   out[static_cast<int64_t>(blockIdx.y) * out_stride + j] = result;
 }
 
+/// One CTA per row of out [rows, n]: the first maximum of out[row, 0..prefix) (strictly
+/// larger replaces; equal values, +0 and -0 included, go to the lower index, as FirstMax's
+/// left-to-right scan) is written to out[row, prefix..n); 0 when prefix == 0.
+__global__ void __launch_bounds__(kPoolThreads)
+    FillWithPrefixMaxKernel(float* __restrict__ out, int64_t n, int64_t prefix) {
+  __shared__ float best_value[kPoolThreads];
+  __shared__ int64_t best_index[kPoolThreads];
+  float* row = out + static_cast<int64_t>(blockIdx.x) * n;
+  // Each thread: the first maximum of its strided subset (ascending indices).
+  float value = 0.0f;
+  int64_t index = prefix;  // prefix = "none yet"; every real index is smaller
+  for (int64_t j = threadIdx.x; j < prefix; j += kPoolThreads) {
+    const float x = row[j];
+    if (index == prefix || x > value) {
+      value = x;
+      index = j;
+    }
+  }
+  best_value[threadIdx.x] = value;
+  best_index[threadIdx.x] = index;
+  __syncthreads();
+  for (int stride = kPoolThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float other = best_value[threadIdx.x + stride];
+      const int64_t other_index = best_index[threadIdx.x + stride];
+      const int64_t mine = best_index[threadIdx.x];
+      const bool take = other_index < prefix &&
+                        (mine == prefix || other > best_value[threadIdx.x] ||
+                         (other == best_value[threadIdx.x] && other_index < mine));
+      if (take) {
+        best_value[threadIdx.x] = other;
+        best_index[threadIdx.x] = other_index;
+      }
+    }
+    __syncthreads();
+  }
+  const float fill = best_index[0] < prefix ? best_value[0] : 0.0f;
+  for (int64_t j = prefix + threadIdx.x; j < n; j += kPoolThreads) row[j] = fill;
+}
+
 }  // namespace
 
 cudaError_t LaunchPool1D(const float* in, int32_t rows, int64_t n, int32_t kernel, bool max_pool,
@@ -63,6 +103,24 @@ cudaError_t LaunchPool1DStrided(const float* in, int64_t in_stride, int32_t rows
   // kernel == 1 runs the kernel with radius 0: a copy.
   Pool1DKernel<<<grid, kPoolThreads, 0, stream>>>(in, in_stride, len, kernel / 2, kernel, max_pool,
                                                   out, out_stride);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchPoolPrefix(const float* in, int32_t rows, int64_t n, int64_t prefix,
+                             int32_t kernel, bool max_pool, float* out, cudaStream_t stream) {
+  if (kernel < 1 || kernel % 2 == 0 || rows < 0 || n < 0 || prefix < 0 || prefix > n ||
+      (in == out && kernel != 1)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || n == 0) return cudaSuccess;
+  if (in != out) {
+    const cudaError_t err =
+        LaunchPool1DStrided(in, n, rows, prefix, kernel, max_pool, out, n, stream);
+    if (err != cudaSuccess) return err;
+  }
+  if (prefix == n) return cudaSuccess;  // no window columns to fill
+  FillWithPrefixMaxKernel<<<static_cast<unsigned>(rows), kPoolThreads, 0, stream>>>(out, n,
+                                                                                   prefix);
   return cudaGetLastError();
 }
 

@@ -23,4 +23,14 @@ cudaError_t LaunchPool1DStrided(const float* in, int64_t in_stride, int32_t rows
                                 int32_t kernel, bool max_pool, float* out, int64_t out_stride,
                                 cudaStream_t stream);
 
+/// The SnapKV pooling stage, kvtrim::PoolPrefix (kernels/cpu/pooling.h) bit for bit: for every
+/// row r of in / out [rows, n] fp32 (device, row stride n), pools the prefix [0, prefix) as
+/// Pool1D on a length-`prefix` vector into out[r, 0..prefix), then sets out[r, prefix..n) to
+/// the first maximum of out[r, 0..prefix) (0 when prefix == 0). in[r, prefix..n) is never read.
+/// in == out is allowed only with kernel == 1 (then the prefix is left as it is); other
+/// overlaps are not. Returns cudaErrorInvalidValue for an even or non-positive kernel or
+/// prefix outside [0, n], else the launch error.
+cudaError_t LaunchPoolPrefix(const float* in, int32_t rows, int64_t n, int64_t prefix,
+                             int32_t kernel, bool max_pool, float* out, cudaStream_t stream);
+
 }  // namespace kvtrim::gpu

@@ -3,7 +3,10 @@
 // canonical window attention of kernels/cpu/window_attention.h in three stages:
 //   1. LaunchAttentionStats   per-segment partials, then -M, 1/Z (and a, |a|^2) per row
 //   2. LaunchAttentionScores  per-token sums over the rows (pre-pooling scores)
-//   3. LaunchPool1D           SnapKV / DropKV with kernel > 1
+//   3. SnapKV: LaunchPoolPrefix pools the prefix P = n - window only (the pooling window
+//      clipped at P) and gives the window columns the best pooled prefix score (PoolPrefix
+//      of kernels/cpu/pooling.h; run for every kernel, kernel 1 only fills the window).
+//      DropKV with kernel > 1: LaunchPool1D over the whole length (dropkv.md §2.3).
 // Scratch (attention kinds, fp32 unless stated; H = H_kv, R = rows per KV head = G * rows
 // per query head, S = ceil(n / 512)): m_s, z_s [H, R, S]; DropKV o_s [H, R, S, d]; row
 // stats [H, R] x 16 B; DropKV a [H, R, d]; pre-pooling scores [H, n] when pooled. Each
@@ -48,6 +51,12 @@ cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerP
                    : scores;
   err = attn::LaunchAttentionScores(plan, layer, params, scratch, pre, stream);
   if (err != cudaSuccess) return err;
+  if (kind == ScorerKind::kSnapKV) {
+    const int64_t window = params.window;
+    const int64_t prefix = plan.num_tokens > window ? plan.num_tokens - window : 0;  // P
+    return LaunchPoolPrefix(pre, plan.num_kv_heads, plan.num_tokens, prefix, params.kernel,
+                            params.pool_max, scores, stream);
+  }
   if (!plan.pooled) return cudaSuccess;
   return LaunchPool1D(pre, plan.num_kv_heads, plan.num_tokens, params.kernel, params.pool_max,
                       scores, stream);

@@ -573,7 +573,12 @@ TEST(AttentionTimingTest, Llama32KParityAndTimings) {
       const float score = MedianMs([&] {
         return attn::LaunchAttentionScores(plan, dev.layer, params, scratch.get(), pre, nullptr);
       });
+      // The pooling stage of LaunchScore: SnapKV pools the prefix and fills the window.
       const float pool = plan.pooled ? MedianMs([&] {
+        if (kind == ScorerKind::kSnapKV) {
+          return LaunchPoolPrefix(pre, plan.num_kv_heads, plan.num_tokens, c.n - c.window,
+                                  params.kernel, params.pool_max, scores.as<float>(), nullptr);
+        }
         return LaunchPool1D(pre, plan.num_kv_heads, plan.num_tokens, params.kernel,
                             params.pool_max, scores.as<float>(), nullptr);
       })

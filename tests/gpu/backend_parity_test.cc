@@ -39,6 +39,7 @@
 #include "tests/gpu/parity_rule.h"
 #include "tests/gpu/shared_backends.h"
 #include "tests/gpu/test_device.h"
+#include "tests/oracle/attention_oracle.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
@@ -337,6 +338,46 @@ TEST(BackendParitySerialTest, LongRowsOneLayerAtATime) {
                      kMaxWindow};
     const Outcome outcome = RunCase(c);
     EXPECT_TRUE(outcome.failure.empty()) << outcome.failure;
+  }
+}
+
+// SnapKV pools the prefix only (baselines §0, §3): a spike of window attention on the first
+// window token must not lift the last prefix tokens on either backend, in any dtype (the
+// problem's values are exact in f16 and bf16). The scores' bit parity, window fill included,
+// is attention_parity_test.cu's.
+TEST(BackendParitySpikeTest, SnapKVFamilyPoolsThePrefixOnly) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  const oracle::AttentionProblem pb = oracle::WindowBoundarySpikeProblem();
+  std::vector<int32_t> expected = {2, 3, 4, 5, 6, 7, 8};  // 7 prefix tokens around token 5
+  for (int32_t j = 32; j < 40; ++j) expected.push_back(j);
+  const int64_t n = pb.num_tokens, d = pb.head_dim, w = pb.window_rows;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::vector<uint8_t> keys = Encode(pb.keys, dtype);
+    const std::vector<uint8_t> values = Encode(pb.values, dtype);
+    const std::vector<uint8_t> queries = Encode(pb.queries, dtype);
+    LayerRequest layer;
+    layer.keys = {keys.data(), dtype, {1, n, d}};
+    layer.values = {values.data(), dtype, {1, n, d}};
+    layer.queries = {queries.data(), dtype, {1, w, d}};
+    for (const char* name : {"snapkv", "adakv", "pyramidkv"}) {
+      SCOPED_TRACE(absl::StrCat(name, " ", DTypeName(dtype)));
+      CompressionSettings settings;
+      settings.policy = name;
+      settings.params["window"] = ParamValue::Number(8);
+      settings.budget.by_fraction = false;
+      settings.budget.keep_tokens = 15;
+      settings.num_layers = 1;
+      PolicyEngine cpu_engine(Registry(), SharedCpu(n));
+      PolicyEngine gpu_engine(Registry(), SharedGpu());
+      auto policy = cpu_engine.Prepare(settings, "settings");
+      ASSERT_TRUE(policy.ok()) << policy.status();
+      auto cpu = cpu_engine.CompressLayer(*policy, layer, "layer");
+      auto gpu = gpu_engine.CompressLayer(*policy, layer, "layer");
+      ASSERT_TRUE(cpu.ok()) << cpu.status();
+      ASSERT_TRUE(gpu.ok()) << gpu.status();
+      EXPECT_EQ(cpu->indices, expected);
+      EXPECT_EQ(gpu->indices, expected);
+    }
   }
 }
 

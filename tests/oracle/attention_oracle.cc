@@ -117,20 +117,45 @@ std::vector<double> Pool(const std::vector<double>& x, int64_t kernel, bool max_
   return out;
 }
 
+AttentionProblem WindowBoundarySpikeProblem() {
+  AttentionProblem pb;
+  pb.num_kv_heads = 1;
+  pb.num_tokens = 40;
+  pb.head_dim = 4;
+  pb.num_query_heads = 1;
+  pb.window_rows = 8;
+  pb.scale = 0.5;  // 1/sqrt(4), exact in fp32
+  pb.keys.assign(40 * 4, 0.0f);
+  pb.keys[5 * 4] = 2.0f;
+  pb.keys[15 * 4] = 1.0f;
+  pb.keys[32 * 4] = 6.0f;
+  pb.values.assign(40 * 4, 1.0f);
+  pb.queries.assign(8 * 4, 0.0f);
+  for (int t = 0; t < 8; ++t) pb.queries[t * 4] = 4.0f;
+  return pb;
+}
+
 std::vector<double> SnapKVScores(const AttentionProblem& pb, int64_t window, int64_t kernel,
                                  bool max_pool) {
   const int64_t n = pb.num_tokens, w = pb.window_rows, G = pb.group();
+  const int64_t prefix = std::max<int64_t>(0, n - window);
   std::vector<double> out;
   for (int64_t h = 0; h < pb.num_kv_heads; ++h) {
-    std::vector<double> mean(static_cast<size_t>(n), 0.0);
+    // Columns of the prefix only: the softmax covers every visible key, the window columns
+    // are dropped before pooling.
+    std::vector<double> mean(static_cast<size_t>(prefix), 0.0);
     for (int64_t g = 0; g < G; ++g) {
       const std::vector<double> p = ProbMatrix(pb, h * G + g);
       for (int64_t t = w - window; t < w; ++t) {
-        for (int64_t j = 0; j < n; ++j) mean[j] += p[t * n + j] / static_cast<double>(window * G);
+        for (int64_t j = 0; j < prefix; ++j) {
+          mean[j] += p[t * n + j] / static_cast<double>(window * G);
+        }
       }
     }
     const std::vector<double> pooled = Pool(mean, kernel, max_pool);
+    const double best = pooled.empty() ? 0.0 : *std::max_element(pooled.begin(), pooled.end());
     out.insert(out.end(), pooled.begin(), pooled.end());
+    out.insert(out.end(), static_cast<size_t>(n - prefix), best);  // the window: max score
   }
   return out;
 }

@@ -31,6 +31,15 @@ struct AttentionProblem {
 AttentionProblem RandomProblem(uint64_t seed, int64_t num_kv_heads, int64_t group, int64_t n,
                                int64_t d, int64_t w, double query_gain = 1.0);
 
+/// A hand-made SnapKV conformance problem (one KV head, G = 1, n = 40, d = 4, w = 8, scale
+/// 0.5): every window row is 4·e0; keys are 0 except k_5 = 2·e0 (logit 4), k_15 = e0
+/// (logit 2) and a spike k_32 = 6·e0 (logit 12) on the first window token (P = 32 for window
+/// 8); values are 1. With window 8 and max pooling of kernel 7 over the prefix alone, tokens
+/// 2..8 share token 5's pooled score, 12..18 token 15's, and 26..31 keep the background
+/// score; pooling the whole length would lift 29..31 to the spike instead. Keeping 15 tokens
+/// (window + 7) must therefore keep {2..8, 32..39}.
+AttentionProblem WindowBoundarySpikeProblem();
+
 /// Dense causal softmax of query head `q_head` (KV head q_head / G): [w, n] fp64, zero where
 /// token j > n - w + t (rows at negative positions are all zero).
 std::vector<double> ProbMatrix(const AttentionProblem& pb, int64_t q_head);
@@ -42,7 +51,10 @@ std::vector<double> OutputMatrix(const AttentionProblem& pb, int64_t q_head);
 /// avg pads with zeros and divides by the kernel (PyTorch avg_pool1d defaults).
 std::vector<double> Pool(const std::vector<double>& x, int64_t kernel, bool max_pool);
 
-/// SnapKV: Pool(mean over the group and the last `window` rows of P) per KV head: [H_kv, n].
+/// SnapKV (baselines §0, §3; kvpress SnapKVPress): per KV head, the mean over the group and
+/// the last `window` rows of P restricted to the prefix columns j < P = max(0, n - window),
+/// Pool over that length-P vector alone, and the window tokens j >= P padded with the
+/// largest pooled prefix score (0 when P = 0): [H_kv, n].
 std::vector<double> SnapKVScores(const AttentionProblem& pb, int64_t window, int64_t kernel,
                                  bool max_pool);
 
