@@ -28,6 +28,11 @@ ParamSpec PoolingParam() {
 /// Protection "the last `window` tokens".
 Protection WindowProtection(const ResolvedParams& p, int64_t) { return {0, p.Int("window")}; }
 Protection NoProtection(const ResolvedParams&, int64_t) { return {0, 0}; }
+/// Protection "the round(recent_fraction * k) most recent tokens", half up in double
+/// (specs README rule 6: every budget split rounds half up).
+Protection RecentFractionProtection(const ResolvedParams& p, int64_t k) {
+  return {0, RoundHalfUp(p.Number("recent_fraction") * static_cast<double>(k))};
+}
 
 /// Validation of scorers that read a window of `window` query rows with odd pooling.
 absl::Status ValidateWindowed(const LayerShape& shape, const ResolvedParams& p, int64_t,
@@ -95,17 +100,14 @@ void AddScorers(PolicyRegistry* r) {
                       "anchor = mean of unit keys (ranks like Eq. 7) or mean of raw keys"),
       ParamSpec::Float("recent_fraction", 0, 0, 1,
                        "share of the budget N reserved for the most recent tokens, "
-                       "R = floor(recent_fraction * N)"),
+                       "R = round(recent_fraction * N), half up"),
       ParamSpec::Float("eps", 1e-8, 0, 1, "guard of the cosine denominator"),
       ParamSpec::Int("block_size", 0, 0, 1 << 20,
                      "block-wise mode: B > 0 requires n <= N + B per call (the cache plus one "
                      "block); 0 = one-shot"),
   };
-  s.doc_default_recent = "floor(recent_fraction * budget)";
-  s.default_protection = [](const ResolvedParams& p, int64_t k) {
-    return Protection{0, static_cast<int64_t>(std::floor(p.Number("recent_fraction") *
-                                                         static_cast<double>(k)))};
-  };
+  s.doc_default_recent = "round(recent_fraction * budget)";
+  s.default_protection = RecentFractionProtection;
   s.validate = [](const LayerShape& shape, const ResolvedParams& p, int64_t k,
                   const std::string& field) -> absl::Status {
     const int64_t block = p.Int("block_size");
@@ -146,9 +148,7 @@ void AddScorers(PolicyRegistry* r) {
                       "divide each token's sum by the number of query rows that see it"),
   };
   s.doc_default_recent = "round(recent_fraction * budget)";
-  s.default_protection = [](const ResolvedParams& p, int64_t k) {
-    return Protection{0, RoundHalfUp(p.Number("recent_fraction") * static_cast<double>(k))};
-  };
+  s.default_protection = RecentFractionProtection;
   s.validate = ValidateNothing;
   r->AddScorer(s);
 
@@ -197,7 +197,8 @@ void AddScorers(PolicyRegistry* r) {
       KernelParam(7),
       PoolingParam(),
       ParamSpec::Float("alpha", 0.5, 0, 1,
-                       "stage-1 share: the first floor(alpha * b) prefix tokens by attention"),
+                       "stage-1 share: the first round(alpha * b) prefix tokens by "
+                       "attention, half up"),
       ParamSpec::Float("eps", 1e-4, 0, 1, "added to the attention in the stage-2 product"),
       ParamSpec::Enum("norm", "l1", {"l1", "l2"},
                       "projected-value norm ||v W_O^h||: l1 (paper) or l2 (Gram matrices)"),

@@ -1,12 +1,12 @@
 #include "kernels/decide.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/budget.h"
 #include "kernels/canonical_math.h"
 #include "kernels/cpu/allocate.h"
 #include "kernels/cpu/select.h"
@@ -134,8 +134,9 @@ absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
     }
   }
 
-  // CriticalKV: stage 1 = the top (protected + floor(alpha * b)) by attention; the final
-  // ranking is the stage-2 score with stage-1 tokens forced to +inf.
+  // CriticalKV: stage 1 = the top (protected + b1) by attention, b1 = round_half_up(alpha * b)
+  // in double (specs README rule 6, over criticalkv.md's floor); the final ranking is the
+  // stage-2 score with stage-1 tokens forced to +inf.
   if (critical) {
     const double alpha = policy.params.Number("alpha");
     std::vector<float> stage2 = layer.critical;
@@ -143,7 +144,7 @@ absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t guarded = protection[h].sink + protection[h].recent;
       const int64_t b = std::max<int64_t>(0, (*counts)[h] - guarded);
-      const int64_t b1 = static_cast<int64_t>(std::floor(alpha * static_cast<double>(b)));
+      const int64_t b1 = std::min(b, RoundHalfUp(alpha * static_cast<double>(b)));
       stage1.clear();
       SelectTopK(ranked.data() + h * n, n, std::min(n, guarded + b1), &stage1);
       float* row = stage2.data() + h * n;

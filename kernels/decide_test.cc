@@ -129,7 +129,8 @@ TEST(CriticalKVTheoryTest, StageTwoMinimisesItsBoundGivenStageOne) {
     ASSERT_TRUE(DecideLayer(policy, layer, &out).ok());
     const std::set<int32_t> kept32 = List(out, 0);
     const std::set<int> kept(kept32.begin(), kept32.end());
-    const int64_t b = layer.budget.kept_per_head, b1 = b / 2, b2 = b - b1;
+    // b1 = round_half_up(0.5 * b) (specs README rule 6).
+    const int64_t b = layer.budget.kept_per_head, b1 = (b + 1) / 2, b2 = b - b1;
     ASSERT_EQ(static_cast<int64_t>(kept.size()), b);
     // Stage 1: the top b1 by attention are kept.
     std::vector<int> order(n);
@@ -182,23 +183,46 @@ TEST(CriticalKVTheoryTest, StageTwoMinimisesItsBoundGivenStageOne) {
   EXPECT_GT(checked, 60);
 }
 
-TEST(CriticalKVDecideTest, WindowKeptAndStagesCountInsideTheBudget) {
-  // Protected window of 4, budget 10: 4 window + floor(0.5 * 6) = 3 by attention + 3 by
-  // critical score.
-  const ResolvedPolicy policy = Resolve("criticalkv", {{"window", ParamValue::Number(4)}});
+/// One head of 20 tokens keeping `budget` with the last 4 protected: the attention score
+/// ranks the early prefix tokens first (20 - j), the critical score the late ones (j); the
+/// window scores 0 in both. [1, 20] each.
+LayerScores OppositeRankings(int64_t budget) {
   LayerScores layer;
   layer.num_heads = 1;
   layer.num_tokens = 20;
-  layer.budget.kept_per_head = 10;
+  layer.budget.kept_per_head = budget;
   layer.budget.protection = {0, 4};
   layer.budget.requested = {0, 4};
   for (int j = 0; j < 20; ++j) {
     layer.scores.push_back(j < 16 ? static_cast<float>(20 - j) : 0.0f);   // attention: early
     layer.critical.push_back(j < 16 ? static_cast<float>(j) : 0.0f);       // critical: late
   }
+  return layer;
+}
+
+TEST(CriticalKVDecideTest, WindowKeptAndStagesCountInsideTheBudget) {
+  // Protected window of 4, budget 10: 4 window + round(0.5 * 6) = 3 by attention + 3 by
+  // critical score.
+  const ResolvedPolicy policy = Resolve("criticalkv", {{"window", ParamValue::Number(4)}});
+  const LayerScores layer = OppositeRankings(10);
   LayerDecision out;
   ASSERT_TRUE(DecideLayer(policy, layer, &out).ok());
   EXPECT_EQ(List(out, 0), (std::set<int32_t>{0, 1, 2, 13, 14, 15, 16, 17, 18, 19}));
+}
+
+TEST(CriticalKVDecideTest, StageOneTakesAlphaTimesBRoundedHalfUp) {
+  // Window 4, budget 11: b = 7 and alpha * b = 3.5, so stage 1 keeps round(3.5) = 4 tokens by
+  // attention (0..3) and stage 2 the other 3 by the critical score (13..15). The spec's floor
+  // would give 0..2 and 12..15.
+  const ResolvedPolicy policy = Resolve("criticalkv", {{"window", ParamValue::Number(4)}});
+  LayerDecision out;
+  ASSERT_TRUE(DecideLayer(policy, OppositeRankings(11), &out).ok());
+  EXPECT_EQ(List(out, 0), (std::set<int32_t>{0, 1, 2, 3, 13, 14, 15, 16, 17, 18, 19}));
+  // alpha = 0.25, b = 6: 1.5 rounds up to 2 (0, 1), then 4 by critical (12..15).
+  const ResolvedPolicy quarter = Resolve(
+      "criticalkv", {{"window", ParamValue::Number(4)}, {"alpha", ParamValue::Number(0.25)}});
+  ASSERT_TRUE(DecideLayer(quarter, OppositeRankings(10), &out).ok());
+  EXPECT_EQ(List(out, 0), (std::set<int32_t>{0, 1, 12, 13, 14, 15, 16, 17, 18, 19}));
 }
 
 // ------------------------------------ LaProx (§4) --------------------------------------

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/budget.h"
 #include "kernels/cpu/select.h"
 
 namespace kvtrim {
@@ -56,9 +57,10 @@ absl::StatusOr<KeyDiffBlockResult> RunKeyDiffBlocks(const float* keys, int64_t n
   const int64_t B = options.block_size;
   const int64_t d = head_dim;
   const int64_t capacity = N + B;  // the §2.3 memory bound, entries per head
-  // R = floor(x*N) newest entries are protected (§2.2, §7.4).
+  // R = round_half_up(x*N) newest entries are protected (§2.2, §7.4; specs README rule 6
+  // replaces the spec's floor).
   const int64_t recent = std::clamp<int64_t>(
-      static_cast<int64_t>(std::floor(options.recent_fraction * static_cast<double>(N))), 0, N);
+      RoundHalfUp(options.recent_fraction * static_cast<double>(N)), 0, N);
 
   // Every buffer is sized once from the bound and never grows.
   std::vector<float> cache_keys(static_cast<size_t>(capacity * d));  // [N + B, d] fp32

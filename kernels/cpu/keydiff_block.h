@@ -42,7 +42,7 @@ struct KeyDiffBlockOptions {
   int64_t budget = 0;        // N >= 1: entries kept after every eviction
   int64_t block_size = 128;  // B >= 1: tokens appended per step (the last block may be shorter)
   KeyDiffAnchor anchor = KeyDiffAnchor::kNormalizedMean;
-  double recent_fraction = 0;  // x in [0, 1]: the floor(x*N) newest entries are never evicted
+  double recent_fraction = 0;  // x in [0, 1]: the round(x*N) (half up) newest are never evicted
   float eps = 1e-8f;           // cosine denominator guard, >= 0
 };
 
@@ -69,7 +69,7 @@ using KeyDiffStepObserver = std::function<void(const KeyDiffBlockStep&)>;
 /// Simulates keydiff.md §2.3 on one head: the cache starts empty; for each block of B
 /// consecutive tokens it appends the block's keys, and if the cache then holds more than N
 /// entries it scores all of them with KeyDiffHeadScores (anchor over the whole cache),
-/// protects the R = floor(x*N) newest entries (§7.4) and keeps the N - R others with the
+/// protects the R = round_half_up(x*N) newest entries (§7.4, rule 6) and keeps the N - R others with the
 /// highest score, equal scores keeping the lower original position (specs/README.md rule
 /// 1). It never holds more than N + B keys (checked on every append; a violation is
 /// INTERNAL). Errors: INVALID_ARGUMENT for N < 1, B < 1, d < 1, T < 0, x outside [0, 1],

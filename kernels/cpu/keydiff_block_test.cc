@@ -184,11 +184,29 @@ TEST(KeyDiffBlock, MatchesTheFp64BlockOracle) {
 
 // ---- Conformance 5: the sliding window -------------------------------------------------------
 
+TEST(KeyDiffBlock, RecentShareRoundsHalfUpAndDecidesTheKeptSet) {
+  // T = 20 keys along e0, except tokens 2, 6, 10, 14 along e1..e4 (the least similar to the
+  // anchor, tied, so ranked by index). N = 5, x = 0.3: R = round(1.5) = 2 protects 18 and 19
+  // and leaves 3 slots: {2, 6, 10}. The spec's floor (R = 1) would keep {2, 6, 10, 14, 19}.
+  const int64_t T = 20, d = 8;
+  std::vector<float> keys(static_cast<size_t>(T * d), 0.0f);
+  for (int64_t j = 0; j < T; ++j) keys[j * d] = 1.0f;
+  for (int64_t i = 0; i < 4; ++i) {
+    const int64_t j = 2 + 4 * i;
+    keys[j * d] = 0.0f;
+    keys[j * d + 1 + i] = 1.0f;
+  }
+  absl::StatusOr<KeyDiffBlockResult> r =
+      RunKeyDiffBlocks(keys.data(), T, d, Options(5, T, KeyDiffAnchor::kNormalizedMean, 0.3));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kept, (std::vector<int64_t>{2, 6, 10, 18, 19}));
+}
+
 TEST(KeyDiffBlock, RecentWindowIsAlwaysRetained) {
   for (double x : {0.1, 0.2, 0.5, 1.0}) {
     for (int64_t B : {1, 5, 64}) {
       const int64_t T = 400, N = 50, d = 8;
-      const int64_t R = static_cast<int64_t>(std::floor(x * N));
+      const int64_t R = static_cast<int64_t>(std::floor(x * N + 0.5));  // round half up
       const std::vector<float> keys = HeadKeys(T, d, 11 + B);
       auto observer = [&](const KeyDiffBlockStep& s) {
         const std::set<int64_t> cache(s.positions, s.positions + s.size_after);

@@ -120,6 +120,24 @@ TEST(KeyDiffScore, RegistryDefaultsAreNormalizedMeanAndEps1e8) {
   EXPECT_DOUBLE_EQ(p->Number("eps"), 1e-8);
 }
 
+TEST(KeyDiffScore, RecentShareOfTheBudgetRoundsHalfUp) {
+  // specs README rule 6 over keydiff.md's floor: x * N = 1.5 protects 2, 2.5 protects 3.
+  PolicyRegistry registry;
+  RegisterBuiltinPolicies(&registry);
+  const ScorerSpec* spec = registry.FindScorer("keydiff");
+  ASSERT_NE(spec, nullptr);
+  absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(
+      spec->params, {{"recent_fraction", ParamValue::Number(0.3)}}, "params");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(spec->default_protection(*p, 5).recent, 2);
+  EXPECT_EQ(spec->default_protection(*p, 4).recent, 1);  // 1.2
+  p = ResolvedParams::Resolve(spec->params, {{"recent_fraction", ParamValue::Number(0.5)}},
+                              "params");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(spec->default_protection(*p, 5).recent, 3);
+  EXPECT_EQ(spec->default_protection(*p, 5).sink, 0);
+}
+
 TEST(KeyDiffScore, AnchorParsing) {
   EXPECT_EQ(*ParseKeyDiffAnchor("normalized_mean"), KeyDiffAnchor::kNormalizedMean);
   EXPECT_EQ(*ParseKeyDiffAnchor("raw_mean"), KeyDiffAnchor::kRawMean);

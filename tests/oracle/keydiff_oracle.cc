@@ -96,8 +96,9 @@ std::vector<int64_t> OneShotSelect(const KeyMatrix& keys, int64_t budget, KeyDif
     for (int64_t i = 0; i < n; ++i) kept.push_back(i);
     return kept;
   }
+  // Round half up (specs README rule 6), not keydiff.md's floor.
   const int64_t recent =
-      static_cast<int64_t>(std::floor(recent_fraction * static_cast<double>(budget)));
+      static_cast<int64_t>(std::floor(recent_fraction * static_cast<double>(budget) + 0.5));
   std::vector<double> scores = Eq8Scores(keys, mode);
   scores.resize(static_cast<size_t>(n - recent));  // the protected rows do not compete
   kept = TopKByRank(scores, budget - recent);

@@ -28,7 +28,7 @@ std::vector<double> Eq8Scores(const KeyMatrix& keys, KeyDiffAnchorMode mode, dou
 /// Eq. 7 scores: -sum_j cos(k_i, k_j), self included, O(n^2 d). [n]
 std::vector<double> Eq7Scores(const KeyMatrix& keys);
 
-/// §2.2 one-shot selection: all rows when n <= N; otherwise the R = floor(x*N) last rows
+/// §2.2 one-shot selection: all rows when n <= N; otherwise the R = floor(x*N + 1/2) last rows
 /// plus the N - R highest Eq. 8 scores among the others (ties to the lower row). Ascending.
 std::vector<int64_t> OneShotSelect(const KeyMatrix& keys, int64_t budget, KeyDiffAnchorMode mode,
                                    double recent_fraction);
