@@ -15,8 +15,9 @@ std::vector<int64_t> AllocateUniform(int64_t num_heads, int64_t k);
 /// per-head total k (protected tokens included), beta > 1, L layers:
 /// k_{L-1} = max(k/beta, max(1, protected)), k_0 = 2k - k_{L-1}; if k_0 > n then k_0 = n
 /// and k_{L-1} = 2k - n; falls back to uniform k when that leaves k_{L-1} below
-/// max(1, protected). k_l interpolates linearly, rounded half up. Every head of the layer
-/// keeps the returned count.
+/// max(1, protected) or k_0 below k_{L-1} (only when protected > k, which rule 3 excludes).
+/// k_l interpolates linearly, rounded half up. Every head of the layer keeps the returned
+/// count.
 int64_t PyramidLayerBudget(int64_t k, int64_t n, int32_t layer, int32_t num_layers, double beta,
                            int64_t protected_tokens);
 
