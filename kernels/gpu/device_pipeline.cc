@@ -256,13 +256,17 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
     score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
   }
   r.scratch_bytes = std::max(score_scratch, SelectScratchBytes(plan.num_heads, plan.num_tokens));
+  r.scratch_bytes = std::max(r.scratch_bytes,
+                             ProtectSelectTopKScratchBytes(plan.num_heads, plan.num_tokens));
   if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationScratchBytes(layer));
   r.scores = layout->Add(heads * n * sizeof(float));
-  r.meta = layout->Add((heads + static_cast<size_t>(plan.num_lists()) + 1) * sizeof(int64_t));
+  // Meta: counts, offsets, then the first-NaN slot (uploaded with them, see MetaInit).
+  const size_t meta_values = heads + static_cast<size_t>(plan.num_lists()) + 1;
+  r.meta = layout->Add((meta_values + 1) * sizeof(int64_t));
+  r.first_nan = r.meta + meta_values * sizeof(int64_t);
   r.indices = layout->Add(static_cast<size_t>(std::max<int64_t>(plan.total_indices, 1)) *
                           sizeof(int32_t));
   r.perturbation = layout->Add(heads * sizeof(double));
-  r.first_nan = layout->Add(sizeof(unsigned long long));
   r.critical = layout->Add(plan.critical ? heads * n * sizeof(float) : 0);
   const size_t vf = static_cast<size_t>(LaneMajorFloats(layer.head_dim));
   const size_t hq = static_cast<size_t>(std::max(plan.model_query_heads, 0));
@@ -299,11 +303,16 @@ std::vector<int64_t> MetaInit(const LayerPlan& plan) {
   meta.resize(static_cast<size_t>(plan.num_heads), 0);
   meta.resize(meta.size() + static_cast<size_t>(plan.num_lists()) + 1, 0);
   if (plan.shared) meta.back() = plan.shared_count;
+  meta.push_back(static_cast<int64_t>(kNoNaN));  // the first-NaN slot: all bits set
   return meta;
 }
 
-absl::Status EnqueueRawScores(const LayerPlan& plan, const DeviceLayer& layer,
-                              const PipelineBuffers& b, cudaStream_t stream) {
+namespace {
+
+/// Enqueues the scorer alone (LaunchScore, or LaunchModelScore with buffers.model): raw scores
+/// [H_kv, n] in buffers.scores (and CriticalKV's stage-2 scores in buffers.critical).
+absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
+                           const PipelineBuffers& b, cudaStream_t stream) {
   if (plan.model_scorer) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchModelScore(plan.scorer, layer, plan.params, b.model, b.scores, b.critical,
@@ -314,6 +323,27 @@ absl::Status EnqueueRawScores(const LayerPlan& plan, const DeviceLayer& layer,
         LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
         absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
   }
+  return absl::OkStatus();
+}
+
+/// True when EnqueueLayer selects with LaunchProtectSelectTopK: per-head lists with host
+/// counts (uniform, pyramid). AdaKV and shared lists read the protected buffers.scores.
+bool FusedSelection(const LayerPlan& plan) {
+  return !plan.shared && !plan.adakv && !plan.host_decide;
+}
+
+/// Records `event` on `stream` unless it is null.
+absl::Status RecordEvent(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return absl::OkStatus();
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream), "cudaEventRecord");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EnqueueRawScores(const LayerPlan& plan, const DeviceLayer& layer,
+                              const PipelineBuffers& b, cudaStream_t stream) {
+  KVTRIM_RETURN_IF_ERROR(EnqueueScorer(plan, layer, b, stream));
   KVTRIM_CUDA_RETURN_IF_ERROR(
       LaunchFindFirstNaN(b.scores, static_cast<int64_t>(plan.num_heads) * plan.num_tokens,
                          b.first_nan, stream),
@@ -337,11 +367,21 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
                           const PipelineEvents* events) {
   const int32_t heads = plan.num_heads;
   const int64_t n = plan.num_tokens;
-  KVTRIM_RETURN_IF_ERROR(EnqueueScores(plan, layer, b, stream));
-  if (events != nullptr && events->after_score != nullptr) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_score, stream), "cudaEventRecord");
+  const bool fused = FusedSelection(plan);
+  if (fused) {
+    KVTRIM_RETURN_IF_ERROR(EnqueueScorer(plan, layer, b, stream));
+  } else {
+    KVTRIM_RETURN_IF_ERROR(EnqueueScores(plan, layer, b, stream));
   }
-  if (plan.shared) {
+  KVTRIM_RETURN_IF_ERROR(RecordEvent(events != nullptr ? events->after_score : nullptr, stream));
+  if (fused) {
+    // NaN probe, protection and top-k in one launch; b.first_nan holds kNoNaN (MetaInit).
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchProtectSelectTopK(b.scores, heads, n, plan.protection.sink, plan.protection.recent,
+                                b.counts, b.offsets, b.indices, b.first_nan, b.scratch,
+                                b.scratch_bytes, stream),
+        "LaunchProtectSelectTopK");
+  } else if (plan.shared) {
     KVTRIM_CUDA_RETURN_IF_ERROR(LaunchSelectShared(b.scores, heads, n, plan.shared_count,
                                                    b.indices, b.scratch, b.scratch_bytes, stream),
                                 "LaunchSelectShared");
@@ -356,9 +396,7 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
                                                  b.indices, b.scratch, b.scratch_bytes, stream),
                                 "LaunchSelectTopK");
   }
-  if (events != nullptr && events->after_select != nullptr) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_select, stream), "cudaEventRecord");
-  }
+  KVTRIM_RETURN_IF_ERROR(RecordEvent(events != nullptr ? events->after_select : nullptr, stream));
   if (plan.perturbation) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchPerturbation(layer, b.offsets, plan.num_lists(), b.indices, b.perturbation,

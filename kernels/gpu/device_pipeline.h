@@ -1,6 +1,8 @@
 // The GPU launch sequence of one layer, shared by GpuBackend and kvtrim_gpu_bench:
 // scorer -> NaN probe -> protection -> allocator (host counts or AdaKV) -> selection
-// (per-head top-k or shared) -> perturbation. Mirrors CpuBackend::CompressLayer.
+// (per-head top-k or shared) -> perturbation. Mirrors CpuBackend::CompressLayer. Per-head
+// lists with host counts (uniform, pyramid) run the NaN probe, protection and top-k as one
+// launch (LaunchProtectSelectTopK).
 // Decisions the device selection does not make (CriticalKV's two stages, LaProx, LU-KV budgets,
 // block-aligned and equal-count outputs) are "host-decided": the raw scores come back and
 // DecideOnHost runs kernels/decide.h, the very code of the CPU backend.
@@ -88,10 +90,10 @@ DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DTyp
 /// Offsets of one layer's working regions inside an arena (see ArenaLayout).
 struct PipelineRegions {
   size_t scores = 0;        // [H_kv, n] fp32
-  size_t meta = 0;          // int64: counts [H_kv], then offsets [num_lists + 1]
+  size_t meta = 0;          // int64: counts [H_kv], offsets [num_lists + 1], first NaN [1]
   size_t indices = 0;       // [max(total_indices, 1)] int32
   size_t perturbation = 0;  // [H_kv] double
-  size_t first_nan = 0;     // one unsigned long long
+  size_t first_nan = 0;     // one unsigned long long: the last value of the meta region
   size_t critical = 0;      // [H_kv, n] fp32 (criticalkv)
   size_t ea_mean = 0;       // [model H_q, 8E] fp32 (expected_attention)
   size_t ea_cov = 0;        // [model H_q, d, 8E] fp32 (expected_attention)
@@ -126,13 +128,16 @@ PipelineBuffers ResolveBuffers(const LayerPlan& plan, const PipelineRegions& reg
 
 /// The int64 values the meta region must hold before EnqueueLayer: [H_kv] host counts
 /// (zeros for adakv) followed by the offsets (shared: {0, shared_count}; per head: zeros,
-/// written by the top-k).
+/// written by the top-k) and the first-NaN slot (kNoNaN, which LaunchProtectSelectTopK lowers;
+/// the separate NaN probe resets it itself).
 std::vector<int64_t> MetaInit(const LayerPlan& plan);
 
 /// Events EnqueueLayer records between phases (benchmarks); null members are skipped.
 struct PipelineEvents {
-  cudaEvent_t after_score = nullptr;   // after the scorer, NaN probe and protection
-  cudaEvent_t after_select = nullptr;  // after the counts and the selection
+  cudaEvent_t after_score = nullptr;   // after the scorer (and, unless the selection is the
+                                       // fused one, the NaN probe and protection)
+  cudaEvent_t after_select = nullptr;  // after the counts and the selection (the fused
+                                       // selection: NaN probe, protection and top-k)
 };
 
 /// Enqueues the scorer (LaunchScore, or LaunchModelScore with buffers.model) and the NaN
@@ -147,8 +152,11 @@ absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
                            const PipelineBuffers& buffers, cudaStream_t stream);
 
 /// Enqueues the whole layer on `stream`: EnqueueScores, AdaKV counts (adakv, per head),
-/// selection (top-k or shared), perturbation (when planned). The meta region must hold
-/// MetaInit(plan) in stream order. Errors: CudaStatus() of the first failing launch.
+/// selection (top-k or shared), perturbation (when planned). Per-head lists with host counts
+/// (not adakv, not shared) enqueue the scorer alone and then LaunchProtectSelectTopK (NaN
+/// probe, protection and top-k in one launch): buffers.scores keeps the raw scores there.
+/// The meta region must hold MetaInit(plan) in stream order. Errors: CudaStatus() of the
+/// first failing launch.
 absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
                           const PipelineBuffers& buffers, cudaStream_t stream,
                           const PipelineEvents* events = nullptr);

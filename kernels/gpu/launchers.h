@@ -144,6 +144,32 @@ cudaError_t LaunchSelectTopK(const float* scores, int32_t num_heads, int64_t n,
                              const int64_t* counts, int64_t* offsets, int32_t* indices,
                              void* scratch, size_t scratch_bytes, cudaStream_t stream);
 
+/// Device scratch bytes of LaunchProtectSelectTopK for [H, n] scores: 0 today (its histograms
+/// and keys live in shared memory); asked all the same, as for every launcher.
+size_t ProtectSelectTopKScratchBytes(int32_t num_heads, int64_t n);
+
+/// Protection, NaN probe and per-head top-k of one layer in one kernel launch (select_fused.cu),
+/// bit-identical to LaunchFindFirstNaN + LaunchApplyProtection + LaunchSelectTopK:
+///   raw_scores [H, n] fp32 (device, read only): the scorer's scores before protection; tokens
+///     j < sink and j >= n - recent count as +inf (sink, recent clamped to [0, n]; rule 3's
+///     clamps are the caller's);
+///   counts [H] (device int64): tokens kept per head, clamped to [0, n];
+///   offsets [H + 1] (device int64, CSR): written, the exclusive scan of the clamped counts;
+///   indices (device int32, capacity sum of the clamped counts): ascending per head; ties:
+///     higher score first, then lower index (identical to SelectTopK on the CPU);
+///   first_nan (device, one unsigned long long): lowered (integer atomicMin) to the flat index
+///     h * n + j of the first NaN raw score, protected tokens included; it must hold kNoNaN
+///     (device_nan_probe.h) beforehand, and keeps it when there is no NaN. With a NaN the lists
+///     are still written, in bounds, but mean nothing (the caller reports the NaN).
+/// Errors: cudaErrorInvalidValue for H outside [0, 65535], n outside [0, 2^31 - 1], a null
+/// offsets, counts (H > 0), raw_scores, indices or first_nan (H > 0, n > 0), or scratch_bytes
+/// below ProtectSelectTopKScratchBytes. H = 0 or n = 0 writes the offsets only.
+cudaError_t LaunchProtectSelectTopK(const float* raw_scores, int32_t num_heads, int64_t n,
+                                    int64_t sink, int64_t recent, const int64_t* counts,
+                                    int64_t* offsets, int32_t* indices,
+                                    unsigned long long* first_nan, void* scratch,
+                                    size_t scratch_bytes, cudaStream_t stream);
+
 /// AdaKV counts (rule 4, identical to AllocateAdaKV): scores [H, n] with protected tokens
 /// +inf, uniform per-head budget k, safeguard = floor(alpha*k). Writes counts [H] (device).
 cudaError_t LaunchAdaKVCounts(const float* scores, int32_t num_heads, int64_t n, int64_t k,
