@@ -1,34 +1,58 @@
 #!/usr/bin/env bash
-# Runs kvtrim's GPU checks ON the GPU machine, in one command, from the repo copy with the
-# bundle built here by scripts/gpu_bundle.sh (device tool: carry gpu_bundle):
-#   bash scripts/gpu_run.sh
-# Sections (in order; SECTIONS="bench torch" runs a subset):
+# Runs kvtrim's GPU checks and benchmarks ON the GPU machine, in one command, from the repo copy
+# with the bundle built here by scripts/gpu_bundle.sh (carry gpu_bundle, and for
+# the benchmark references .whl and .ext):
+#   bash scripts/gpu_run.sh                       # the benchmark run (default, about 6 min)
+#   SECTIONS=checks bash scripts/gpu_run.sh       # tests and sanitizers (about 5 min)
+#   SECTIONS="bench report" bash scripts/gpu_run.sh   # any subset, in the order below
+# SECTIONS takes section names and three groups (each fits one 10-minute call on an H100):
+#   benchmarks (default) = info wheels bench torch kvpress report smoke
+#   checks               = info test memcheck racecheck smoke
+#   transport            = the transport section alone
+#   (all = every section: more than one call's 10 minutes)
+# Sections (in this order):
 #   info       nvidia-smi -L, driver, compute-sanitizer and python/torch versions
 #   test       kvtrim_gpu_test, every test (parity incl. the model-aware policies, errors,
 #              sticky-error child)
 #   memcheck   compute-sanitizer --tool memcheck over the small GPU tests
 #   racecheck  compute-sanitizer --tool racecheck over the small GPU tests
-#   bench      kvtrim_gpu_bench (scorer + selection, copy bandwidth; model-aware presets at
-#              n 32K / 128K, host DecideLaProx over 32 layers) -> gpu_bench.{json,csv}
-#   torch      tools/torch_reference_bench.py (naive and best-effort PyTorch, model-aware
-#              presets included) -> torch_bench.json
+#   wheels     installs the carried wheels .whl/*.whl (scripts/fetch_gpu_wheels.sh: kvpress and
+#              the transformers it needs) into $SITE and puts it first on PYTHONPATH; without
+#              .whl it says so and the kvpress rows are skipped
+#   bench      kvtrim_gpu_bench: every preset, numerics fast and exact, bf16 at every n plus
+#              f16/f32 at 32K, copy bandwidth; model-aware presets at n 32K / 128K, host
+#              DecideLaProx over 32 layers -> gpu_bench.{json,csv}
+#   torch      tools/torch_reference_bench.py --impls naive,best,triton: naive and best-effort
+#              PyTorch (model-aware presets included, same dtype rows) and the DropKV authors'
+#              Triton kernel when .ext/dropkv was carried -> torch_bench.json
+#   kvpress    tools/torch_reference_bench.py --impls kvpress: kvpress 0.5.4's presses on the
+#              same tensors -> kvpress_bench.json
+#   report     tools/bench_report.py joins the three files -> gpu.json (the content of
+#              docs/bench/gpu.json) and gpu_tables.md (the tables of docs/benchmarks.md)
 #   smoke      kvtrimd --backend=gpu: start, health and a dropkv compress of the sample
 #              through the bundled kvtrim CLI, SIGTERM, exit status 0
 #   transport  scripts/gpu_transport.sh: the CUDA IPC transport tests, and a Llama-3.1-8B
 #              prefill through each transport with kvtrim-loadgen beside the kernel time
 #              and a PyTorch SDPA prefill -> ipc_test.xml, loadgen_*.json, sdpa_prefill.json
 # test runs concurrently with memcheck and racecheck (the tests are bound by their CPU
-# references, the sanitizers by the device; neither is timed); bench and torch run alone.
-# Every section has a time cap (info 20, test 300 beside memcheck 120 + racecheck 150, bench
-# 90, torch 120, smoke 25 s: at most 575 s, inside the device tool's 10-minute call); the
-# whole run is planned for about 6 minutes on an H100; a section that hits its cap reports
-# TIMEOUT. Output goes to $OUT (default ./out): gpu_run.log (every section's output, the
-# concurrent ones appended when they end), summary.txt, gpu_bench.json, gpu_bench.csv,
-# torch_bench.json and one gpu_test_shard<i>.xml per test shard. The last lines printed are the
-# summary.
-# Environment: OUT, SECTIONS, BUNDLE (default gpu_bundle), TEST_FILTER (gtest filter of the
-# test section, default all), MEMCHECK_FILTER / RACECHECK_FILTER (gtest filters of the
-# sanitizer runs, defaults below), BENCH_ARGS, TORCH_ARGS (extra benchmark arguments).
+# references, the sanitizers by the device; neither is timed); the benchmark sections run
+# alone. Every section has a time cap; a section that hits it reports TIMEOUT (the benchmark
+# programs rewrite their JSON after every row, so what they measured stays):
+#   benchmarks: info 20 + wheels 45 + bench 200 + torch 160 + kvpress 120 + report 15 +
+#               smoke 25 = at most 585 s
+#   checks:     info 20 + test 300 (beside memcheck 120 + racecheck 150) + smoke 25 = 345 s
+#   transport:  540 s
+# Output goes to $OUT (default ./out): gpu_run.log (every section's output, the concurrent
+# ones appended when they end), summary.txt, gpu_bench.json, gpu_bench.csv, torch_bench.json,
+# kvpress_bench.json, gpu.json, gpu_tables.md, and one gpu_test_shard<i>.xml per test shard.
+# At most 8 files come back from a call: when $OUT holds more, everything but the first eight
+# of summary.txt gpu_run.log gpu.json gpu_tables.md gpu_bench.json torch_bench.json
+# kvpress_bench.json gpu_bench.csv goes into more.tar.gz. The last lines printed are the summary.
+# Environment: OUT, SECTIONS, BUNDLE (default gpu_bundle), SITE (default /tmp/kvtrim_site),
+# TEST_FILTER (gtest filter of the test section, default all), MEMCHECK_FILTER /
+# RACECHECK_FILTER (gtest filters of the sanitizer runs, defaults below), BENCH_ARGS,
+# TORCH_ARGS, KVPRESS_ARGS (extra arguments of the three benchmark programs, e.g.
+# BENCH_ARGS=--stages for per-launch times).
 # Exit status: 0 when every section that ran passed, 1 otherwise.
 # shellcheck disable=SC2317  # the section_* functions run through `bash -c` (exported)
 set -uo pipefail
@@ -41,7 +65,22 @@ BUNDLE="${BUNDLE:-gpu_bundle}"
 BIN="$ROOT/$BUNDLE/bin"
 export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PYTHONUNBUFFERED=1
-SECTIONS="${SECTIONS:-info test memcheck racecheck bench torch smoke transport}"
+SITE="${SITE:-/tmp/kvtrim_site}"
+
+# expand_sections WORDS: the section names of WORDS, groups expanded (see the header).
+expand_sections() {
+  local out=() word
+  for word in $1; do
+    case $word in
+      benchmarks) out+=(info wheels bench torch kvpress report smoke) ;;
+      checks) out+=(info test memcheck racecheck smoke) ;;
+      all) out+=(info test memcheck racecheck wheels bench torch kvpress report smoke transport) ;;
+      *) out+=("$word") ;;
+    esac
+  done
+  echo "${out[*]}"
+}
+SECTIONS=$(expand_sections "${SECTIONS:-benchmarks}")
 # Small cases only under the sanitizers, and never the tests that fault on purpose (the
 # sticky-error child, the deliberate cudaMalloc failure, whose API error the sanitizer would
 # report). memcheck: every backend parity case with n <= 99 plus the launchers' edge and
@@ -153,14 +192,45 @@ section_sanitizer() {
     "$BIN/kvtrim_gpu_test" --gtest_filter="$filter" --gtest_brief=1
 }
 
+# Installs the carried wheels into a fresh $SITE (the caller puts it on PYTHONPATH); without
+# .whl/ it says so and passes (the kvpress section then records why its rows are missing).
+section_wheels() {
+  if ! compgen -G ".whl/*.whl" >/dev/null; then
+    echo "wheels: no .whl/ carried (scripts/fetch_gpu_wheels.sh); the kvpress rows will be skipped"
+    return 0
+  fi
+  rm -rf "$SITE"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl || return 1
+  ls .whl
+  du -sh "$SITE"
+}
+
+# Every preset in both numerics modes, bf16 at every n and f16/f32 at 32K (the defaults).
 section_bench() {
   # shellcheck disable=SC2086
   "$BIN/kvtrim_gpu_bench" --out="$OUT" ${BENCH_ARGS:-}
 }
 
+# Naive and best-effort PyTorch and the DropKV authors' Triton kernel (when carried).
 section_torch() {
   # shellcheck disable=SC2086
-  python3 tools/torch_reference_bench.py --out "$OUT/torch_bench.json" ${TORCH_ARGS:-}
+  python3 tools/torch_reference_bench.py --impls naive,best,triton --out "$OUT/torch_bench.json" \
+    ${TORCH_ARGS:-}
+}
+
+# kvpress's presses on the same tensors (needs the wheels section).
+section_kvpress() {
+  # shellcheck disable=SC2086
+  python3 tools/torch_reference_bench.py --impls kvpress --out "$OUT/kvpress_bench.json" \
+    ${KVPRESS_ARGS:-}
+}
+
+# Joins the run's files into gpu.json and the Markdown tables gpu_tables.md.
+section_report() {
+  [ -f "$OUT/gpu_bench.json" ] || { echo "report: no gpu_bench.json"; return 1; }
+  python3 tools/bench_report.py --kvtrim "$OUT/gpu_bench.json" --torch "$OUT/torch_bench.json" \
+    --kvpress "$OUT/kvpress_bench.json" --out "$OUT/gpu.json" --md "$OUT/gpu_tables.md"
 }
 
 # Starts kvtrimd on the GPU, checks health, compresses the sample with dropkv through the
@@ -208,8 +278,9 @@ section_smoke() {
 
 [ -x "$BIN/kvtrim_gpu_test" ] || { echo "gpu_run: $BIN/kvtrim_gpu_test missing; build it with scripts/gpu_bundle.sh and carry $BUNDLE" >&2; exit 1; }
 
-export -f section_info section_test section_sanitizer section_bench section_torch section_smoke
-export BIN OUT BUNDLE MEMCHECK_FILTER RACECHECK_FILTER TEST_FILTER
+export -f section_info section_test section_sanitizer section_wheels section_bench section_torch \
+  section_kvpress section_report section_smoke
+export BIN OUT BUNDLE SITE MEMCHECK_FILTER RACECHECK_FILTER TEST_FILTER
 run_section info 20 bash -c section_info
 start_background_section test 300 bash -c section_test
 # shellcheck disable=SC2016  # expanded by the child shell (the filters are exported)
@@ -217,8 +288,14 @@ run_section memcheck 120 bash -c 'section_sanitizer memcheck "$MEMCHECK_FILTER"'
 # shellcheck disable=SC2016
 run_section racecheck 150 bash -c 'section_sanitizer racecheck "$RACECHECK_FILTER"'
 finish_background_section test
-run_section bench 90 bash -c section_bench
-run_section torch 120 bash -c section_torch
+run_section wheels 45 bash -c section_wheels
+if [ -d "$SITE/kvpress" ]; then
+  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+run_section bench 200 bash -c section_bench
+run_section torch 160 bash -c section_torch
+run_section kvpress 120 bash -c section_kvpress
+run_section report 15 bash -c section_report
 run_section smoke 25 bash -c section_smoke
 run_section transport 540 env OUT="$OUT" BUNDLE="$BUNDLE" bash scripts/gpu_transport.sh
 
@@ -227,9 +304,32 @@ run_section transport 540 env OUT="$OUT" BUNDLE="$BUNDLE" bash scripts/gpu_trans
   echo "===== summary ($(date -u +%FT%TZ), $(nvidia-smi -L 2>/dev/null | head -n 1))"
   printf '%-10s %-14s %6s\n' section status time
   printf '%s\n' "${SUMMARY[@]}"
-  if [ -f "$OUT/gpu_bench.json" ] && [ -f "$OUT/torch_bench.json" ]; then
+  if [ -f "$OUT/gpu.json" ]; then
     echo
-    python3 tools/torch_reference_bench.py --summary "$OUT/gpu_bench.json" --torch "$OUT/torch_bench.json"
+    python3 - "$OUT/gpu.json" <<'PY'
+import json, sys
+for g in json.load(open(sys.argv[1]))["goals"]:
+    print(f"  {g['status']:8} {g['goal']}: {g['result']}")
+PY
   fi
 } | tee "$OUT/summary.txt" | tee -a "$LOG"
+
+# At most 8 files come back from a call: pack the rest into more.tar.gz.
+pack_out() {
+  local keep=(summary.txt gpu_run.log gpu.json gpu_tables.md gpu_bench.json torch_bench.json
+              kvpress_bench.json gpu_bench.csv)
+  local files
+  mapfile -t files < <(cd "$OUT" && find . -type f ! -name more.tar.gz | sed 's|^\./||' | sort)
+  [ "${#files[@]}" -le 8 ] && return 0
+  local kept=() rest=() f k
+  for k in "${keep[@]}"; do
+    for f in "${files[@]}"; do [ "$f" = "$k" ] && [ "${#kept[@]}" -lt 7 ] && kept+=("$f"); done
+  done
+  for f in "${files[@]}"; do
+    case " ${kept[*]} " in *" $f "*) ;; *) rest+=("$f") ;; esac
+  done
+  (cd "$OUT" && tar czf more.tar.gz "${rest[@]}" && rm -f "${rest[@]}" && find . -type d -empty -delete)
+  echo "packed ${#rest[@]} files into $OUT/more.tar.gz: ${rest[*]}" | tee -a "$LOG"
+}
+pack_out
 exit "$FAILED"
