@@ -27,6 +27,26 @@ void* RealSymbol(const char* symbol) {
   return fn;
 }
 
+/// `mangled` demangled, without its parameter list.
+std::string Demangled(const char* mangled) {
+  int status = 0;
+  std::unique_ptr<char, decltype(&std::free)> demangled(
+      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), &std::free);
+  std::string name = status == 0 && demangled ? demangled.get() : mangled;
+  if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
+  return name;
+}
+
+/// The name of a host entry function (cudaFuncGetName), or "kernel".
+std::string EntryName(const void* func) {
+  const char* mangled = nullptr;
+  if (func == nullptr || cudaFuncGetName(&mangled, func) != cudaSuccess || mangled == nullptr) {
+    cudaGetLastError();  // a failed lookup must not linger as the last error
+    return "kernel";
+  }
+  return Demangled(mangled);
+}
+
 /// The kernel's demangled name without its parameter list ("kernel" when the driver cannot
 /// name it): cuKernelGetName through the runtime's driver entry point, so that the bench
 /// needs no link against libcuda.
@@ -47,12 +67,7 @@ std::string KernelName(const void* kernel) {
       mangled == nullptr) {
     return "kernel";
   }
-  int status = 0;
-  std::unique_ptr<char, decltype(&std::free)> demangled(
-      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), &std::free);
-  std::string name = status == 0 && demangled ? demangled.get() : mangled;
-  if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
-  return name;
+  return Demangled(mangled);
 }
 
 }  // namespace
@@ -77,12 +92,13 @@ absl::Status LaunchRecorder::Begin(cudaStream_t stream) {
   return absl::OkStatus();
 }
 
-void LaunchRecorder::AfterLaunch(cudaStream_t stream, const char* kind, const void* kernel) {
+void LaunchRecorder::AfterLaunch(cudaStream_t stream, const char* kind, const void* kernel,
+                                 bool entry) {
   if (launches_.size() + 1 >= events_.size()) {
     truncated_ = true;
     return;
   }
-  launches_.push_back({kind, kernel});
+  launches_.push_back({kind, kernel, entry});
   cudaEventRecord(events_[launches_.size()], stream);
 }
 
@@ -114,8 +130,11 @@ std::vector<StageTime> LaunchRecorder::TakeMedians() {
         if (seq.size() != first.size() || seq[i].kernel != first[i].kernel) continue;
         samples.push_back(ms_[r][i]);
       }
-      out.push_back({first[i].kind, first[i].kernel ? KernelName(first[i].kernel) : "",
-                     1e3 * Median(samples)});
+      const Launch& l = first[i];
+      const std::string name = l.kernel == nullptr ? ""
+                               : l.entry          ? EntryName(l.kernel)
+                                                  : KernelName(l.kernel);
+      out.push_back({l.kind, name, 1e3 * Median(samples)});
     }
   }
   if (truncated_) out.push_back({"truncated", "more launches than the event pool", 0});
@@ -139,6 +158,18 @@ cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void*
   const cudaError_t err = real(kernel, grid, block, args, shared_mem, stream);
   if (err == cudaSuccess && kvtrim::gpu::bench::g_armed != nullptr) {
     kvtrim::gpu::bench::g_armed->AfterLaunch(stream, "kernel", kernel);
+  }
+  return err;
+}
+
+/// cudaLaunchKernelEx's entry point (cluster launches such as the fused selection).
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func, void** args) {
+  using Fn = cudaError_t (*)(const cudaLaunchConfig_t*, const void*, void**);
+  static const Fn real =
+      reinterpret_cast<Fn>(kvtrim::gpu::bench::RealSymbol("cudaLaunchKernelExC"));
+  const cudaError_t err = real(config, func, args);
+  if (err == cudaSuccess && kvtrim::gpu::bench::g_armed != nullptr) {
+    kvtrim::gpu::bench::g_armed->AfterLaunch(config->stream, "kernel", func, /*entry=*/true);
   }
   return err;
 }

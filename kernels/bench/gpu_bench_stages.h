@@ -2,8 +2,8 @@
 // while a LaunchRecorder is armed, every kernel launch, cudaMemsetAsync and cudaMemcpyAsync
 // that the layer sequence issues records one CUDA event on its stream right after it. The
 // hooks are the bench executable's own definitions of the CUDA runtime entry points that the
-// nvcc-generated launch stubs and the pipeline call (__cudaLaunchKernel, cudaMemsetAsync,
-// cudaMemcpyAsync); each forwards to libcudart's (dlsym RTLD_NEXT) and, only while armed,
+// nvcc-generated launch stubs and the pipeline call (__cudaLaunchKernel, cudaLaunchKernelExC
+// for cluster launches, cudaMemsetAsync, cudaMemcpyAsync); each forwards to libcudart's (dlsym RTLD_NEXT) and, only while armed,
 // records the event. The interval between consecutive events is the time of that launch
 // (launches on one stream run one after the other), event overhead included.
 // The clean alternative, a per-launch hook in kernels/gpu PipelineEvents, is described in
@@ -47,13 +47,15 @@ class LaunchRecorder {
   std::vector<StageTime> TakeMedians();
 
   /// Called by the hooks after a successful launch on `stream`: records the next event.
-  /// `kernel` is the launched kernel handle (nullptr for memsets and copies).
-  void AfterLaunch(cudaStream_t stream, const char* kind, const void* kernel);
+  /// `kernel` is the launched kernel (nullptr for memsets and copies): a cudaKernel_t handle,
+  /// or with `entry` the host entry function of a cudaLaunchKernelEx launch.
+  void AfterLaunch(cudaStream_t stream, const char* kind, const void* kernel, bool entry = false);
 
  private:
   struct Launch {
     const char* kind;
     const void* kernel;
+    bool entry;  // kernel is a host entry function, not a cudaKernel_t
   };
   std::vector<cudaEvent_t> events_;
   std::vector<Launch> launches_;                 // this repetition's launches
