@@ -10,7 +10,8 @@
 // settings.numerics on the resolved policy before PlanLayer, which reads it.
 // Per configuration and mode: warm-up, then >= 20 timed repetitions rotating over enough
 // input sets to exceed 4x the L2 cache (at least 2), median of each phase:
-//   score  = LaunchScore + NaN probe + protection,
+//   score  = LaunchScore + NaN probe + protection (with the fused per-head selection the probe
+//            and protection run inside the selection launch and count as select),
 //   select = AdaKV counts (adakv) + per-head top-k           (JSON: selection_us),
 //   total  = score + select (the perturbation statistic is off: it is not part of a policy)
 //                                                           (JSON: kvtrim_us = total_us).
