@@ -38,8 +38,8 @@
 # references, the sanitizers by the device; neither is timed); the benchmark sections run
 # alone. Every section has a time cap; a section that hits it reports TIMEOUT (the benchmark
 # programs rewrite their JSON after every row, so what they measured stays):
-#   benchmarks: info 20 + wheels 45 + bench 200 + torch 160 + kvpress 120 + report 15 +
-#               smoke 25 = at most 585 s
+#   benchmarks: info 20 + wheels 30 + bench 180 + torch 185 + kvpress 120 + report 15 +
+#               smoke 25 = at most 575 s
 #   checks:     info 20 + test 300 (beside memcheck 120 + racecheck 150) + smoke 25 = 345 s
 #   transport:  540 s
 # Output goes to $OUT (default ./out): gpu_run.log (every section's output, the concurrent
@@ -288,12 +288,12 @@ run_section memcheck 120 bash -c 'section_sanitizer memcheck "$MEMCHECK_FILTER"'
 # shellcheck disable=SC2016
 run_section racecheck 150 bash -c 'section_sanitizer racecheck "$RACECHECK_FILTER"'
 finish_background_section test
-run_section wheels 45 bash -c section_wheels
+run_section wheels 30 bash -c section_wheels
 if [ -d "$SITE/kvpress" ]; then
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
-run_section bench 200 bash -c section_bench
-run_section torch 160 bash -c section_torch
+run_section bench 180 bash -c section_bench
+run_section torch 185 bash -c section_torch
 run_section kvpress 120 bash -c section_kvpress
 run_section report 15 bash -c section_report
 run_section smoke 25 bash -c section_smoke

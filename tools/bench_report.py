@@ -44,6 +44,7 @@ def markdown(doc):
         f"{tables.num(doc['copy_gbps'], 0)} GB/s; torch {src['torch'].get('torch', '—')}; "
         f"{src['kvpress'].get('kvpress') or 'kvpress: not run'}; DropKV Triton kernel: "
         f"{src['torch'].get('dropkv_triton') or 'not run'}.",
+        "ᵉ: fast was asked for, and the plan computed exact (no fast path for that policy, dtype or d).",
         "", "#### bf16, every n (ratios, copy-bandwidth share and selection: fast mode)", "",
         tables.main_table(rows, ("bf16",)),
         "", "#### f16 and f32", "", tables.main_table(rows, ("f16", "f32")),

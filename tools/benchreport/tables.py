@@ -36,7 +36,8 @@ def _key_order(rows):
 def main_table(rows, dtypes):
     """fast vs exact vs the references for the keys whose dtype is in `dtypes`. The ratios, the
     scoring phase's share of the copy bandwidth (scorer_bytes / score time over the same-run
-    device copy) and the selection time are the fast mode's (exact's when fast is absent)."""
+    device copy) and the selection time are the fast mode's (exact's when fast is absent).
+    "ᵉ" marks a fast cell whose plan said it computed exact (no fast path for that policy)."""
     out = ["| policy | n | w | dtype | fast µs | exact µs | naive µs | best µs | kvpress µs | × naive | × best "
            "| × kvpress | % copy BW (scoring) | selection µs |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -50,7 +51,8 @@ def main_table(rows, dtypes):
             continue
         ok = lambda r: r["kvtrim_us"] if r and not r.get("error") else None  # noqa: E731
         copy = lead.get("score_copy_pct")
-        out.append(f"| {policy} | {tokens(n)} | {w} | {dtype} | {num(ok(fast))} | {num(ok(exact))} "
+        fast_cell = num(ok(fast)) + (" ᵉ" if fast and fast.get("mode_planned") == "exact" else "")
+        out.append(f"| {policy} | {tokens(n)} | {w} | {dtype} | {fast_cell} | {num(ok(exact))} "
                    f"| {num(lead['naive_us'])} | {num(lead['best_us'])} | {num(lead['kvpress_us'])} "
                    f"| {times(lead['x_naive'])} | {times(lead['x_best'])} | {times(lead['x_kvpress'])} "
                    f"| {num(copy, 0) if copy is not None else '—'} | {num(lead['selection_us'])} |")
