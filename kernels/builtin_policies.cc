@@ -60,6 +60,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "streaming_llm";
+  s.kind = ScorerKind::kStreamingLlm;
   s.description = "keep the first sink tokens and the most recent ones (position only)";
   s.paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024";
   s.required_inputs = kInputKeys;
@@ -72,6 +73,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "random";
+  s.kind = ScorerKind::kRandom;
   s.description = "uniform random scores from a counter hash of (seed, layer, head, token)";
   s.paper = "sanity floor (kvpress RandomPress); no seed paper";
   s.required_inputs = kInputKeys;
@@ -81,6 +83,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "knorm";
+  s.kind = ScorerKind::kKnorm;
   s.description = "keep the keys with the smallest L2 norm (score = -||k_j||)";
   s.paper = "Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache "
             "Compression, EMNLP 2024";
@@ -91,6 +94,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "keydiff";
+  s.kind = ScorerKind::kKeyDiff;
   s.description = "keep the keys least similar to the anchor (score = -cos(k_j, anchor))";
   s.paper = "Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM "
             "Inference in Resource-Constrained Environments (Qualcomm AI Research)";
@@ -122,6 +126,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "snapkv";
+  s.kind = ScorerKind::kSnapKV;
   s.description = "pooled attention of the observation window, GQA-mean; window protected";
   s.paper = "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, "
             "NeurIPS 2024";
@@ -135,6 +140,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "h2o";
+  s.kind = ScorerKind::kH2O;
   s.description = "attention accumulated over every query row sent, GQA-mean";
   s.paper = "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of "
             "Large Language Models, NeurIPS 2023";
@@ -154,6 +160,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "tova";
+  s.kind = ScorerKind::kTova;
   s.description = "attention of the last query row averaged over every head of the layer; "
                   "the same tokens in every head";
   s.paper = "Oren et al., Transformers are Multi-State RNNs, 2024";
@@ -167,6 +174,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "dropkv";
+  s.kind = ScorerKind::kDropKV;
   s.description = "eviction cost sum_t (p/(1-p))^2 ||a_t - v_j||^2, GQA-mean, max-pooled; "
                   "window protected";
   s.paper = "Zhang et al., DropKV: Decoupling Residual-Output Perturbation for Near-Optimal "
@@ -187,6 +195,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "criticalkv";
+  s.kind = ScorerKind::kCriticalKV;
   s.description = "two-stage: the top alpha*b by pooled window attention, then the rest by "
                   "(attention + eps) * ||v W_O^h||_1 (GQA-mean); window protected";
   s.paper = "Feng et al., CriticalKV: Optimizing KV Cache Eviction from an Output Perturbation "
@@ -210,6 +219,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "laprox";
+  s.kind = ScorerKind::kLaProx;
   s.description = "||mean-attention column||_2 over the window (avg-pooled) * ||v W_O^h||_2; "
                   "normalised per layer; one top-K over every layer and head";
   s.paper = "Mai & Kim, Reformulating KV Cache Eviction Problem for Long-Context LLM "
@@ -237,6 +247,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "expected_attention";
+  s.kind = ScorerKind::kExpectedAttention;
   s.description = "softmax of the expected logit under Gaussian future queries rotated by the "
                   "mean RoPE of the next positions, (EA + eps) * ||v||, GQA-mean; sink 4";
   s.paper = "Devoto, Jeblick & Jegou, Expected Attention: KV-cache compression by estimating "
@@ -271,12 +282,14 @@ void AddScorers(PolicyRegistry* r) {
 void AddAllocators(PolicyRegistry* r) {
   AllocatorSpec a;
   a.name = "uniform";
+  a.kind = AllocatorKind::kUniform;
   a.description = "every head keeps the same budget";
   a.paper = "uniform allocation (baselines §10)";
   r->AddAllocator(a);
 
   a = {};
   a.name = "pyramid";
+  a.kind = AllocatorKind::kPyramid;
   a.description = "per-layer budget falling linearly with depth, total conserved";
   a.paper = "Cai et al., PyramidKV: Dynamic KV Cache Compression based on Pyramidal "
             "Information Funneling, 2024";
@@ -287,6 +300,7 @@ void AddAllocators(PolicyRegistry* r) {
 
   a = {};
   a.name = "adakv";
+  a.kind = AllocatorKind::kAdaKV;
   a.description = "each head keeps floor(alpha*b) of its own, the rest of the layer budget "
                   "goes to one top-k over all heads";
   a.paper = "Feng et al., Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation, "
@@ -298,6 +312,7 @@ void AddAllocators(PolicyRegistry* r) {
 
   a = {};
   a.name = "lukv";
+  a.kind = AllocatorKind::kLukv;
   a.description = "per-head budgets read from the model's offline LU-KV profile (nearest "
                   "row of the global evicted ratio), largest remainder per layer";
   a.paper = "Tang et al., Predicting Future Utility: Global Combinatorial Optimization for "

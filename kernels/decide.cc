@@ -77,21 +77,22 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
   const int64_t heads = layer.num_heads;
   const int64_t n = layer.num_tokens;
   const int64_t k = layer.budget.kept_per_head;
-  const std::string& allocator = policy.allocator->name;
-  if (policy.settings.output_shape == OutputShape::kEqualCount || allocator == "uniform") {
+  const AllocatorKind allocator = policy.allocator->kind;
+  if (policy.settings.output_shape == OutputShape::kEqualCount ||
+      allocator == AllocatorKind::kUniform) {
     return AllocateUniform(heads, k);
   }
-  if (allocator == "pyramid") {
+  if (allocator == AllocatorKind::kPyramid) {
     const int64_t protected_tokens = layer.budget.protection.sink + layer.budget.protection.recent;
     return AllocateUniform(heads, PyramidLayerBudget(k, n, layer.layer_id, layer.num_layers,
                                                      policy.params.Number("beta"),
                                                      protected_tokens));
   }
-  if (allocator == "adakv") {
+  if (allocator == AllocatorKind::kAdaKV) {
     return AllocateAdaKV(protected_scores.data(), heads, n, k,
                          policy.params.Number("safeguard_alpha"));
   }
-  if (allocator == "lukv") {
+  if (allocator == AllocatorKind::kLukv) {
     const LukvProfile* profile =
         policy.model ? policy.model->FindProfile(policy.scorer->name) : nullptr;
     if (profile == nullptr) {
@@ -108,7 +109,8 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
                            LukvEvictedRatio(policy.settings.budget, n),
                            policy.params.Bool("interpolate"));
   }
-  return absl::UnimplementedError(absl::StrCat("allocator '", allocator, "' is not implemented"));
+  return absl::UnimplementedError(
+      absl::StrCat("allocator '", policy.allocator->name, "' is not implemented"));
 }
 
 absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
@@ -116,7 +118,8 @@ absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
   const int64_t heads = layer.num_heads;
   const int64_t n = layer.num_tokens;
   const OutputShape shape = policy.settings.output_shape;
-  const bool lukv = policy.allocator->name == "lukv" && shape != OutputShape::kEqualCount;
+  const bool lukv =
+      policy.allocator->kind == AllocatorKind::kLukv && shape != OutputShape::kEqualCount;
   const bool critical = !layer.critical.empty();
 
   // Protection: uniform (rule 3 on the uniform k), or per head on lukv's own counts.

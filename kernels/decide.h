@@ -22,6 +22,7 @@ struct LayerScores {
   std::vector<float> scores;      // [H_kv, n] raw scorer output (no protection applied)
   std::vector<float> critical;    // [H_kv, n] CriticalKV stage-2 scores, else empty
   LayerBudget budget;             // uniform k and its clamped protection
+  Numerics numerics = Numerics::kExact;  // the mode that computed the scores
 };
 
 /// Per-head token counts of the layer's allocator (uniform, pyramid, adakv, lukv) for the

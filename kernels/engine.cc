@@ -118,13 +118,13 @@ absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
   }
   // Which scorer + allocator pairs and output shapes compose is the registry's rule
   // (PolicyRegistry::CheckComposable / OutputShapes), already applied by Resolve.
-  if (scorer.name == "expected_attention" && policy->params.Text("query_stats") == "model" &&
+  if (scorer.kind == ScorerKind::kExpectedAttention && policy->params.Text("query_stats") == "model" &&
       policy->model != nullptr && !policy->model->has_query_stats()) {
     return absl::FailedPreconditionError(absl::StrCat(
         field, ".model_digest: expected_attention with query_stats=model needs query "
                "statistics, and model ", policy->model->digest, " was registered without them"));
   }
-  if (allocator.name == "lukv") {
+  if (allocator.kind == AllocatorKind::kLukv) {
     const LukvProfile* profile = policy->model->FindProfile(scorer.name);
     if (profile == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -311,7 +311,7 @@ LayerBudget BudgetFor(const ResolvedPolicy& policy, int64_t n) {
 }  // namespace
 
 bool ResolvedPolicy::model_wide() const {
-  if (scorer == nullptr || scorer->name != "laprox") return false;
+  if (scorer == nullptr || scorer->kind != ScorerKind::kLaProx) return false;
   if (settings.output_shape == OutputShape::kEqualCount) return false;
   const std::string& mode = params.Text("mode");
   return mode == "model" || mode == "model_raw";

@@ -12,10 +12,14 @@ namespace kvtrim {
 
 CpuBackend::CpuBackend(int num_threads)
     : pool_(num_threads),
-      scorers_{{"streaming_llm", &ScoreStreamingLlm}, {"random", &ScoreRandom},
-               {"knorm", &ScoreKnorm},                {"keydiff", &ScoreKeyDiff},
-               {"snapkv", &ScoreSnapKV},              {"h2o", &ScoreH2O},
-               {"tova", &ScoreTova},                  {"dropkv", &ScoreDropKV}} {}
+      scorers_{{ScorerKind::kStreamingLlm, &ScoreStreamingLlm},
+               {ScorerKind::kRandom, &ScoreRandom},
+               {ScorerKind::kKnorm, &ScoreKnorm},
+               {ScorerKind::kKeyDiff, &ScoreKeyDiff},
+               {ScorerKind::kSnapKV, &ScoreSnapKV},
+               {ScorerKind::kH2O, &ScoreH2O},
+               {ScorerKind::kTova, &ScoreTova},
+               {ScorerKind::kDropKV, &ScoreDropKV}} {}
 
 void ApplyProtection(const Protection& p, int64_t num_heads, int64_t n, float* scores) {
   const float inf = std::numeric_limits<float>::infinity();
@@ -51,22 +55,23 @@ absl::Status CpuBackend::ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& 
   scores->assign(static_cast<size_t>(heads * n), 0.0f);
   critical->clear();
   absl::Status st;
-  if (name == "criticalkv" || name == "laprox" || name == "expected_attention") {
+  const ScorerKind kind = policy.scorer->kind;
+  if (IsModelScorer(kind)) {
     if (policy.model == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("settings.model_digest: scorer '", name, "' needs a registered model"));
     }
-    if (name == "criticalkv") {
+    if (kind == ScorerKind::kCriticalKV) {
       critical->assign(static_cast<size_t>(heads * n), 0.0f);
       st = ScoreCriticalKV(layer, policy.params, *policy.model, pool_, scores->data(),
                            critical->data());
-    } else if (name == "laprox") {
+    } else if (kind == ScorerKind::kLaProx) {
       st = ScoreLaProx(layer, policy.params, *policy.model, pool_, scores->data());
     } else {
       st = ScoreExpectedAttention(layer, policy.params, *policy.model, pool_, scores->data());
     }
   } else {
-    auto it = scorers_.find(name);
+    auto it = scorers_.find(kind);
     if (it == scorers_.end()) {
       return absl::UnimplementedError(
           absl::StrCat("scorer '", name, "' has no CPU implementation"));
@@ -104,7 +109,7 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   scores.num_tokens = cpu.shape.num_tokens;
   scores.budget = budget;
   if (auto st = ScoreRaw(policy, cpu, &scores.scores, &scores.critical); !st.ok()) return st;
-  if (policy.scorer->name == "laprox") {
+  if (policy.scorer->kind == ScorerKind::kLaProx) {
     // One layer alone: local / layer modes decide here; model-wide modes are the caller's.
     auto decisions = DecideLaProx(policy, {scores});
     if (!decisions.ok()) return decisions.status();

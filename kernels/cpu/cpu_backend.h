@@ -34,7 +34,7 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
-  std::map<std::string, CpuScoreFn> scorers_;
+  std::map<ScorerKind, CpuScoreFn> scorers_;  // the scorers that need no model
 };
 
 /// Sets scores of protected tokens (first p.sink, last p.recent of each head) to +inf.

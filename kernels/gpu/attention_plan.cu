@@ -16,6 +16,36 @@ bool IsAttentionScorer(ScorerKind kind) {
          kind == ScorerKind::kDropKV;
 }
 
+bool ScoredWindowRows(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
+                      int32_t* rows_per_qhead, int32_t* first_row) {
+  switch (kind) {
+    case ScorerKind::kSnapKV:
+    case ScorerKind::kDropKV:
+      if (params.window < 1 || params.window > layer.window_rows) return false;
+      if (params.kernel < 1 || params.kernel % 2 == 0) return false;
+      *rows_per_qhead = params.window;
+      *first_row = layer.window_rows - params.window;
+      return true;
+    case ScorerKind::kH2O:
+      *rows_per_qhead = layer.window_rows;
+      *first_row = 0;
+      return true;
+    default:  // TOVA: the last row
+      *rows_per_qhead = 1;
+      *first_row = layer.window_rows - 1;
+      return true;
+  }
+}
+
+Finish FinishOf(ScorerKind kind, const ScorerParams& params) {
+  switch (kind) {
+    case ScorerKind::kSnapKV: return Finish::kSnapKV;
+    case ScorerKind::kH2O: return params.causal_normalize ? Finish::kH2ONormalized : Finish::kH2O;
+    case ScorerKind::kTova: return Finish::kTova;
+    default: return Finish::kDropKV;
+  }
+}
+
 cudaError_t MakeAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
                               const ScorerParams& params, AttentionPlan* plan) {
   if (!IsAttentionScorer(kind) || plan == nullptr) return cudaErrorInvalidValue;
@@ -33,25 +63,10 @@ cudaError_t MakeAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   p.head_dim = layer.head_dim;
   p.window_rows = layer.window_rows;
   p.num_tokens = layer.num_tokens;
-  switch (kind) {
-    case ScorerKind::kSnapKV:
-    case ScorerKind::kDropKV:
-      if (params.window < 1 || params.window > layer.window_rows) return cudaErrorInvalidValue;
-      if (params.kernel < 1 || params.kernel % 2 == 0) return cudaErrorInvalidValue;
-      p.rows_per_qhead = params.window;
-      p.first_row = layer.window_rows - params.window;
-      p.pooled = params.kernel > 1;
-      break;
-    case ScorerKind::kH2O:
-      p.rows_per_qhead = layer.window_rows;
-      p.first_row = 0;
-      break;
-    case ScorerKind::kTova:
-    default:
-      p.rows_per_qhead = 1;
-      p.first_row = layer.window_rows - 1;
-      break;
+  if (!ScoredWindowRows(kind, layer, params, &p.rows_per_qhead, &p.first_row)) {
+    return cudaErrorInvalidValue;
   }
+  p.pooled = (kind == ScorerKind::kSnapKV || kind == ScorerKind::kDropKV) && params.kernel > 1;
   p.with_output = kind == ScorerKind::kDropKV;
   if (p.with_output && layer.values == nullptr) return cudaErrorInvalidValue;
   p.rows_per_head = p.group * p.rows_per_qhead;

@@ -69,6 +69,20 @@ struct AttentionPlan {
 /// True for the scorers this module implements (kSnapKV, kH2O, kTova, kDropKV).
 bool IsAttentionScorer(ScorerKind kind);
 
+/// The window rows an attention scorer reads, the same in both numerics modes: T rows per
+/// query head starting at row t0 (SnapKV / DropKV the last `window`, H2O all w, TOVA the
+/// last). False when the parameters are not valid for `kind` (window outside [1, w], even or
+/// non-positive kernel for the pooled scorers).
+bool ScoredWindowRows(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
+                      int32_t* rows_per_qhead, int32_t* first_row);
+
+/// How a token's sum over the rows becomes its score (attention_score.cu's canonical finish,
+/// fast_attention.cu's plain fp32 one).
+enum class Finish : int { kSnapKV, kH2O, kH2ONormalized, kTova, kDropKV };
+
+/// The finish of an attention scorer.
+Finish FinishOf(ScorerKind kind, const ScorerParams& params);
+
 /// Builds the plan, or returns cudaErrorInvalidValue when the layer or the parameters are
 /// not valid for `kind` (no queries, G < 1, window outside [1, w], no values for DropKV,
 /// even or non-positive kernel, d outside [1, kMaxHeadDim], negative sizes).

@@ -17,8 +17,6 @@ constexpr int kScoreThreads = 256;                   // 32 token groups of 8 lan
 constexpr int kTokenGroups = kScoreThreads / kLanes;
 constexpr int kScoreRows = 32;                       // rows staged in shared memory at once
 
-/// How a token's row sum becomes its score.
-enum class Finish : int { kSnapKV, kH2O, kH2ONormalized, kTova, kDropKV };
 
 /// Arguments of the score kernel (device pointers into the layer and the scratch).
 struct ScoreArgs {
@@ -318,14 +316,7 @@ cudaError_t LaunchAttentionScores(const AttentionPlan& plan, const DeviceLayer& 
   args.scale = layer.softmax_scale;
   args.eps = params.eps;
   args.bf16_round = params.bf16_prob_round;
-  switch (plan.kind) {
-    case ScorerKind::kSnapKV: args.finish = Finish::kSnapKV; break;
-    case ScorerKind::kH2O:
-      args.finish = params.causal_normalize ? Finish::kH2ONormalized : Finish::kH2O;
-      break;
-    case ScorerKind::kTova: args.finish = Finish::kTova; break;
-    default: args.finish = Finish::kDropKV; break;
-  }
+  args.finish = FinishOf(plan.kind, params);
   args.reduce = plan.reduce;
   args.row_stats = reinterpret_cast<const RowStats*>(base + plan.row_stats_offset);
   args.row_out = reinterpret_cast<const float*>(base + plan.row_out_offset);

@@ -11,6 +11,7 @@
 #include "kernels/cpu/pooling.h"
 #include "kernels/gpu/device_error.h"
 #include "kernels/gpu/device_nan_probe.h"
+#include "kernels/gpu/fast_attention.cuh"
 
 namespace kvtrim::gpu {
 
@@ -102,19 +103,9 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
 
 }  // namespace
 
-std::optional<ScorerKind> ScorerKindFromName(std::string_view name) {
-  if (name == "streaming_llm") return ScorerKind::kStreamingLlm;
-  if (name == "random") return ScorerKind::kRandom;
-  if (name == "knorm") return ScorerKind::kKnorm;
-  if (name == "keydiff") return ScorerKind::kKeyDiff;
-  if (name == "snapkv") return ScorerKind::kSnapKV;
-  if (name == "h2o") return ScorerKind::kH2O;
-  if (name == "tova") return ScorerKind::kTova;
-  if (name == "dropkv") return ScorerKind::kDropKV;
-  if (name == "criticalkv") return ScorerKind::kCriticalKV;
-  if (name == "laprox") return ScorerKind::kLaProx;
-  if (name == "expected_attention") return ScorerKind::kExpectedAttention;
-  return std::nullopt;
+bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim) {
+  return head_dim <= 256 &&
+         fast::FastAttentionSupported(kind, dtype, static_cast<int32_t>(head_dim));
 }
 
 absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
@@ -122,15 +113,15 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
                                     const LayerBudget& budget) {
   LayerPlan plan;
   plan.scorer_name = policy.scorer->name;
-  const std::optional<ScorerKind> kind = ScorerKindFromName(plan.scorer_name);
-  if (!kind.has_value()) {
-    return absl::UnimplementedError(
-        absl::StrCat("scorer '", plan.scorer_name, "' has no GPU implementation"));
-  }
-  plan.scorer = *kind;
-  absl::StatusOr<ScorerParams> params = ReadScorerParams(*kind, policy.params, dtype);
+  plan.scorer = policy.scorer->kind;
+  absl::StatusOr<ScorerParams> params = ReadScorerParams(plan.scorer, policy.params, dtype);
   if (!params.ok()) return params.status();
   plan.params = *params;
+  if (policy.settings.numerics == Numerics::kFast &&
+      HasFastPath(plan.scorer, dtype, shape.head_dim)) {
+    plan.numerics = Numerics::kFast;
+    plan.params.fast = true;
+  }
   plan.protection = budget.protection;
   plan.num_heads = static_cast<int32_t>(shape.num_kv_heads);
   plan.num_tokens = shape.num_tokens;
@@ -139,12 +130,12 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   const int64_t k = budget.kept_per_head;
 
   // Model-aware scorers and host-decided layers.
-  const std::string& allocator = policy.allocator->name;
+  const AllocatorKind allocator = policy.allocator->kind;
   const OutputShape output = policy.settings.output_shape;
   plan.model_scorer = IsModelScorer(plan.scorer);
   plan.critical = plan.scorer == ScorerKind::kCriticalKV;
   plan.host_decide = plan.scorer == ScorerKind::kCriticalKV || plan.scorer == ScorerKind::kLaProx ||
-                     allocator == "lukv" || output == OutputShape::kBlockAligned ||
+                     allocator == AllocatorKind::kLukv || output == OutputShape::kBlockAligned ||
                      output == OutputShape::kEqualCount;
   plan.needs_w_o = plan.scorer == ScorerKind::kCriticalKV && !plan.params.norm_l2;
   plan.needs_head_gram = (plan.scorer == ScorerKind::kCriticalKV && plan.params.norm_l2) ||
@@ -160,13 +151,13 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   int64_t total = 0;
   if (plan.host_decide) {
     total = 0;  // decided on the host; see the perturbation below
-  } else if (allocator == "pyramid") {
+  } else if (allocator == AllocatorKind::kPyramid) {
     const int64_t protected_tokens = budget.protection.sink + budget.protection.recent;
     const int64_t layer_k = PyramidLayerBudget(k, n, layer_id, num_layers,
                                                policy.params.Number("beta"), protected_tokens);
     plan.counts = AllocateUniform(heads, layer_k);
     total = heads * layer_k;
-  } else if (allocator == "adakv") {
+  } else if (allocator == AllocatorKind::kAdaKV) {
     plan.adakv = true;
     plan.adakv_k = k;
     plan.adakv_safeguard = std::min<int64_t>(
@@ -176,12 +167,12 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
     // floor(alpha*k) <= k, and the H_kv*(k - safeguard) extra tokens fit in the
     // H_kv*(n - safeguard) candidates because k <= n.
     total = heads * k;
-  } else if (allocator == "uniform") {
+  } else if (allocator == AllocatorKind::kUniform) {
     plan.counts = AllocateUniform(heads, k);
     total = heads * k;
   } else {
     return absl::UnimplementedError(
-        absl::StrCat("allocator '", allocator, "' has no GPU implementation"));
+        absl::StrCat("allocator '", policy.allocator->name, "' has no GPU implementation"));
   }
 
   // Output shape.
@@ -444,9 +435,12 @@ absl::Status DecideOnHost(const ResolvedPolicy& policy, const LayerPlan& plan, i
     auto decisions = DecideLaProx(policy, layers);
     if (!decisions.ok()) return decisions.status();
     *out = std::move((*decisions)[0]);
+    out->numerics = plan.numerics;
     return absl::OkStatus();
   }
-  return DecideLayer(policy, layer, out);
+  KVTRIM_RETURN_IF_ERROR(DecideLayer(policy, layer, out));
+  out->numerics = plan.numerics;
+  return absl::OkStatus();
 }
 
 absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,
@@ -477,6 +471,7 @@ absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults
         static_cast<int32_t>(offsets[list + 1] - offsets[list]);
   }
   out->perturbation = plan.perturbation ? std::move(results.perturbation) : std::vector<double>();
+  out->numerics = plan.numerics;
   return absl::OkStatus();
 }
 

@@ -25,15 +25,15 @@
 
 namespace kvtrim::gpu {
 
-/// The scorer kind of a registry scorer name; nullopt when the GPU has no kernel for it.
-std::optional<ScorerKind> ScorerKindFromName(std::string_view name);
-
 /// Everything the launches of one layer need, resolved on the host from the policy, the
 /// layer's shape and its budget, exactly as CpuBackend::CompressLayer decides it.
 struct LayerPlan {
   std::string scorer_name;
   ScorerKind scorer = ScorerKind::kStreamingLlm;
-  ScorerParams params;
+  ScorerParams params;            // params.fast: the scorer runs its fast kernels
+  Numerics numerics = Numerics::kExact;  // the mode that computes the scores (fast when the
+                                         // request asks for it and the scorer has a fast path
+                                         // for this dtype and d, else exact)
   Protection protection;          // clamped sink / recent, identical for every head
   int32_t num_heads = 0;          // H_kv
   int64_t num_tokens = 0;         // n
@@ -62,6 +62,9 @@ struct LayerPlan {
   /// Lists the selection writes: H_kv per head, 1 shared.
   int32_t num_lists() const { return shared ? 1 : num_heads; }
 };
+
+/// True when `kind` has fast-numerics kernels for `dtype` and head dimension `head_dim`.
+bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim);
 
 /// Builds the plan: scorer kind and ScorerParams read from the resolved parameters as the
 /// CPU scorers read them (dropkv bf16_prob_round "auto" = on iff `dtype` is bf16; keydiff

@@ -44,6 +44,13 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
   return backend;
 }
 
+std::vector<Numerics> GpuBackend::NumericsModes(const ScorerSpec& scorer,
+                                                const AllocatorSpec& allocator) const {
+  (void)allocator;
+  if (HasFastPath(scorer.kind, DType::kBF16, 128)) return {Numerics::kFast, Numerics::kExact};
+  return {Numerics::kExact};
+}
+
 std::string GpuBackend::failure() const {
   std::lock_guard<std::mutex> lock(failure_mutex_);
   return failure_;
@@ -294,6 +301,7 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
     if (outputs.raw != nullptr) {
       KVTRIM_RETURN_IF_ERROR(HostNaNStatus(*plan, scores, critical));
       outputs.raw->scores = std::move(scores);
+      outputs.raw->numerics = plan->numerics;
       outputs.raw->critical = std::move(critical);
       last_request_bytes_.store(layout.total());
       return absl::OkStatus();

@@ -63,6 +63,11 @@ class GpuBackend final : public Backend {
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, LayerScores* out) override;
   bool healthy() const override { return healthy_.load(); }
+  /// {kFast, kExact} for the scorers with fast kernels (device_pipeline.h HasFastPath: the
+  /// attention scorers, d a multiple of 8 up to 256), else {kExact}. A layer whose dtype or
+  /// d has no fast path is computed exact, and its decision says so.
+  std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
+                                      const AllocatorSpec& allocator) const override;
   /// Device tensors (mapped CUDA IPC regions on this backend's device) are read in place
   /// when dense, gathered on the device when strided / paged.
   bool reads_device_memory() const override { return true; }

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/policy_kind.h"
 
 namespace kvtrim::gpu {
 
@@ -29,18 +30,10 @@ struct DeviceLayer {
   uint64_t seed = 0;              // random scorer
 };
 
-/// Which scorer to launch. The last three read a registered model (DeviceModelInputs) and
-/// run through LaunchModelScore; LaunchScore refuses them.
-enum class ScorerKind {
-  kStreamingLlm, kRandom, kKnorm, kKeyDiff, kSnapKV, kH2O, kTova, kDropKV,
-  kCriticalKV, kLaProx, kExpectedAttention
-};
-
-/// True for kCriticalKV, kLaProx and kExpectedAttention.
-inline bool IsModelScorer(ScorerKind kind) {
-  return kind == ScorerKind::kCriticalKV || kind == ScorerKind::kLaProx ||
-         kind == ScorerKind::kExpectedAttention;
-}
+/// The scorer kinds (kernels/policy_kind.h); the last three read a registered model
+/// (DeviceModelInputs) and run through LaunchModelScore; LaunchScore refuses them.
+using kvtrim::IsModelScorer;
+using kvtrim::ScorerKind;
 
 /// LaProx's GQA combination (params "gqa"; canonical definitions in kernels/cpu/scorers.h).
 enum class LaProxGqa : int32_t { kMean, kHeadBound, kSummedWo };
@@ -58,6 +51,10 @@ struct ScorerParams {
   bool norm_l2 = false;          // criticalkv: norm "l2" (Gram matrices) instead of "l1" (W_O)
   LaProxGqa gqa = LaProxGqa::kMean;  // laprox
   bool use_vnorm = true;         // expected_attention: multiply by ||v||
+  /// Fast numerics (design.md "Numerics"): the tensor-core kernels of fast_attention.cuh for
+  /// the scorers and shapes they take (FastAttentionSupported); the canonical kernels
+  /// otherwise, and always when false.
+  bool fast = false;
 };
 
 // ---- Lane-major vectors ------------------------------------------------------------------

@@ -1,4 +1,6 @@
-// ScoreScratchBytes / LaunchScore (launchers.h): the key-only scorers go to
+// ScoreScratchBytes / LaunchScore (launchers.h). With ScorerParams::fast the attention
+// scorers run the tensor-core passes of fast_attention.cuh (where FastAttentionSupported),
+// then the same pooling stage as below. Otherwise the key-only scorers go to
 // kernels/gpu/key_scorers.h, the attention scorers (SnapKV, H2O, TOVA, DropKV) run the
 // canonical window attention of kernels/cpu/window_attention.h in three stages:
 //   1. LaunchAttentionStats   per-segment partials, then -M, 1/Z (and a, |a|^2) per row
@@ -18,14 +20,72 @@
 #include "kernels/gpu/attention_plan.cuh"
 #include "kernels/gpu/attention_score.cuh"
 #include "kernels/gpu/attention_stats.cuh"
+#include "kernels/gpu/fast_attention.cuh"
 #include "kernels/gpu/key_scorers.h"
 #include "kernels/gpu/launchers.h"
 #include "kernels/gpu/pooling.cuh"
 
 namespace kvtrim::gpu {
 
+namespace {
+
+/// Pools the pre-pooling scores `pre` [H_kv, n] into `scores` [H_kv, n] (the last stage of
+/// both numerics modes): SnapKV pools its prefix, DropKV the whole length when kernel > 1.
+cudaError_t PoolScores(ScorerKind kind, const ScorerParams& params, int32_t heads, int64_t n,
+                       bool pooled, const float* pre, float* scores, cudaStream_t stream) {
+  if (kind == ScorerKind::kSnapKV) {
+    const int64_t window = params.window;
+    const int64_t prefix = n > window ? n - window : 0;  // P
+    return LaunchPoolPrefix(pre, heads, n, prefix, params.kernel, params.pool_max, scores,
+                            stream);
+  }
+  if (!pooled) return cudaSuccess;
+  return LaunchPool1D(pre, heads, n, params.kernel, params.pool_max, scores, stream);
+}
+
+/// True when `kind` pools through a separate pre-pooling buffer (kernel > 1).
+bool PoolsSeparately(ScorerKind kind, const ScorerParams& params) {
+  return (kind == ScorerKind::kSnapKV || kind == ScorerKind::kDropKV) && params.kernel > 1;
+}
+
+/// Bytes of the fast path's scratch: its own regions plus the pre-pooling scores.
+size_t FastScratchBytes(const fast::FastAttentionPlan& plan, ScorerKind kind,
+                        const ScorerParams& params) {
+  const size_t pre = PoolsSeparately(kind, params)
+                         ? static_cast<size_t>(plan.num_kv_heads) * plan.num_tokens * sizeof(float)
+                         : 0;
+  return plan.scratch_bytes + pre;
+}
+
+/// The fast-numerics attention scorers (fast_attention.cuh), then pooling.
+cudaError_t LaunchFastScore(ScorerKind kind, const fast::FastAttentionPlan& plan,
+                            const DeviceLayer& layer, const ScorerParams& params, float* scores,
+                            void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (plan.num_tokens == 0) return cudaSuccess;
+  if (scores == nullptr || scratch == nullptr ||
+      scratch_bytes < FastScratchBytes(plan, kind, params)) {
+    return cudaErrorInvalidValue;
+  }
+  const bool pooled = PoolsSeparately(kind, params);
+  float* pre = pooled
+                   ? reinterpret_cast<float*>(static_cast<char*>(scratch) + plan.scratch_bytes)
+                   : scores;
+  cudaError_t err = fast::LaunchFastAttentionScores(plan, layer, params, scratch, pre, stream);
+  if (err != cudaSuccess) return err;
+  return PoolScores(kind, params, plan.num_kv_heads, plan.num_tokens, pooled, pre, scores,
+                    stream);
+}
+
+}  // namespace
+
 size_t ScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params) {
   if (IsKeyScorer(kind)) return KeyScorerScratchBytes(kind, layer, params);
+  if (params.fast) {
+    fast::FastAttentionPlan fast_plan;
+    if (fast::MakeFastAttentionPlan(kind, layer, params, &fast_plan) == cudaSuccess) {
+      return FastScratchBytes(fast_plan, kind, params);
+    }
+  }
   attn::AttentionPlan plan;
   if (attn::MakeAttentionPlan(kind, layer, params, &plan) != cudaSuccess) return 0;
   return plan.scratch_bytes;
@@ -35,6 +95,13 @@ cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerP
                         float* scores, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (IsKeyScorer(kind)) {
     return LaunchKeyScorer(kind, layer, params, scores, scratch, scratch_bytes, stream);
+  }
+  if (params.fast) {
+    fast::FastAttentionPlan fast_plan;
+    if (fast::MakeFastAttentionPlan(kind, layer, params, &fast_plan) == cudaSuccess) {
+      return LaunchFastScore(kind, fast_plan, layer, params, scores, scratch, scratch_bytes,
+                             stream);
+    }
   }
   attn::AttentionPlan plan;
   cudaError_t err = attn::MakeAttentionPlan(kind, layer, params, &plan);
@@ -51,15 +118,8 @@ cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerP
                    : scores;
   err = attn::LaunchAttentionScores(plan, layer, params, scratch, pre, stream);
   if (err != cudaSuccess) return err;
-  if (kind == ScorerKind::kSnapKV) {
-    const int64_t window = params.window;
-    const int64_t prefix = plan.num_tokens > window ? plan.num_tokens - window : 0;  // P
-    return LaunchPoolPrefix(pre, plan.num_kv_heads, plan.num_tokens, prefix, params.kernel,
-                            params.pool_max, scores, stream);
-  }
-  if (!plan.pooled) return cudaSuccess;
-  return LaunchPool1D(pre, plan.num_kv_heads, plan.num_tokens, params.kernel, params.pool_max,
-                      scores, stream);
+  return PoolScores(kind, params, plan.num_kv_heads, plan.num_tokens, plan.pooled, pre, scores,
+                    stream);
 }
 
 }  // namespace kvtrim::gpu

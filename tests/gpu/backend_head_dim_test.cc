@@ -25,6 +25,7 @@ TEST(GpuBackendHeadDimTest, WideHeadsFallBackToTheCpuWithTheSameAnswer) {
     for (const char* name : {"dropkv", "snapkv", "keydiff"}) {
       CompressionSettings settings;
       settings.policy = name;
+      settings.numerics = Numerics::kExact;  // bit parity with the CPU
       settings.budget.keep_fraction = 0.25;
       auto policy = cpu_engine.Prepare(settings, "settings");
       ASSERT_TRUE(policy.ok()) << policy.status();

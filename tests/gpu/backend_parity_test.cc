@@ -226,6 +226,7 @@ Outcome RunCase(const CaseSpec& c) {
   settings.budget.keep_fraction = kKeepFraction;
   settings.num_layers = kNumLayers;
   settings.seed = kSeed;
+  settings.numerics = Numerics::kExact;  // the parity rule is about the exact arithmetic
   // Lower window parameters to the rows sent.
   {
     auto probe = registry.Resolve(settings, "settings");
@@ -280,20 +281,9 @@ Outcome RunCase(const CaseSpec& c) {
   return outcome;
 }
 
-/// Runs `cases` on up to hardware_concurrency threads; returns the outcomes in order.
+/// Runs `cases` concurrently; returns the outcomes in order.
 std::vector<Outcome> RunCases(const std::vector<CaseSpec>& cases) {
-  std::vector<Outcome> outcomes(cases.size());
-  std::atomic<size_t> next{0};
-  const size_t threads = std::max<size_t>(
-      1, std::min<size_t>(cases.size(), std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (size_t i = next++; i < cases.size(); i = next++) outcomes[i] = RunCase(cases[i]);
-    });
-  }
-  for (auto& thread : pool) thread.join();
-  return outcomes;
+  return RunConcurrently(cases, RunCase);
 }
 
 class BackendParityTest : public ::testing::TestWithParam<ParityParam> {};
@@ -364,6 +354,7 @@ TEST(BackendParitySpikeTest, SnapKVFamilyPoolsThePrefixOnly) {
       CompressionSettings settings;
       settings.policy = name;
       settings.params["window"] = ParamValue::Number(8);
+      settings.numerics = Numerics::kExact;
       settings.budget.by_fraction = false;
       settings.budget.keep_tokens = 15;
       settings.num_layers = 1;

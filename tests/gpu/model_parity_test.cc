@@ -99,6 +99,7 @@ absl::StatusOr<ResolvedPolicy> PreparePolicy(const ModelCase& c, const PolicyEng
   settings.budget.keep_fraction = kKeepFraction;
   settings.num_layers = kNumLayers;
   settings.seed = 5;
+  settings.numerics = Numerics::kExact;  // bit parity with the CPU
   auto probe = Registry().Resolve(settings, "settings");
   if (!probe.ok()) return probe.status();
   if (probe->params.Has("window") && probe->params.Int("window") > c.window()) {
@@ -212,18 +213,7 @@ std::string RunDecisionCase(const ModelCase& c) {
 /// Runs `fn` over `cases` on up to hardware_concurrency threads; returns the failures.
 std::vector<std::string> RunAll(const std::vector<ModelCase>& cases,
                                 const std::function<std::string(const ModelCase&)>& fn) {
-  std::vector<std::string> out(cases.size());
-  std::atomic<size_t> next{0};
-  const size_t threads =
-      std::max<size_t>(1, std::min<size_t>(cases.size(), std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (size_t t = 0; t < threads; ++t) {
-    pool.emplace_back([&] {
-      for (size_t i = next++; i < cases.size(); i = next++) out[i] = fn(cases[i]);
-    });
-  }
-  for (auto& thread : pool) thread.join();
-  return out;
+  return RunConcurrently(cases, fn);
 }
 
 ParamValue Text(const char* v) { return ParamValue::Text(v); }
@@ -423,6 +413,7 @@ OwnModelCase MakeOwnModelCase(const PolicyEngine& engine, uint64_t seed, const c
   o.c = {{"criticalkv", "criticalkv", {{"norm", Text(norm)}}}, DType::kBF16, 300, 64, 2, 128};
   CompressionSettings settings;
   settings.policy = "criticalkv";
+  settings.numerics = Numerics::kExact;
   settings.params = o.c.spec.params;
   settings.budget.keep_fraction = kKeepFraction;
   settings.num_layers = kNumLayers;

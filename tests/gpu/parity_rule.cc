@@ -12,10 +12,16 @@ namespace kvtrim::gpu::testing {
 
 namespace {
 
-/// True when CPU score `s` lies within 4 * eps * |b| of boundary `b` (both finite).
-bool NearBoundary(double s, double b, double eps) {
-  return std::isfinite(s) && std::isfinite(b) && std::fabs(s - b) <= 4.0 * eps * std::fabs(b);
-}
+/// The half-width of the tolerance band around boundary `b` of a head with score scale
+/// `scale`: 4 * eps * |b| (dtype tolerance), plus tau * (|b| + scale) (fast-numerics band).
+struct Band {
+  double eps = 0;
+  double tau = 0;
+  bool Near(double s, double b, double scale) const {
+    return std::isfinite(s) && std::isfinite(b) &&
+           std::fabs(s - b) <= 4.0 * eps * std::fabs(b) + tau * (std::fabs(b) + scale);
+  }
+};
 
 /// The tokens in exactly one of two ascending lists.
 std::vector<int32_t> SymmetricDifference(const std::vector<int32_t>& a,
@@ -53,14 +59,14 @@ std::string HeadName(bool shared, size_t l) {
 /// Checks every differing list of a low-precision case against the tolerance rule.
 std::string CheckTolerance(const CaseSpec& c, bool adakv, bool shared, const LayerDecision& cpu,
                            const LayerDecision& gpu, const std::vector<size_t>& differing,
-                           const CpuScores& s) {
-  const double eps = DTypeEpsilon(c.dtype);
+                           const CpuScores& s, const Band& band) {
   const int64_t n = c.n;
   const int64_t heads = static_cast<int64_t>(cpu.kept_per_head.size());
   if (s.scores.size() != static_cast<size_t>(heads * n)) {
     return absl::StrCat(c.Describe(), ": the CPU scores for the tolerance rule are missing");
   }
   auto score = [&](int64_t h, int64_t j) { return static_cast<double>(s.scores[h * n + j]); };
+  auto scale = [&](int64_t h) { return s.scale.empty() ? 0.0 : s.scale[static_cast<size_t>(h)]; };
   std::vector<std::vector<int32_t>> rankings(static_cast<size_t>(heads));
   for (int64_t h = 0; h < heads; ++h) RankTokens(s.scores.data() + h * n, n, &rankings[h]);
 
@@ -104,7 +110,7 @@ std::string CheckTolerance(const CaseSpec& c, bool adakv, bool shared, const Lay
         s_j = score(0, j);
         for (int64_t h = 0; h < heads && !ok; ++h) {
           for (int64_t r : {last_rank, std::max<int64_t>(0, last_rank - 1)}) {
-            ok = ok || NearBoundary(score(h, j), score(h, rankings[h][r]), eps);
+            ok = ok || band.Near(score(h, j), score(h, rankings[h][r]), scale(h));
           }
         }
         boundary = absl::StrCat("round-robin boundary (rank ", last_rank, ") of any head");
@@ -113,14 +119,17 @@ std::string CheckTolerance(const CaseSpec& c, bool adakv, bool shared, const Lay
         s_j = score(h, j);
         double b = std::numeric_limits<double>::infinity();
         for (int32_t t : cl) b = std::min(b, score(h, t));
-        ok = NearBoundary(s_j, b, eps) || (adakv && NearBoundary(s_j, pool_threshold, eps));
+        ok = band.Near(s_j, b, scale(h)) || (adakv && band.Near(s_j, pool_threshold, scale(h)));
         boundary = absl::StrCat("boundary ", b,
                                 adakv ? absl::StrCat(" or pool threshold ", pool_threshold) : "");
       }
       if (!ok) {
         return absl::StrCat(c.Describe(), HeadName(shared, l), ": token ", j,
                             " is kept by one backend only and its CPU score ", s_j,
-                            " is not within 4*eps_", DTypeName(c.dtype), " of the ", boundary,
+                            " is not within ",
+                            band.tau > 0 ? absl::StrCat("tau*(|b|+scale) (tau=", band.tau, ")")
+                                         : absl::StrCat("4*eps_", DTypeName(c.dtype)),
+                            " of the ", boundary,
                             "; ", FirstDifference(cl, gl));
       }
     }
@@ -136,6 +145,17 @@ std::string CaseSpec::Describe() const {
                       " H_kv=", num_kv_heads, " w=", window);
 }
 
+std::vector<double> HeadScales(const std::vector<float>& scores, int64_t heads, int64_t n) {
+  std::vector<double> out(static_cast<size_t>(heads), 0.0);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = scores[static_cast<size_t>(h * n + j)];
+      if (std::isfinite(v)) out[h] = std::max(out[h], std::fabs(static_cast<double>(v)));
+    }
+  }
+  return out;
+}
+
 double DTypeEpsilon(DType dtype) {
   switch (dtype) {
     case DType::kBF16: return std::ldexp(1.0, -7);
@@ -147,7 +167,8 @@ double DTypeEpsilon(DType dtype) {
 
 Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
                          const LayerDecision& cpu, const LayerDecision& gpu,
-                         const std::function<CpuScores()>& cpu_scores, bool exact_required) {
+                         const std::function<CpuScores()>& cpu_scores, bool exact_required,
+                         const ToleranceBand& band) {
   Outcome out;
   if (cpu.output_shape != gpu.output_shape || cpu.offsets.size() != gpu.offsets.size() ||
       cpu.offsets.size() < 2 || cpu.kept_per_head.size() != gpu.kept_per_head.size()) {
@@ -158,7 +179,9 @@ Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
   }
   const size_t lists = cpu.offsets.size() - 1;
   const bool shared = cpu.output_shape == OutputShape::kShared;
-  const bool adakv = !shared && policy.allocator != nullptr && policy.allocator->name == "adakv";
+  const bool adakv =
+      !shared && ((policy.allocator != nullptr && policy.allocator->kind == AllocatorKind::kAdaKV) ||
+                  band.movable_counts);
   std::vector<bool> same(lists, true);
   std::vector<size_t> differing;
   for (size_t l = 0; l < lists; ++l) {
@@ -176,7 +199,13 @@ Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
                                  FirstDifference(List(cpu, l), List(gpu, l)));
       return out;
     }
-    out.failure = CheckTolerance(c, adakv, shared, cpu, gpu, differing, cpu_scores());
+    Band rule;
+    if (band.tau > 0) {
+      rule.tau = band.tau;
+    } else {
+      rule.eps = DTypeEpsilon(c.dtype);
+    }
+    out.failure = CheckTolerance(c, adakv, shared, cpu, gpu, differing, cpu_scores(), rule);
     if (!out.failure.empty()) return out;
   } else if (cpu.kept_per_head != gpu.kept_per_head) {
     out.failure = absl::StrCat(c.Describe(), ": kept_per_head differs with identical lists");

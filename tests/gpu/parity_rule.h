@@ -14,6 +14,10 @@
 //    Per-head counts must be equal except under adakv. Protected (+inf) tokens never
 //    differ: the comparison is false for infinities. The factor 4: two scores each off by
 //    up to 2 eps relative can swap order only when they lie within 4 eps of each other.
+//  * Fast-numerics band (fast vs exact, docs/numerics.md): as the tolerance mode, with the
+//    reference's scores and the band |s - b| <= tau * (|b| + scale_h), scale_h the head's
+//    score scale (largest finite |score| of the head); counts may move between heads under
+//    adakv and model/layer-wide selections (LaProx).
 //  * Perturbation: |gpu - cpu| <= 1e-9 * |cpu| + 1e-12 for every head whose kept list is
 //    identical on both backends (always, in exact mode).
 // Failures name policy, dtype, n, d, G, head and the first differing position.
@@ -49,7 +53,17 @@ struct CaseSpec {
 struct CpuScores {
   std::vector<float> scores;  // [H_kv, n] after protection
   int64_t safeguard = 0;      // adakv: min(n, floor(alpha * k))
+  std::vector<double> scale;  // [H_kv] head score scales (fast-numerics band only)
 };
+
+/// The fast-numerics band (tau > 0) in place of the dtype-epsilon tolerance.
+struct ToleranceBand {
+  double tau = 0;              // |s - b| <= tau * (|b| + scale_h)
+  bool movable_counts = false; // counts may move between heads (layer / model-wide top-K)
+};
+
+/// Largest finite |score| of each head of scores [H, n]: the band's scale.
+std::vector<double> HeadScales(const std::vector<float>& scores, int64_t heads, int64_t n);
 
 /// What one comparison found.
 struct Outcome {
@@ -63,8 +77,11 @@ double DTypeEpsilon(DType dtype);
 /// Applies the rule to the CPU and GPU decisions of one layer. `exact_required` selects
 /// exact mode; otherwise the tolerance mode of c.dtype applies, with `cpu_scores` called
 /// at most once, only when some list differs. `policy` gives the allocator.
+/// With `band.tau` > 0 the fast-numerics band applies instead of the dtype epsilon (cpu =
+/// the exact decision, gpu = the fast one, cpu_scores = the exact scores and their scales).
 Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
                          const LayerDecision& cpu, const LayerDecision& gpu,
-                         const std::function<CpuScores()>& cpu_scores, bool exact_required);
+                         const std::function<CpuScores()>& cpu_scores, bool exact_required,
+                         const ToleranceBand& band = {});
 
 }  // namespace kvtrim::gpu::testing

@@ -70,7 +70,7 @@ const std::vector<float> kScores = {10, 9, 8, 7, 6, 5, 4, 3.99f, 3, 2};
 const std::vector<int32_t> kCpuList = {0, 1, 2, 3, 4, 5, 6};
 
 std::function<CpuScores()> Scores(std::vector<float> scores, int64_t safeguard = 0) {
-  return [scores, safeguard] { return CpuScores{scores, safeguard}; };
+  return [scores, safeguard] { return CpuScores{scores, safeguard, {}}; };
 }
 
 TEST(ParityRuleTest, IdenticalDecisionsAreExact) {

@@ -3,12 +3,16 @@
 // awaited by concurrent ones).
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -74,5 +78,24 @@ class OnceCache {
   std::mutex mutex_;
   std::map<Key, std::shared_future<std::shared_ptr<const V>>> cache_;
 };
+
+/// fn(case) for every case on up to hardware_concurrency host threads (GPU parity cases
+/// overlap on the backend's workers); the results in the order of `cases`.
+template <typename Case, typename Fn>
+auto RunConcurrently(const std::vector<Case>& cases, Fn fn)
+    -> std::vector<decltype(fn(cases.front()))> {
+  std::vector<decltype(fn(cases.front()))> out(cases.size());
+  std::atomic<size_t> next{0};
+  const size_t threads =
+      std::max<size_t>(1, std::min<size_t>(cases.size(), std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (size_t i = next++; i < cases.size(); i = next++) out[i] = fn(cases[i]);
+    });
+  }
+  for (auto& thread : pool) thread.join();
+  return out;
+}
 
 }  // namespace kvtrim::gpu::testing
