@@ -23,8 +23,8 @@
 // --stages: after the timed repetitions, --stage_reps (default 5) more record a CUDA event
 // after every kernel launch, memset and async copy of the layer sequence (gpu_bench_stages.h);
 // each row then lists every launch with its kernel name and median microseconds.
-// numerics_planned: the mode LayerPlan says it computes, once LayerPlan carries a `numerics`
-// field (null until then; a policy without a fast path computes exact).
+// numerics_planned: LayerPlan::numerics, the mode the plan computes (a policy without a fast
+// path computes exact); detected at compile time, null if the field is absent.
 //
 // Model-aware presets (criticalkv, criticalkv_adakv, laprox, expected_attention, lukv) run at
 // the issue-3 shapes only: w = 32, n in --model_n (default 32768, 131072; the extra dtypes at
