@@ -192,7 +192,9 @@ __device__ __forceinline__ void LoadB(const CT* base, int tok0, int kc, int lane
 /// acc[mg][nt] += rows(A) · tokens(B)ᵀ over DP columns. A: with kRegs, the fragments qf
 /// [MG][DP / 16][4] held in registers; else ldmatrix from shared planes a_smem
 /// [kPlanesA][rows][kStride] at rows row0 .. row0 + 16 MG. B planes [kPlanesB][64][kStride],
-/// tokens tok0 .. tok0 + 8 NT. f32 inputs add hi·hi + hi·lo + lo·hi.
+/// tokens tok0 .. tok0 + 8 NT. f32 inputs add hi·hi + hi·lo + lo·hi. With few accumulators
+/// (MG * NT <= 8) the k16 steps alternate between two accumulator sets, added at the end, so
+/// that consecutive mma.sync do not wait on each other (the tensor pipe's latency).
 template <typename CT, int DP, int MG, int NT, int kPlanesA, int kPlanesB, bool kRegs, int QM,
           int QK>
 __device__ __forceinline__ void RowTokenProducts(const uint32_t (&qf)[QM][QK][4],
@@ -200,9 +202,20 @@ __device__ __forceinline__ void RowTokenProducts(const uint32_t (&qf)[QM][QK][4]
                                                  const CT* b_base, size_t b_plane, int tok0,
                                                  int lane, float (&acc)[MG][NT][4]) {
   constexpr int kStride = DP + 8;
+  constexpr int kSets = MG * NT <= 8 ? 2 : 1;
   static_assert(!kRegs || (QM == MG && QK == DP / 16 && kPlanesA == 1), "register A operand");
+  float part[kSets][MG][NT][4];
+#pragma unroll
+  for (int set = 0; set < kSets; ++set)
+#pragma unroll
+    for (int mg = 0; mg < MG; ++mg)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[set][mg][nt][e] = set == 0 ? acc[mg][nt][e] : 0.0f;
 #pragma unroll
   for (int kc = 0; kc < DP / 16; ++kc) {
+    float (&sum)[MG][NT][4] = part[kc % kSets];
     uint32_t af[kPlanesA][MG][4];
     if constexpr (kRegs) {
 #pragma unroll
@@ -224,19 +237,30 @@ __device__ __forceinline__ void RowTokenProducts(const uint32_t (&qf)[QM][QK][4]
       }
 #pragma unroll
       for (int mg = 0; mg < MG; ++mg) {
-        Mma16816<CT>(acc[mg][2 * np], af[0][mg], bf[0][0], bf[0][1]);
-        Mma16816<CT>(acc[mg][2 * np + 1], af[0][mg], bf[0][2], bf[0][3]);
+        Mma16816<CT>(sum[mg][2 * np], af[0][mg], bf[0][0], bf[0][1]);
+        Mma16816<CT>(sum[mg][2 * np + 1], af[0][mg], bf[0][2], bf[0][3]);
         if constexpr (kPlanesB > 1) {
-          Mma16816<CT>(acc[mg][2 * np], af[0][mg], bf[1][0], bf[1][1]);
-          Mma16816<CT>(acc[mg][2 * np + 1], af[0][mg], bf[1][2], bf[1][3]);
+          Mma16816<CT>(sum[mg][2 * np], af[0][mg], bf[1][0], bf[1][1]);
+          Mma16816<CT>(sum[mg][2 * np + 1], af[0][mg], bf[1][2], bf[1][3]);
         }
         if constexpr (kPlanesA > 1) {
-          Mma16816<CT>(acc[mg][2 * np], af[1][mg], bf[0][0], bf[0][1]);
-          Mma16816<CT>(acc[mg][2 * np + 1], af[1][mg], bf[0][2], bf[0][3]);
+          Mma16816<CT>(sum[mg][2 * np], af[1][mg], bf[0][0], bf[0][1]);
+          Mma16816<CT>(sum[mg][2 * np + 1], af[1][mg], bf[0][2], bf[0][3]);
         }
       }
     }
   }
+#pragma unroll
+  for (int mg = 0; mg < MG; ++mg)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float total = part[0][mg][nt][e];
+#pragma unroll
+        for (int set = 1; set < kSets; ++set) total += part[set][mg][nt][e];
+        acc[mg][nt][e] = total;
+      }
 }
 
 /// Sum of squares of 8 consecutive CT values at p (16-byte aligned), in fp32.
@@ -585,7 +609,7 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
                 float p = Exp2(s[mg][nt][e] - row_max2[mg][hf]) * row_inv[mg][hf];
                 if constexpr (kDrop) {
                   if (a.bf16_round) p = __bfloat162float(__float2bfloat16_rn(p));
-                  const float wgt = p / (1.0f - p + a.eps);
+                  const float wgt = __fdividef(p, 1.0f - p + a.eps);
                   const float dist = fmaxf(0.0f, row_aa[mg][hf] + vv - 2.0f * av[mg][nt][e]);
                   p = dist > 0.0f ? wgt * wgt * dist : 0.0f;  // 0 * inf guard (eps = 0)
                 }
@@ -706,11 +730,17 @@ __device__ float BlockMax(float v, float* red) {
   return out;
 }
 
+/// Parts whose weights 2^(m_p - M) the combine holds in shared memory at once.
+constexpr int kCombineChunk = 512;
+
 /// Per row (grid (rows_total, H)): M, 1/Z over the parts in part order and, for DropKV,
-/// a = Σ o_p 2^(m_p - M) / Z as hi + lo 16-bit planes and |a|² in fp32.
+/// a = Σ o_p 2^(m_p - M) / Z as hi + lo 16-bit planes and |a|² in fp32. The part weights
+/// 2^(m_p - M) are computed once per part into shared memory, kCombineChunk at a time.
 template <typename CT, int DP, bool kDrop>
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(FastArgs a) {
+  constexpr int kCols = (DP + kCombineThreads - 1) / kCombineThreads;  // columns per thread
   __shared__ float red[kCombineThreads];
+  __shared__ float weight[kCombineChunk];
   const int r = blockIdx.x;
   const int h = blockIdx.y;
   const int64_t row = static_cast<int64_t>(h) * a.rows_total + r;
@@ -733,18 +763,38 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(FastArgs a) {
   m = BlockMax(m, red);
   const float base = m == kNegInf ? 0.0f : m;
   float z = 0.0f;
-  for (int p = threadIdx.x; p < a.parts; p += kCombineThreads) z += ps[p] * exp2f(pm[p] - base);
+  float acc[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) acc[i] = 0.0f;
+  for (int p0 = 0; p0 < a.parts; p0 += kCombineChunk) {
+    const int count = min(kCombineChunk, a.parts - p0);
+    __syncthreads();  // the previous chunk's weights are read
+    for (int p = threadIdx.x; p < count; p += kCombineThreads) {
+      const float w = exp2f(pm[p0 + p] - base);
+      weight[p] = w;
+      z += ps[p0 + p] * w;
+    }
+    __syncthreads();
+    if constexpr (kDrop) {
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int c = threadIdx.x + i * kCombineThreads;
+        if (c >= DP) continue;
+        const float* o = a.part_out + (row * a.parts + p0) * DP + c;
+        for (int p = 0; p < count; ++p) acc[i] += o[static_cast<int64_t>(p) * DP] * weight[p];
+      }
+    }
+  }
   z = BlockSum(z, red);
   const float inv = z > 0.0f ? 1.0f / z : 0.0f;
   float aa = 0.0f;
   if constexpr (kDrop) {
     float sq = 0.0f;
-    for (int c = threadIdx.x; c < DP; c += kCombineThreads) {
-      float acc = 0.0f;
-      for (int p = 0; p < a.parts; ++p) {
-        acc += a.part_out[(row * a.parts + p) * DP + c] * exp2f(pm[p] - base);
-      }
-      const float v = acc * inv;
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      const int c = threadIdx.x + i * kCombineThreads;
+      if (c >= DP) continue;
+      const float v = acc[i] * inv;
       const CT hi(v);
       out_hi[c] = hi;
       out_hi[plane + c] = CT(v - AsFloat(hi));
@@ -780,8 +830,9 @@ cudaError_t LaunchPass(const FastAttentionPlan& plan, const FastArgs& args, cuda
   auto* kernel = FastPassKernel<T, DP, MG, NSL, kStages, kDrop, kStats>;
   constexpr size_t smem = SmemLayout<T, DP, MG, NSL, kStages, kDrop, kStats>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  static_assert(WarpLayout<MG, NSL>::kRows == 32 || WarpLayout<MG, NSL>::kRows == 128,
-                "chunks of 32 or 128 rows (FastAttentionPlan::chunk_rows)");
+  static_assert(WarpLayout<MG, NSL>::kRows == 16 || WarpLayout<MG, NSL>::kRows == 32 ||
+                    WarpLayout<MG, NSL>::kRows == 128,
+                "chunks of 16, 32 or 128 rows (FastAttentionPlan::chunk_rows)");
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
@@ -815,18 +866,22 @@ cudaError_t LaunchAll(const FastAttentionPlan& plan, const FastArgs& args, cudaS
   return cudaGetLastError();
 }
 
-/// Picks the layouts for T and DP: wide chunks (32 rows x 64 tokens per warp, 4 row groups),
-/// narrow chunks and DropKV (16 rows x 32 tokens per warp, 2 row groups x 2 slices); three
-/// K stages, and for DropKV three K/V stages in pass A where they fit, two in pass B (its a
-/// rows take the room).
+/// Picks the layouts for T and DP (measured on an H200; the kernels are bound by instruction
+/// latency at low occupancy, not by memory latency, so CTAs per SM matter more than stages):
+///  128-row chunks  32 rows x 64 tokens per warp, 4 row groups, three K stages;
+///  32-row chunks   16 rows x 32 tokens per warp, 2 row groups x 2 slices, two stages;
+///  16-row chunks   16 rows x 16 tokens per warp, 4 slices, two stages;
+///  DropKV          pass A as 32-row chunks with three K/V stages where they fit; pass B
+///                  32 rows x 16 tokens per warp (queries in registers), two stages.
 template <typename T, int DP>
 cudaError_t LaunchForDim(const FastAttentionPlan& plan, const FastArgs& args, cudaStream_t stream) {
   constexpr bool kRoomy = PlanesOf<T>() == 1 && DP <= 128;  // three K/V stages fit
   if (plan.with_values) {
-    return LaunchAll<T, DP, true, 1, 32, kRoomy ? 3 : 2, 1, 32, 2>(plan, args, stream);
+    return LaunchAll<T, DP, true, 1, 32, kRoomy ? 3 : 2, 2, 16, 2>(plan, args, stream);
   }
-  if (plan.wide_rows) return LaunchAll<T, DP, false, 2, 64, 3, 2, 64, 3>(plan, args, stream);
-  return LaunchAll<T, DP, false, 1, 32, 3, 1, 32, 3>(plan, args, stream);
+  if (plan.chunk_rows == 128) return LaunchAll<T, DP, false, 2, 64, 3, 2, 64, 3>(plan, args, stream);
+  if (plan.chunk_rows == 32) return LaunchAll<T, DP, false, 1, 32, 2, 1, 32, 2>(plan, args, stream);
+  return LaunchAll<T, DP, false, 1, 16, 2, 1, 16, 2>(plan, args, stream);
 }
 
 /// Picks DP for element type T (f32 inputs take two planes: at most DP = 128).

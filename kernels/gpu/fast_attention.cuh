@@ -47,10 +47,12 @@ struct FastAttentionPlan {
   int32_t rows_per_qhead = 0; // T: window rows scored per query head
   int32_t first_row = 0;      // t0
   int32_t rows = 0;           // R = G * T rows per KV head; row r <-> (g = r / T, t0 + r % T)
-  bool wide_rows = false;     // chunks of 128 rows (4 warps x 32), else 32 (DropKV, R <= 32)
-  int32_t chunk_rows = 0;     // RC: 32 or 128
+  /// Rows per chunk RC and the warp layout (fast_attention.cu LaunchForDim): 16 (R <= 16, a
+  /// warp per 16 rows x 16 tokens), 32 (R <= 32 and DropKV, 16 rows x 32 tokens) or 128 (32
+  /// rows x 64 tokens).
+  int32_t chunk_rows = 0;
   int32_t num_chunks = 0;     // ceil(R / RC)
-  int32_t slices = 0;         // token slices per tile in pass A (1 wide, 2 narrow)
+  int32_t slices = 0;         // token slices per tile in pass A: 64 / tokens per warp
   int64_t num_tiles = 0;      // ceil(n / kTileTokens)
   int32_t tiles_per_split = 0;
   int32_t num_splits = 0;     // S

@@ -65,11 +65,10 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   p.rows = p.group * p.rows_per_qhead;
   // DropKV keeps a [16, DP] output accumulator per warp: 32-row chunks. Others take 128 rows
   // (4 warps x 32) once there are more than 32.
-  p.wide_rows = !p.with_values && p.rows > 32;
-  p.chunk_rows = p.wide_rows ? 128 : 32;
-  // Token slices per tile in pass A (fast_attention.cu LaunchForDim): wide chunks one
-  // (a warp per 32 rows x 64 tokens), narrow chunks two (16 rows x 32 tokens).
-  p.slices = p.wide_rows ? 1 : 2;
+  p.chunk_rows = p.with_values ? 32 : (p.rows <= 16 ? 16 : (p.rows <= 32 ? 32 : 128));
+  // Token slices per tile in pass A (fast_attention.cu LaunchForDim): 64 tokens per warp in
+  // 128-row chunks, 32 in 32-row chunks, 16 in 16-row chunks.
+  p.slices = p.chunk_rows == 128 ? 1 : (p.chunk_rows == 32 ? 2 : 4);
   p.num_chunks = (p.rows + p.chunk_rows - 1) / p.chunk_rows;
   p.num_tiles = std::max<int64_t>(1, (p.num_tokens + kTileTokens - 1) / kTileTokens);
   // Enough CTAs for a few waves, at least one tile each.
