@@ -12,6 +12,7 @@
 #include "kernels/gpu/device_error.h"
 #include "kernels/gpu/device_nan_probe.h"
 #include "kernels/gpu/fast_attention.cuh"
+#include "kernels/gpu/fast_keys.cuh"
 
 namespace kvtrim::gpu {
 
@@ -104,8 +105,10 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
 }  // namespace
 
 bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim) {
-  return head_dim <= 256 &&
-         fast::FastAttentionSupported(kind, dtype, static_cast<int32_t>(head_dim));
+  if (head_dim > 256) return false;
+  const int32_t d = static_cast<int32_t>(head_dim);
+  return fast::FastAttentionSupported(kind, dtype, d) ||
+         fast::FastKeyScorerSupported(kind, dtype, d);
 }
 
 absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,

@@ -299,10 +299,10 @@ std::string ScoreError(const FastCase& c, double* error, double* tau) {
 // The attention scorers' fast scores themselves, before any selection: within tau of the
 // exact ones relative to |score| + the head's scale, in every dtype and shape (the first
 // thing to read when a decision test fails).
-TEST(FastScoresTest, AttentionScorersCloseToExact) {
+TEST(FastScoresTest, FastScorersCloseToExact) {
   KVTRIM_SKIP_WITHOUT_GPU();
   std::vector<FastCase> cases;
-  for (const char* policy : {"snapkv", "h2o", "tova", "dropkv"}) {
+  for (const char* policy : {"snapkv", "h2o", "tova", "dropkv", "knorm", "keydiff"}) {
     for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{99}, int64_t{1000}, int64_t{40000}}) {
       for (int64_t d : {128, 64}) {
         for (int64_t group : {8, 4, 1}) {
@@ -341,7 +341,7 @@ TEST(FastScoresTest, AttentionScorersCloseToExact) {
 // compute-sanitizer (memcheck and racecheck run this test; the sweep above is too long).
 TEST(FastSanitizer, SmallCases) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  for (const char* policy : {"snapkv", "h2o", "tova", "dropkv"}) {
+  for (const char* policy : {"snapkv", "h2o", "tova", "dropkv", "knorm", "keydiff"}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t group : {1, 8}) {  // narrow and wide row chunks (h2o: 8 x 32 rows)
         const FastCase c{policy, OutputShape::kPerHead, dtype, 99, 64, group};
