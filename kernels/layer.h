@@ -37,6 +37,9 @@ struct CompressionSettings {
   /// leaves it unspecified). A backend without a fast path for the policy computes exact
   /// and says so in LayerDecision::numerics.
   Numerics numerics = Numerics::kFast;
+  /// Whether the output perturbation statistic is computed (when values and queries are
+  /// present): proto Perturbation FULL / OFF.
+  bool perturbation = true;
 };
 
 /// The raw tensors of one layer, as received (any dtype, not yet validated).

@@ -81,6 +81,25 @@ TEST(SettingsCodecTest, DecodesEveryField) {
   EXPECT_EQ(out->seed, 7u);
 }
 
+TEST(SettingsCodecTest, PerturbationModes) {
+  v1::CompressionSettings s = MakeSettings("dropkv");
+  auto full = DecodeSettings(s, "settings", Numerics::kFast);
+  ASSERT_TRUE(full.ok());
+  EXPECT_TRUE(full->perturbation);  // UNSPECIFIED = FULL
+  s.set_perturbation(v1::PERTURBATION_OFF);
+  auto off = DecodeSettings(s, "settings", Numerics::kFast);
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->perturbation);
+  s.set_perturbation(v1::PERTURBATION_FULL);
+  EXPECT_TRUE(DecodeSettings(s, "settings", Numerics::kFast)->perturbation);
+  s.set_perturbation(static_cast<v1::Perturbation>(9));
+  auto bad = DecodeSettings(s, "begin", Numerics::kFast);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("begin.perturbation: unknown perturbation mode 9"));
+}
+
 TEST(SettingsCodecTest, UnsetOptionalsStayUnset) {
   auto out = DecodeSettings(MakeSettings("knorm"), "begin", Numerics::kFast);
   ASSERT_TRUE(out.ok());

@@ -132,6 +132,19 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
   auto numerics = DecodeNumerics(settings.numerics(), default_numerics, field + ".numerics");
   if (!numerics.ok()) return numerics.status();
   out.numerics = *numerics;
+  switch (settings.perturbation()) {
+    case v1::PERTURBATION_UNSPECIFIED:
+    case v1::PERTURBATION_FULL:
+      out.perturbation = true;
+      break;
+    case v1::PERTURBATION_OFF:
+      out.perturbation = false;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".perturbation: unknown perturbation mode ",
+          static_cast<int>(settings.perturbation()), " (FULL or OFF)"));
+  }
   return out;
 }
 

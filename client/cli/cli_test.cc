@@ -99,6 +99,10 @@ TEST(BuildSettingsTest, NumericsDefaultsToTheServersChoice) {
   EXPECT_EQ(BuildSettings(options)->numerics(), v1::NUMERICS_UNSPECIFIED);
   options.numerics = "fast";
   EXPECT_EQ(BuildSettings(options)->numerics(), v1::NUMERICS_FAST);
+  EXPECT_EQ(BuildSettings(options)->perturbation(), v1::PERTURBATION_FULL);
+  options.perturbation = false;
+  EXPECT_EQ(BuildSettings(options)->perturbation(), v1::PERTURBATION_OFF);
+  options.perturbation = true;
   options.numerics = "exact";
   EXPECT_EQ(BuildSettings(options)->numerics(), v1::NUMERICS_EXACT);
   options.numerics = "turbo";

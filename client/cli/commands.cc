@@ -115,6 +115,7 @@ absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& opt
   settings.set_seed(options.seed);
   settings.set_request_id(options.request_id);
   settings.set_numerics(*numerics);
+  settings.set_perturbation(options.perturbation ? v1::PERTURBATION_FULL : v1::PERTURBATION_OFF);
   return settings;
 }
 

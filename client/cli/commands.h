@@ -37,6 +37,7 @@ struct CompressOptions {
   std::string model;                   // model bundle to register first ("" = none); its
                                        // digest goes into settings.model_digest
   std::string numerics;                // "fast" | "exact" | "" (the server's default)
+  bool perturbation = true;             // false: PERTURBATION_OFF (skip the statistic)
 };
 
 /// The request settings of `options`. INVALID_ARGUMENT (a usage error) for a missing

@@ -51,6 +51,9 @@ ABSL_FLAG(bool, show_indices, false, "compress: also print the kept token indice
 ABSL_FLAG(std::string, numerics, "",
           "compress: fast | exact; empty leaves it to the server (kvtrimd --numerics). Each "
           "layer prints the mode that computed it (exact where the policy has no fast path)");
+ABSL_FLAG(bool, perturbation, true,
+          "compress: compute the output perturbation statistic when values and queries are "
+          "sent (--noperturbation skips it: about one attention pass per layer less)");
 // --model (a model bundle .safetensors, client/model_bundle.h) is defined in
 // client/cli_profile.cc and shared by register-model, compress and profile.
 ABSL_DECLARE_FLAG(std::string, model);
@@ -143,5 +146,6 @@ int main(int argc, char** argv) {
   compress.show_indices = absl::GetFlag(FLAGS_show_indices);
   compress.model = absl::GetFlag(FLAGS_model);
   compress.numerics = absl::GetFlag(FLAGS_numerics);
+  compress.perturbation = absl::GetFlag(FLAGS_perturbation);
   return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
 }

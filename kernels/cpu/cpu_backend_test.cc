@@ -111,6 +111,18 @@ TEST_F(CpuBackendTest, SharedOutputIsOneListOfTheBudget) {
   EXPECT_EQ(Head(per_head, 3), Head(per_head, 0));
 }
 
+TEST_F(CpuBackendTest, PerturbationOffSkipsTheStatisticOnly) {
+  Layer l(2, 120, 16, 4, 32);
+  CompressionSettings s = Settings("dropkv", 0.3);
+  const LayerDecision with = Run(s, l.request);
+  s.perturbation = false;
+  const LayerDecision without = Run(s, l.request);
+  EXPECT_EQ(with.perturbation.size(), 2u);
+  EXPECT_TRUE(without.perturbation.empty());
+  EXPECT_EQ(with.offsets, without.offsets);
+  EXPECT_EQ(with.indices, without.indices);
+}
+
 TEST_F(CpuBackendTest, IdenticalAcrossThreadCounts) {
   Layer l(4, 333, 16, 16, 32);
   for (const auto& preset : registry_.presets()) {
