@@ -120,7 +120,7 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   out->numerics = Numerics::kExact;  // the CPU computes the canonical arithmetic only
   // Exact output perturbation on the observation window.
   out->perturbation.clear();
-  if (cpu.shape.has_values && cpu.shape.has_queries) {
+  if (cpu.shape.has_values && cpu.shape.has_queries && policy.settings.perturbation) {
     out->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
     OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
   }

@@ -193,7 +193,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
 
   // Inputs read on the device (the CPU scorers read only their required inputs).
   const uint32_t inputs = policy.scorer->required_inputs;
-  plan.perturbation = shape.has_values && shape.has_queries;
+  plan.perturbation = shape.has_values && shape.has_queries && policy.settings.perturbation;
   plan.reads_keys = plan.perturbation || (plan.scorer != ScorerKind::kStreamingLlm &&
                                           plan.scorer != ScorerKind::kRandom);
   plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
