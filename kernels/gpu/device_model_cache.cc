@@ -3,9 +3,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/device_error.h"
+#include "kernels/gpu/fast_model.cuh"
 #include "kernels/gpu/launchers.h"
 
 namespace kvtrim::gpu {
@@ -46,7 +48,22 @@ std::vector<float> LaneMajorModelTensor(const RegisteredModel& model, int32_t la
       ToLaneMajor(gram.data(), rows, d, d, out.data());
       break;
     }
+    case ModelTensor::kWoF16:
+      break;  // not fp32: ModelTensorImage
   }
+  return out;
+}
+
+std::vector<uint8_t> ModelTensorImage(const RegisteredModel& model, int32_t layer,
+                                      ModelTensor tensor) {
+  if (tensor == ModelTensor::kWoF16) {
+    const ModelLayout& m = model.layout;
+    return FastWoImage(model.w_o[static_cast<size_t>(layer)].data(), m.num_query_heads,
+                       m.head_dim, m.hidden_size);
+  }
+  const std::vector<float> floats = LaneMajorModelTensor(model, layer, tensor);
+  std::vector<uint8_t> out(floats.size() * sizeof(float));
+  if (!out.empty()) std::memcpy(out.data(), floats.data(), out.size());
   return out;
 }
 
@@ -100,7 +117,8 @@ absl::StatusOr<std::shared_ptr<const DeviceModelTensor>> DeviceModelCache::Get(
   const ModelLayout& m = model->layout;
   const bool has_layer =
       layer >= 0 && layer < m.num_layers &&
-      static_cast<size_t>(layer) < (tensor == ModelTensor::kWo ? model->w_o.size()
+      static_cast<size_t>(layer) < (tensor == ModelTensor::kWo || tensor == ModelTensor::kWoF16
+                                        ? model->w_o.size()
                                     : tensor == ModelTensor::kHeadGram
                                         ? model->head_gram.size()
                                         : model->group_gram.size());
@@ -126,8 +144,8 @@ absl::StatusOr<std::shared_ptr<const DeviceModelTensor>> DeviceModelCache::Get(
 
   std::lock_guard<std::mutex> loading(load_mutex_);
   if (auto hit = lookup()) return hit;  // another worker loaded it meanwhile
-  const std::vector<float> image = LaneMajorModelTensor(*model, layer, tensor);
-  const size_t bytes = image.size() * sizeof(float);
+  const std::vector<uint8_t> image = ModelTensorImage(*model, layer, tensor);
+  const size_t bytes = image.size();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (limit_bytes_ != 0 && bytes > limit_bytes_) {

@@ -1,5 +1,6 @@
 // Device copies of registered models' per-layer tensors for the model-aware scorers
-// (criticalkv W_O, Gram matrices), uploaded once per (model, layer, tensor) and shared by every
+// (criticalkv W_O in fp32 and, for fast numerics, in f16; Gram matrices), uploaded once per
+// (model, layer, tensor) and shared by every
 // worker of a GpuBackend, keyed by the model object (digest and address). Entries die with
 // their model: an entry whose RegisteredModel is gone
 // (the service deleted it and no request holds it) is dropped at the next lookup, and
@@ -23,11 +24,13 @@
 
 namespace kvtrim::gpu {
 
-/// Which per-layer tensor of a model, in the lane-major device layout of launchers.h.
+/// Which per-layer tensor of a model: the lane-major fp32 layout of launchers.h, or the f16
+/// W_O image of the fast CriticalKV kernel (fast_model.cuh).
 enum class ModelTensor : int {
   kWo,         // [H_q, D, 8E]: row (q, e) = w_o[e, q*d : q*d + d]
   kHeadGram,   // [H_q, d, 8E]
   kGroupGram,  // [H_kv, d, 8E]
+  kWoF16,      // FastWoImage: inv_scale [H_q] fp32, then [H_q, D, DP] f16 scaled rows of w_o
 };
 
 /// One tensor in device memory (cudaFree on destruction, on the device it was made on).
@@ -38,7 +41,10 @@ class DeviceModelTensor {
   ~DeviceModelTensor();
   DeviceModelTensor(const DeviceModelTensor&) = delete;
   DeviceModelTensor& operator=(const DeviceModelTensor&) = delete;
+  /// The fp32 tensors (kWo, kHeadGram, kGroupGram).
   const float* data() const { return data_; }
+  /// Any tensor's bytes (kWoF16 is not fp32).
+  const void* raw() const { return data_; }
   size_t bytes() const { return bytes_; }
 
  private:
@@ -47,9 +53,15 @@ class DeviceModelTensor {
   size_t bytes_;
 };
 
-/// The host-side lane-major image of (model, layer, tensor) (launchers.h ToLaneMajor).
+/// The host-side lane-major image of (model, layer, tensor) (launchers.h ToLaneMajor), for
+/// the fp32 tensors (empty for kWoF16).
 std::vector<float> LaneMajorModelTensor(const RegisteredModel& model, int32_t layer,
                                         ModelTensor tensor);
+
+/// The bytes uploaded for (model, layer, tensor): LaneMajorModelTensor's floats, or the
+/// FastWoImage of the layer's w_o for kWoF16.
+std::vector<uint8_t> ModelTensorImage(const RegisteredModel& model, int32_t layer,
+                                      ModelTensor tensor);
 
 /// Thread-safe cache of device model tensors on one device.
 class DeviceModelCache {

@@ -108,7 +108,7 @@ bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim) {
   if (head_dim > 256) return false;
   const int32_t d = static_cast<int32_t>(head_dim);
   return fast::FastAttentionSupported(kind, dtype, d) ||
-         fast::FastKeyScorerSupported(kind, dtype, d);
+         fast::FastKeyScorerSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
 }
 
 absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
@@ -140,7 +140,9 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   plan.host_decide = plan.scorer == ScorerKind::kCriticalKV || plan.scorer == ScorerKind::kLaProx ||
                      allocator == AllocatorKind::kLukv || output == OutputShape::kBlockAligned ||
                      output == OutputShape::kEqualCount;
-  plan.needs_w_o = plan.scorer == ScorerKind::kCriticalKV && !plan.params.norm_l2;
+  const bool l1 = plan.scorer == ScorerKind::kCriticalKV && !plan.params.norm_l2;
+  plan.needs_w_o = l1 && !plan.params.fast;
+  plan.needs_w_o16 = l1 && plan.params.fast;  // the f16 image of the fast kernel
   plan.needs_head_gram = (plan.scorer == ScorerKind::kCriticalKV && plan.params.norm_l2) ||
                          (plan.scorer == ScorerKind::kLaProx && plan.params.gqa != LaProxGqa::kSummedWo);
   plan.needs_group_gram =
@@ -245,7 +247,14 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
     sizing.ea_mean = sizing.ea_cov = &kPlaceholder;
     sizing.hidden = 1;
     sizing.num_query_heads = plan.model_query_heads;
-    score_scratch = ModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing);
+    if (plan.params.fast) {
+      FastModelInputs fast_sizing;
+      fast_sizing.w_o16 = &kPlaceholder;
+      score_scratch =
+          FastModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing, fast_sizing);
+    } else {
+      score_scratch = ModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing);
+    }
   } else {
     score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
   }
@@ -303,11 +312,17 @@ std::vector<int64_t> MetaInit(const LayerPlan& plan) {
 
 namespace {
 
-/// Enqueues the scorer alone (LaunchScore, or LaunchModelScore with buffers.model): raw scores
+/// Enqueues the scorer alone (LaunchScore, or LaunchModelScore / LaunchFastModelScore with
+/// buffers.model and buffers.fast_model): raw scores
 /// [H_kv, n] in buffers.scores (and CriticalKV's stage-2 scores in buffers.critical).
 absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
                            const PipelineBuffers& b, cudaStream_t stream) {
-  if (plan.model_scorer) {
+  if (plan.model_scorer && plan.params.fast) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchFastModelScore(plan.scorer, layer, plan.params, b.model, b.fast_model, b.scores,
+                             b.critical, b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchFastModelScore(", plan.scorer_name, ")"));
+  } else if (plan.model_scorer) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchModelScore(plan.scorer, layer, plan.params, b.model, b.scores, b.critical,
                          b.scratch, b.scratch_bytes, stream),

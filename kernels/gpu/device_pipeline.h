@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/decide.h"
 #include "kernels/gpu/device_arena.h"
+#include "kernels/gpu/fast_model.cuh"
 #include "kernels/gpu/launchers.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
@@ -54,6 +55,7 @@ struct LayerPlan {
   bool host_decide = false;       // decisions by DecideOnHost (see the file comment)
   bool critical = false;          // criticalkv: a second score array (stage 2)
   bool needs_w_o = false;         // the model tensors the scorer reads
+  bool needs_w_o16 = false;       // criticalkv l1 in fast numerics: ModelTensor::kWoF16
   bool needs_head_gram = false;
   bool needs_group_gram = false;
   bool needs_ea_stats = false;    // expected_attention: per-layer mean / covariance upload
@@ -63,7 +65,8 @@ struct LayerPlan {
   int32_t num_lists() const { return shared ? 1 : num_heads; }
 };
 
-/// True when `kind` has fast-numerics kernels for `dtype` and head dimension `head_dim`.
+/// True when `kind` has fast-numerics kernels for `dtype` and head dimension `head_dim`
+/// (the model-aware scorers: fast_model.cuh FastModelSupported, every norm / gqa parameter).
 bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim);
 
 /// Builds the plan: scorer kind and ScorerParams read from the resolved parameters as the
@@ -124,6 +127,9 @@ struct PipelineBuffers {
   /// Model inputs of LaunchModelScore: ResolveBuffers points ea_mean / ea_cov at the arena;
   /// the caller sets the cached model tensors, hidden, num_query_heads and half_scale2.
   DeviceModelInputs model;
+  /// Model inputs of LaunchFastModelScore besides `model` (plan.params.fast): the caller sets
+  /// w_o16 (ModelTensor::kWoF16) when plan.needs_w_o16.
+  FastModelInputs fast_model;
 };
 
 /// Resolves `regions` against the arena start `base`.
@@ -143,7 +149,8 @@ struct PipelineEvents {
                                        // selection: NaN probe, protection and top-k)
 };
 
-/// Enqueues the scorer (LaunchScore, or LaunchModelScore with buffers.model) and the NaN
+/// Enqueues the scorer (LaunchScore, or LaunchModelScore with buffers.model, or with
+/// plan.params.fast LaunchFastModelScore with buffers.model and buffers.fast_model) and the NaN
 /// probe of buffers.scores (into buffers.first_nan): buffers.scores then holds the raw scores
 /// [H_kv, n] (and buffers.critical CriticalKV's stage-2 scores, not probed: host-decided
 /// layers check both on the host). Errors: CudaStatus() of the first failing launch.

@@ -138,6 +138,7 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
 
   // Model inputs: cached per (model, layer, tensor); Expected Attention's statistics per call.
   DeviceModelInputs model_inputs;
+  FastModelInputs fast_inputs;
   std::vector<std::shared_ptr<const DeviceModelTensor>> held;  // alive until the stream syncs
   std::vector<float> ea_mean, ea_cov;                          // lane-major host images
   if (plan->model_scorer) {
@@ -164,6 +165,9 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
       return absl::OkStatus();
     };
     if (plan->needs_w_o) KVTRIM_RETURN_IF_ERROR(fetch(ModelTensor::kWo, &model_inputs.w_o));
+    const float* w_o16 = nullptr;  // fast numerics: the f16 image (not fp32: read as bytes)
+    if (plan->needs_w_o16) KVTRIM_RETURN_IF_ERROR(fetch(ModelTensor::kWoF16, &w_o16));
+    fast_inputs.w_o16 = w_o16;
     if (plan->needs_head_gram) {
       KVTRIM_RETURN_IF_ERROR(fetch(ModelTensor::kHeadGram, &model_inputs.head_gram));
     }
@@ -219,6 +223,7 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   buffers.model.group_gram = model_inputs.group_gram;
   buffers.model.hidden = model_inputs.hidden;
   buffers.model.half_scale2 = model_inputs.half_scale2;
+  buffers.fast_model = fast_inputs;
 
   // Pinned transfer buffer: [meta upload | offsets | indices | perturbation | first NaN |
   // scores | critical | EA statistics].

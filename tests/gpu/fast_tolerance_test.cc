@@ -29,6 +29,7 @@
 #include "kernels/engine.h"
 #include "kernels/gpu/device_pipeline.h"
 #include "kernels/registry.h"
+#include "tests/gpu/criticalkv_ranking.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
 #include "tests/gpu/test_device.h"
@@ -233,6 +234,21 @@ CaseResult RunCase(const FastCase& c) {
         budget.kept_per_head, c.n);
     if (!SharedGpu().ScoreLayer(*exact_policy, *validated, budget, &s.scores).ok()) {
       s.scores.assign(static_cast<size_t>(kKvHeads * c.n), NAN);
+    }
+    if (exact_policy->scorer->kind == ScorerKind::kCriticalKV) {
+      // CriticalKV selects by its stage-2 ranking: the band lies on it (criticalkv_ranking.h).
+      LayerScores raw;
+      raw.layer_id = kLayerId;
+      raw.num_layers = kNumLayers;
+      raw.num_heads = kKvHeads;
+      raw.num_tokens = c.n;
+      raw.budget = budget;
+      raw.budget.requested =
+          exact_policy->scorer->default_protection(exact_policy->params, budget.kept_per_head);
+      auto ranked = SharedGpu().ScoreLayer(*exact_policy, *validated, budget, &raw).ok()
+                        ? CriticalKVRanking(*exact_policy, raw)
+                        : absl::StatusOr<std::vector<float>>(absl::InternalError("no scores"));
+      if (ranked.ok()) s.scores = *std::move(ranked);
     }
     s.scale = HeadScales(s.scores, kKvHeads, c.n);
     if (exact_policy->params.Has("safeguard_alpha")) {
