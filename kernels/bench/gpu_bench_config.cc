@@ -136,6 +136,7 @@ absl::Status MeasurePlan(const ResolvedPolicy& policy, const LayerPlan& plan,
   buffers.model.head_gram = static_cast<const float*>(model.head_gram.get());
   buffers.model.group_gram = static_cast<const float*>(model.group_gram.get());
   buffers.model.hidden = static_cast<int32_t>(options.hidden);
+  buffers.fast_model.w_o16 = model.w_o16.get();
   buffers.model.half_scale2 = 0.5f / static_cast<float>(kHeadDim);
   if (plan.needs_ea_stats) {  // random statistics in the arena regions
     const int64_t vf = LaneMajorFloats(kHeadDim);

@@ -9,6 +9,7 @@
 #include "kernels/decide.h"
 #include "kernels/expected_attention_stats.h"
 #include "kernels/gpu/device_error.h"
+#include "kernels/gpu/fast_model.cuh"
 #include "kernels/gpu/launchers.h"
 
 namespace kvtrim::gpu::bench {
@@ -70,6 +71,14 @@ absl::Status MakeBenchModel(const Options& o, cudaStream_t stream, BenchModel* m
                                                      static_cast<int64_t>(group_count), 73, 0.05f,
                                                      stream),
                               "fill group_gram");
+  // The 16-bit W_O image the fast CriticalKV kernel reads, built from the same weights.
+  const FastWoLayout fast_layout = MakeFastWoLayout(
+      static_cast<int32_t>(hq), static_cast<int32_t>(kHeadDim), static_cast<int32_t>(o.hidden));
+  KVTRIM_RETURN_IF_ERROR(m->w_o16.Allocate(fast_layout.bytes));
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      LaunchBuildFastWo(static_cast<const float*>(m->w_o.get()), static_cast<int32_t>(hq), static_cast<int32_t>(kHeadDim),
+                        static_cast<int32_t>(o.hidden), m->w_o16.get(), stream),
+      "build the fast w_o image");
   KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "fill model");
   return absl::OkStatus();
 }

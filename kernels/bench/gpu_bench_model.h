@@ -23,6 +23,7 @@ namespace kvtrim::gpu::bench {
 struct BenchModel {
   std::shared_ptr<RegisteredModel> host;
   DeviceBuffer w_o, head_gram, group_gram;
+  DeviceBuffer w_o16;  // the fast CriticalKV image of w_o (LaunchBuildFastWo)
 };
 
 /// Fills `model` (hidden width options.hidden) on `stream` and waits for it.
