@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <iterator>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 #include <string>
@@ -223,31 +224,37 @@ CaseResult RunCase(const FastCase& c) {
     std::set_difference(f.begin(), f.end(), e.begin(), e.end(), std::back_inserter(only_fast));
     result.swapped += static_cast<int64_t>(only_fast.size());
   }
+  auto validated = engine.Validate(*exact_policy, layer, "layer");
+  LayerBudget budget;  // as PolicyEngine::CompressLayer builds it
+  budget.kept_per_head = KeptCount(exact_policy->settings.budget, c.n);
+  budget.requested =
+      exact_policy->scorer->default_protection(exact_policy->params, budget.kept_per_head);
+  budget.protection = ClampProtection(budget.requested, budget.kept_per_head, c.n);
+  // CriticalKV's exact raw scores (attention and stage-2), computed once, when first needed.
+  std::optional<LayerScores> raw;
+  auto critical_raw = [&]() -> const LayerScores* {
+    if (!raw.has_value() && validated.ok()) {
+      LayerScores scores;
+      scores.layer_id = kLayerId;
+      scores.num_layers = kNumLayers;
+      scores.num_heads = kKvHeads;
+      scores.num_tokens = c.n;
+      scores.budget = budget;
+      if (SharedGpu().ScoreLayer(*exact_policy, *validated, budget, &scores).ok()) {
+        raw = std::move(scores);
+      }
+    }
+    return raw.has_value() ? &*raw : nullptr;
+  };
   auto exact_scores = [&]() {
     CpuScores s;
-    auto validated = engine.Validate(*exact_policy, layer, "layer");
     if (!validated.ok()) return s;
-    LayerBudget budget;  // as PolicyEngine::CompressLayer builds it
-    budget.kept_per_head = KeptCount(exact_policy->settings.budget, c.n);
-    budget.protection = ClampProtection(
-        exact_policy->scorer->default_protection(exact_policy->params, budget.kept_per_head),
-        budget.kept_per_head, c.n);
     if (!SharedGpu().ScoreLayer(*exact_policy, *validated, budget, &s.scores).ok()) {
       s.scores.assign(static_cast<size_t>(kKvHeads * c.n), NAN);
     }
-    if (exact_policy->scorer->kind == ScorerKind::kCriticalKV) {
+    if (exact_policy->scorer->kind == ScorerKind::kCriticalKV && critical_raw() != nullptr) {
       // CriticalKV selects by its stage-2 ranking: the band lies on it (criticalkv_ranking.h).
-      LayerScores raw;
-      raw.layer_id = kLayerId;
-      raw.num_layers = kNumLayers;
-      raw.num_heads = kKvHeads;
-      raw.num_tokens = c.n;
-      raw.budget = budget;
-      raw.budget.requested =
-          exact_policy->scorer->default_protection(exact_policy->params, budget.kept_per_head);
-      auto ranked = SharedGpu().ScoreLayer(*exact_policy, *validated, budget, &raw).ok()
-                        ? CriticalKVRanking(*exact_policy, raw)
-                        : absl::StatusOr<std::vector<float>>(absl::InternalError("no scores"));
+      auto ranked = CriticalKVRanking(*exact_policy, *critical_raw());
       if (ranked.ok()) s.scores = *std::move(ranked);
     }
     s.scale = HeadScales(s.scores, kKvHeads, c.n);
@@ -261,6 +268,17 @@ CaseResult RunCase(const FastCase& c) {
   ToleranceBand band;
   band.tau = TauFor(*exact_policy, c.dtype);
   band.movable_counts = MovableCounts(*exact_policy);
+  if (exact_policy->scorer->kind == ScorerKind::kCriticalKV) {
+    // ... or near the stage-1 boundary on the attention scores (a change of stage).
+    std::function<bool(int64_t, int32_t)> stage1;
+    band.also_near = [&, stage1](int64_t h, int32_t j) mutable {
+      if (!stage1 && critical_raw() != nullptr) {
+        auto built = CriticalKVStage1Band(*exact_policy, *critical_raw(), band.tau);
+        if (built.ok()) stage1 = *std::move(built);
+      }
+      return stage1 && stage1(h, j);
+    };
+  }
   const Outcome outcome =
       CompareDecisions(c.Spec(), *exact_policy, *exact, *fast, exact_scores, false, band);
   result.failure = outcome.failure;

@@ -17,6 +17,7 @@ namespace {
 struct Band {
   double eps = 0;
   double tau = 0;
+  std::function<bool(int64_t, int32_t)> also_near;  // a second boundary (ToleranceBand)
   bool Near(double s, double b, double scale) const {
     return std::isfinite(s) && std::isfinite(b) &&
            std::fabs(s - b) <= 4.0 * eps * std::fabs(b) + tau * (std::fabs(b) + scale);
@@ -110,7 +111,8 @@ std::string CheckTolerance(const CaseSpec& c, bool adakv, bool shared, const Lay
         s_j = score(0, j);
         for (int64_t h = 0; h < heads && !ok; ++h) {
           for (int64_t r : {last_rank, std::max<int64_t>(0, last_rank - 1)}) {
-            ok = ok || band.Near(score(h, j), score(h, rankings[h][r]), scale(h));
+            ok = ok || band.Near(score(h, j), score(h, rankings[h][r]), scale(h)) ||
+                 (band.also_near && band.also_near(h, j));
           }
         }
         boundary = absl::StrCat("round-robin boundary (rank ", last_rank, ") of any head");
@@ -119,7 +121,8 @@ std::string CheckTolerance(const CaseSpec& c, bool adakv, bool shared, const Lay
         s_j = score(h, j);
         double b = std::numeric_limits<double>::infinity();
         for (int32_t t : cl) b = std::min(b, score(h, t));
-        ok = band.Near(s_j, b, scale(h)) || (adakv && band.Near(s_j, pool_threshold, scale(h)));
+        ok = band.Near(s_j, b, scale(h)) || (adakv && band.Near(s_j, pool_threshold, scale(h))) ||
+             (band.also_near && band.also_near(h, j));
         boundary = absl::StrCat("boundary ", b,
                                 adakv ? absl::StrCat(" or pool threshold ", pool_threshold) : "");
       }
@@ -202,6 +205,7 @@ Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
     Band rule;
     if (band.tau > 0) {
       rule.tau = band.tau;
+      rule.also_near = band.also_near;
     } else {
       rule.eps = DTypeEpsilon(c.dtype);
     }

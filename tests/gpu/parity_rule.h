@@ -60,6 +60,9 @@ struct CpuScores {
 struct ToleranceBand {
   double tau = 0;              // |s - b| <= tau * (|b| + scale_h)
   bool movable_counts = false; // counts may move between heads (layer / model-wide top-K)
+  /// A second boundary a token may lie near instead (a decision made in two stages, e.g.
+  /// CriticalKV's stage 1 on attention): true when token j of head h is inside it.
+  std::function<bool(int64_t head, int32_t token)> also_near;
 };
 
 /// Largest finite |score| of each head of scores [H, n]: the band's scale.
