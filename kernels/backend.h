@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/decide.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
@@ -31,6 +32,33 @@ class Backend {
     (void)policy, (void)layer, (void)budget, (void)out;
     return absl::UnimplementedError(std::string(name()) +
                                     " backend: scoring without selection is not implemented");
+  }
+  /// Scores one layer of a model-wide policy for a later DecideModelWide on this backend (the
+  /// caller keeps every layer's LayerScores until the last): as ScoreLayer, but the backend
+  /// may keep the scores in its own memory instead (out->resident set, out->scores and
+  /// out->critical empty). The default is ScoreLayer.
+  virtual absl::Status ScoreLayerForModelWide(const ResolvedPolicy& policy,
+                                              const ValidatedLayer& layer,
+                                              const LayerBudget& budget, LayerScores* out) {
+    return ScoreLayer(policy, layer, budget, out);
+  }
+  /// Decides a LaProx policy over `layers` (scored by this backend's ScoreLayerForModelWide or
+  /// ScoreLayer), in the order given: ties across layers go to the earlier one. The answer is
+  /// DecideLaProx's, one decision per layer in the same order, each with its layer's numerics
+  /// and no perturbation. The default runs DecideLaProx on the host (FAILED_PRECONDITION for
+  /// scores another backend kept); errors are DecideLaProx's and the backend's own.
+  virtual absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(
+      const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) {
+    for (const LayerScores& layer : layers) {
+      if (layer.resident != nullptr) {
+        return absl::FailedPreconditionError(
+            std::string(name()) + " backend: layer scores are held by another backend");
+      }
+    }
+    absl::StatusOr<std::vector<LayerDecision>> decisions = DecideLaProx(policy, layers);
+    if (!decisions.ok()) return decisions.status();
+    for (size_t i = 0; i < decisions->size(); ++i) (*decisions)[i].numerics = layers[i].numerics;
+    return decisions;
   }
   /// The numerics modes this backend computes `scorer` + `allocator` in (ListPolicies).
   /// kExact is always among them. A request for kFast on a policy whose list lacks it is

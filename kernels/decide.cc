@@ -185,15 +185,37 @@ absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& policy,
-                                                        const std::vector<LayerScores>& layers) {
-  const std::string& mode = policy.params.Text("mode");
-  const bool equal = policy.settings.output_shape == OutputShape::kEqualCount;
-  if (policy.settings.output_shape != OutputShape::kPerHead && !equal) {
+absl::StatusOr<LaProxPlan> PlanLaProx(const ResolvedPolicy& policy) {
+  const OutputShape shape = policy.settings.output_shape;
+  const bool equal = shape == OutputShape::kEqualCount;
+  if (shape != OutputShape::kPerHead && !equal) {
     return absl::InvalidArgumentError(
         "settings.output_shape: laprox answers PER_HEAD (ragged) or EQUAL_COUNT lists; "
         "SHARED and BLOCK_ALIGNED are not defined for it");
   }
+  const std::string& mode = policy.params.Text("mode");
+  LaProxPlan plan;
+  if (equal || mode == "local") {
+    plan.scope = LaProxScope::kHead;
+  } else if (mode == "layer") {
+    plan.scope = LaProxScope::kLayer;
+  } else {  // model, model_raw
+    plan.scope = LaProxScope::kModel;
+  }
+  plan.normalize = mode == "model" && !equal;
+  return plan;
+}
+
+void NormalizeLaProxLayer(float* values, int64_t count) {
+  std::vector<float> chunks(static_cast<size_t>(count / kCanonicalChunk + 1));
+  const float z = CmChunkedSum(values, count, chunks.data());
+  for (int64_t i = 0; i < count; ++i) values[i] = z > 0.0f ? CmDiv(values[i], z) : 0.0f;
+}
+
+absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& policy,
+                                                        const std::vector<LayerScores>& layers) {
+  absl::StatusOr<LaProxPlan> plan = PlanLaProx(policy);
+  if (!plan.ok()) return plan.status();
   // Candidate entries: unprotected (layer, head, token) triples; their normalised scores.
   struct Span {
     size_t begin = 0;  // first candidate of the layer in `values`
@@ -201,7 +223,6 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
   };
   std::vector<Span> spans(layers.size());
   std::vector<float> values;
-  std::vector<float> chunks;
   size_t candidates = 0;
   for (const LayerScores& layer : layers) candidates += layer.scores.size();
   values.reserve(candidates);
@@ -214,14 +235,9 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
     for (int64_t h = 0; h < layer.num_heads; ++h) {
       for (int64_t j = p.sink; j < n - p.recent; ++j) values.push_back(layer.scores[h * n + j]);
     }
-    if (mode == "model" && !equal) {
-      const size_t count = values.size() - spans[l].begin;
-      chunks.resize(count / kCanonicalChunk + 1);
-      const float z = CmChunkedSum(values.data() + spans[l].begin, static_cast<int64_t>(count),
-                                   chunks.data());
-      for (size_t i = spans[l].begin; i < values.size(); ++i) {
-        values[i] = z > 0.0f ? CmDiv(values[i], z) : 0.0f;
-      }
+    if (plan->normalize) {
+      NormalizeLaProxLayer(values.data() + spans[l].begin,
+                           static_cast<int64_t>(values.size() - spans[l].begin));
     }
   }
   // Which candidates are kept: a top-K of (value desc, position asc) over a range.
@@ -242,7 +258,7 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
       }
     }
   };
-  if (equal || mode == "local") {
+  if (plan->scope == LaProxScope::kHead) {
     for (size_t l = 0; l < layers.size(); ++l) {
       const LayerScores& layer = layers[l];
       const int64_t per_head = layer.num_heads ? spans[l].budget / layer.num_heads : 0;
@@ -255,7 +271,7 @@ absl::StatusOr<std::vector<LayerDecision>> DecideLaProx(const ResolvedPolicy& po
         select_range(begin, begin + width, per_head);
       }
     }
-  } else if (mode == "layer") {
+  } else if (plan->scope == LaProxScope::kLayer) {
     for (size_t l = 0; l < layers.size(); ++l) {
       const size_t end = l + 1 < layers.size() ? spans[l + 1].begin : values.size();
       select_range(spans[l].begin, end, spans[l].budget);

@@ -4,14 +4,27 @@
 // reproduces it exactly on the device.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
 
 namespace kvtrim {
+
+/// Scores a backend keeps in its own memory (a GPU buffer) between
+/// Backend::ScoreLayerForModelWide and Backend::DecideModelWide. Opaque to everyone but the
+/// backend that made it; the memory is released with the last reference.
+class ResidentScores {
+ public:
+  virtual ~ResidentScores() = default;
+  /// Bytes the scores occupy in the backend's memory.
+  virtual size_t bytes() const = 0;
+};
 
 /// The scores of one layer before any selection.
 struct LayerScores {
@@ -21,6 +34,9 @@ struct LayerScores {
   int64_t num_tokens = 0;         // n
   std::vector<float> scores;      // [H_kv, n] raw scorer output (no protection applied)
   std::vector<float> critical;    // [H_kv, n] CriticalKV stage-2 scores, else empty
+  /// Set instead of `scores` when the backend keeps the scores itself (ScoreLayerForModelWide);
+  /// only that backend's DecideModelWide reads them.
+  std::shared_ptr<const ResidentScores> resident;
   LayerBudget budget;             // uniform k and its clamped protection
   Numerics numerics = Numerics::kExact;  // the mode that computed the scores
 };
@@ -37,6 +53,30 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
 /// Model-wide LaProx modes are decided by DecideLaProx instead.
 absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
                          LayerDecision* out);
+
+/// What one LaProx top-K ranges over (laprox.md §2.3).
+enum class LaProxScope {
+  kHead,   // mode local, and every EQUAL_COUNT mode: top-(k - protected) in each head
+  kLayer,  // mode layer: the heads of a layer together, H_kv * (k - protected)
+  kModel,  // modes model and model_raw: every layer and head at once
+};
+
+/// How DecideLaProx selects, from params "mode" and the output shape.
+struct LaProxPlan {
+  LaProxScope scope = LaProxScope::kModel;
+  /// Mode model (not EQUAL_COUNT): each layer's candidates are divided by their canonical sum
+  /// (NormalizeLaProxLayer) before the top-K.
+  bool normalize = false;
+};
+
+/// The plan of `policy` (a laprox policy). INVALID_ARGUMENT for SHARED and BLOCK_ALIGNED
+/// outputs, which LaProx does not define.
+absl::StatusOr<LaProxPlan> PlanLaProx(const ResolvedPolicy& policy);
+
+/// LaProx mode model's layer normalisation (laprox.md §2.2), in place over the `count`
+/// candidate scores of one layer in (head, token) order (protected tokens left out):
+/// z = CmChunkedSum of the values, then v = CmDiv(v, z), or 0 when z is not positive.
+void NormalizeLaProxLayer(float* values, int64_t count);
 
 /// LaProx selection (laprox.md §2.2-2.3) over `layers` (scores = p, window/protected tokens
 /// excluded), by params "mode": local, layer, model_raw, model. Ties: (layer order as given,

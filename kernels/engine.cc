@@ -337,12 +337,18 @@ absl::StatusOr<LayerScores> PolicyEngine::ScoreValidated(const ResolvedPolicy& p
   scores.num_tokens = validated.shape.num_tokens;
   scores.budget = BudgetFor(policy, scores.num_tokens);
   const auto start = std::chrono::steady_clock::now();
-  if (auto st = backend_.ScoreLayer(policy, validated, scores.budget, &scores); !st.ok()) {
+  if (auto st = backend_.ScoreLayerForModelWide(policy, validated, scores.budget, &scores);
+      !st.ok()) {
     return QualifyBackendError(st, field);
   }
   *compute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return scores;
+}
+
+absl::StatusOr<std::vector<LayerDecision>> PolicyEngine::DecideModelWide(
+    const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) const {
+  return backend_.DecideModelWide(policy, layers);
 }
 
 absl::StatusOr<LayerDecision> PolicyEngine::CompressLayer(const ResolvedPolicy& policy,

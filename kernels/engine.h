@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -45,8 +46,9 @@ class PolicyEngine {
                                               const std::string& field_prefix) const;
 
   /// Validates one layer and scores it without selecting (model-wide policies: the caller
-  /// buffers the scores of every layer and decides with DecideLaProx). Same errors as
-  /// CompressLayer. `compute_seconds` receives the scoring time.
+  /// buffers the scores of every layer and decides with DecideModelWide). The backend may keep
+  /// the scores in its own memory (Backend::ScoreLayerForModelWide: LayerScores::resident).
+  /// Same errors as CompressLayer. `compute_seconds` receives the scoring time.
   absl::StatusOr<LayerScores> ScoreLayer(const ResolvedPolicy& policy, const LayerRequest& layer,
                                          const std::string& field_prefix,
                                          double* compute_seconds) const;
@@ -61,6 +63,11 @@ class PolicyEngine {
                                              const ValidatedLayer& layer,
                                              const std::string& field_prefix,
                                              double* compute_seconds) const;
+  /// Decides a model-wide policy over the layers ScoreLayer / ScoreValidated returned, in
+  /// the order given (ties across layers go to the earlier one), on the backend that scored
+  /// them (Backend::DecideModelWide): one decision per layer, no perturbation.
+  absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(
+      const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) const;
 
   /// Validation alone (used by CompressLayer and by tests).
   absl::StatusOr<ValidatedLayer> Validate(const ResolvedPolicy& policy, const LayerRequest& layer,

@@ -204,18 +204,22 @@ absl::StatusOr<std::vector<LayerDecision>> KvtrimService::DecideModelWide(
     const ResolvedPolicy& policy, ModelWideScores* buffered) {
   if (buffered->layers.empty()) return std::vector<LayerDecision>{};
   const auto start = Clock::now();
-  auto decisions = DecideLaProx(policy, buffered->layers);
+  // The backend that scored the layers decides (on the GPU: scores that never left it).
+  auto decisions = engine_.DecideModelWide(policy, buffered->layers);
   const double select = SecondsSince(start);
+  // The buffered scores (device memory on the GPU backend) are released either way.
+  buffered->layers.clear();
+  if (!decisions.ok()) {
+    buffered->compute_seconds.clear();
+    return ComputeFailed(decisions.status(), 0, start);
+  }
   metrics_.ObserveStage(Stage::kCompute, select);
-  if (!decisions.ok()) return decisions.status();
-  // Each layer reports its own scoring time plus an equal share of the global selection,
-  // and the numerics mode that computed its scores.
+  // Each layer reports its own scoring time plus an equal share of the global selection;
+  // the backend set the numerics mode that computed its scores.
   const double share = select / static_cast<double>(decisions->size());
   for (size_t i = 0; i < decisions->size(); ++i) {
     (*decisions)[i].compute_seconds = buffered->compute_seconds[i] + share;
-    (*decisions)[i].numerics = buffered->layers[i].numerics;
   }
-  buffered->layers.clear();
   buffered->compute_seconds.clear();
   return decisions;
 }

@@ -167,7 +167,8 @@ class KvtrimService final : public v1::Kvtrim::Service {
   absl::StatusOr<LayerDecision> ComputeLayer(const ResolvedPolicy& policy,
                                              const LayerRequest& layer, const std::string& field);
 
-  /// Scores of a model-wide policy buffered between layers (scores only, never K/V).
+  /// Scores of a model-wide policy buffered between layers (scores only, never K/V; on the
+  /// GPU backend they stay in device memory, LayerScores::resident, freed with the entries).
   struct ModelWideScores {
     std::vector<LayerScores> layers;
     std::vector<double> compute_seconds;  // scoring time of each buffered layer
@@ -175,7 +176,9 @@ class KvtrimService final : public v1::Kvtrim::Service {
   /// Validates and scores one layer of a model-wide policy into `buffered`.
   absl::Status ScoreForModelWide(const ResolvedPolicy& policy, const LayerRequest& layer,
                                  const std::string& field, ModelWideScores* buffered);
-  /// Decides every buffered layer at once (DecideLaProx) and empties the buffer.
+  /// Decides every buffered layer at once on the backend that scored them
+  /// (PolicyEngine::DecideModelWide) and empties the buffer, also on failure (INTERNAL goes
+  /// to the backend-failure hook).
   absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(const ResolvedPolicy& policy,
                                                              ModelWideScores* buffered);
 

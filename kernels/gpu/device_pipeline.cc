@@ -202,6 +202,9 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   plan.reads_queries = shape.has_queries && (plan.perturbation || (inputs & kInputQueries));
   // Host-decided lists are uploaded for the perturbation: room for any decision's indices.
   if (plan.host_decide && plan.perturbation) plan.total_indices = heads * n;
+  plan.output_shape = output;
+  // Host-decided layers are decided on the device when their counts are known here.
+  if (plan.host_decide) PlanDeviceDecision(policy, shape, layer_id, num_layers, budget, &plan);
   return plan;
 }
 
@@ -467,8 +470,11 @@ absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults
   const int64_t n = plan.num_tokens;
   KVTRIM_RETURN_IF_ERROR(NaNStatus(plan, results.first_nan));
   const std::vector<int64_t>& offsets = results.offsets;
+  // A block-aligned list ends early when its last block is partial.
   bool consistent = offsets.size() == static_cast<size_t>(plan.num_lists()) + 1 &&
-                    offsets.front() == 0 && offsets.back() == plan.total_indices;
+                    offsets.front() == 0 &&
+                    (plan.block ? offsets.back() <= plan.total_indices
+                                : offsets.back() == plan.total_indices);
   for (size_t i = 1; consistent && i < offsets.size(); ++i) {
     consistent = offsets[i] >= offsets[i - 1] && offsets[i] - offsets[i - 1] <= n;
   }
@@ -479,12 +485,13 @@ absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults
   }
   out->layer_id = layer_id;
   out->num_tokens = n;
-  out->output_shape = plan.shared ? OutputShape::kShared : OutputShape::kPerHead;
+  out->output_shape = plan.output_shape;
   out->offsets = offsets;
   out->indices = std::move(results.indices);
+  out->indices.resize(static_cast<size_t>(offsets.back()));
   out->kept_per_head.assign(static_cast<size_t>(heads), 0);
   for (int64_t h = 0; h < heads; ++h) {
-    const size_t list = plan.shared ? 0 : static_cast<size_t>(h);
+    const size_t list = plan.num_lists() == 1 ? 0 : static_cast<size_t>(h);
     out->kept_per_head[static_cast<size_t>(h)] =
         static_cast<int32_t>(offsets[list + 1] - offsets[list]);
   }

@@ -3,9 +3,11 @@
 // (per-head top-k or shared) -> perturbation. Mirrors CpuBackend::CompressLayer. Per-head
 // lists with host counts (uniform, pyramid) run the NaN probe, protection and top-k as one
 // launch (LaunchProtectSelectTopK).
-// Decisions the device selection does not make (CriticalKV's two stages, LaProx, LU-KV budgets,
-// block-aligned and equal-count outputs) are "host-decided": the raw scores come back and
-// DecideOnHost runs kernels/decide.h, the very code of the CPU backend.
+// Decisions EnqueueLayer does not make (CriticalKV's two stages, LaProx, LU-KV budgets,
+// block-aligned and equal-count outputs: LayerPlan::host_decide) are made on the device by
+// EnqueueDecision (device_decision.h), which reproduces kernels/decide.h exactly; DecideOnHost
+// (the raw scores copied back, kernels/decide.h on the host) remains for the layers it cannot
+// plan (DecisionKind::kNone).
 #pragma once
 
 #include <cstddef>
@@ -19,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/decide.h"
 #include "kernels/gpu/device_arena.h"
+#include "kernels/gpu/device_decision.h"
 #include "kernels/gpu/fast_model.cuh"
 #include "kernels/gpu/launchers.h"
 #include "kernels/layer.h"
@@ -52,7 +55,8 @@ struct LayerPlan {
   bool reads_queries = false;     // the scorer or the statistic reads Q
   // Model-aware scorers (LaunchModelScore) and host-decided layers.
   bool model_scorer = false;      // criticalkv, laprox, expected_attention
-  bool host_decide = false;       // decisions by DecideOnHost (see the file comment)
+  bool host_decide = false;       // not decided by EnqueueLayer: EnqueueDecision decides it on
+                                  // the device (decision.kind set), else DecideOnHost
   bool critical = false;          // criticalkv: a second score array (stage 2)
   bool needs_w_o = false;         // the model tensors the scorer reads
   bool needs_w_o16 = false;       // criticalkv l1 in fast numerics: ModelTensor::kWoF16
@@ -61,8 +65,13 @@ struct LayerPlan {
   bool needs_ea_stats = false;    // expected_attention: per-layer mean / covariance upload
   int32_t model_query_heads = 0;  // the model's H_q (EA statistics regions)
 
-  /// Lists the selection writes: H_kv per head, 1 shared.
-  int32_t num_lists() const { return shared ? 1 : num_heads; }
+  // Device decisions of host_decide layers (device_decision.h).
+  OutputShape output_shape = OutputShape::kPerHead;  // the shape of the answer
+  bool block = false;             // one BLOCK_ALIGNED list of at most total_indices tokens
+  DecisionPlan decision;          // kind kNone unless EnqueueDecision decides the layer
+
+  /// Lists the selection writes: H_kv per head, 1 shared or block-aligned.
+  int32_t num_lists() const { return shared || block ? 1 : num_heads; }
 };
 
 /// True when `kind` has fast-numerics kernels for `dtype` and head dimension `head_dim`
@@ -74,8 +83,9 @@ bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim);
 /// anchor; pooling max/avg), counts from the allocator (uniform; pyramid through
 /// PyramidLayerBudget on the host; adakv on the device), the output shape and whether the
 /// perturbation statistic runs. Host-decided layers (criticalkv, laprox, allocator lukv,
-/// outputs block_aligned / equal_count) plan no counts; their indices region holds H_kv * n
-/// for the perturbation upload. model_query_heads comes from policy.model (else the layer's
+/// outputs block_aligned / equal_count) get a device decision (PlanDeviceDecision: its counts
+/// and indices); one it cannot plan keeps no counts and an indices region of H_kv * n for the
+/// perturbation upload. model_query_heads comes from policy.model (else the layer's
 /// H_q). Errors: UNIMPLEMENTED for a scorer or allocator without a GPU path; INVALID_ARGUMENT
 /// for parameter values the CPU scorers reject too.
 absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
@@ -188,16 +198,18 @@ absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan);
 absl::Status HostNaNStatus(const LayerPlan& plan, const std::vector<float>& scores,
                            const std::vector<float>& critical);
 
-/// Host-decided layers: checks the downloaded raw scores (HostNaNStatus) and decides with
-/// DecideLaProx (laprox, this layer alone) or DecideLayer, exactly as CpuBackend::CompressLayer;
-/// fills every LayerDecision field but perturbation and compute_seconds.
+/// Host-decided layers without a device decision (and benchmarks timing the host path): checks
+/// the downloaded raw scores (HostNaNStatus) and decides with DecideLaProx (laprox, this layer
+/// alone) or DecideLayer, exactly as CpuBackend::CompressLayer; fills every LayerDecision field
+/// but perturbation and compute_seconds.
 absl::Status DecideOnHost(const ResolvedPolicy& policy, const LayerPlan& plan, int32_t layer_id,
                           int32_t num_layers, const LayerBudget& budget, std::vector<float> scores,
                           std::vector<float> critical, LayerDecision* out);
 
 /// Checks `results` (NaN -> INVALID_ARGUMENT worded like the CPU backend; inconsistent
 /// offsets -> INTERNAL) and fills `out` like CpuBackend::CompressLayer (all fields but
-/// compute_seconds).
+/// compute_seconds). A block-aligned list may be shorter than total_indices (a partial last
+/// block); its indices are cut to its length.
 absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,
                             LayerDecision* out);
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/gpu/device_decision.h"
 #include "kernels/gpu/device_error.h"
 #include "kernels/gpu/device_input_stage.h"
 #include "kernels/gpu/device_nan_probe.h"
@@ -41,6 +42,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
   const size_t cache_bytes =
       options.model_cache_bytes != 0 ? options.model_cache_bytes : options.arena_limit_bytes;
   backend->model_cache_ = std::make_unique<DeviceModelCache>(options.device, cache_bytes);
+  const size_t score_bytes = options.score_buffer_bytes != 0
+                                 ? options.score_buffer_bytes
+                                 : options.arena_limit_bytes * static_cast<size_t>(options.workers);
+  auto store = DeviceScoreStore::Create(options.device, score_bytes);
+  if (!store.ok()) return store.status();
+  backend->score_store_ = *std::move(store);
   return backend;
 }
 
@@ -91,6 +98,71 @@ absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const Validate
   return Run(policy, layer, budget, outputs);
 }
 
+absl::Status GpuBackend::ScoreLayerForModelWide(const ResolvedPolicy& policy,
+                                                const ValidatedLayer& layer,
+                                                const LayerBudget& budget, LayerScores* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim || policy.scorer->kind != ScorerKind::kLaProx) {
+    return ScoreLayer(policy, layer, budget, out);
+  }
+  absl::StatusOr<LaProxPlan> laprox = PlanLaProx(policy);
+  if (!laprox.ok()) return ScoreLayer(policy, layer, budget, out);  // the decision reports it
+  Outputs outputs;
+  outputs.resident = out;
+  outputs.normalize = laprox->normalize;
+  return Run(policy, layer, budget, outputs);
+}
+
+absl::StatusOr<std::vector<LayerDecision>> GpuBackend::DecideModelWide(
+    const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) {
+  if (layers.empty()) return std::vector<LayerDecision>();
+  std::vector<LayerDecision> decisions;
+  KVTRIM_RETURN_IF_ERROR(OnWorker([&](WorkerContext& context) {
+    return DecideModelWideOnDevice(context, *score_store_, policy, layers, &decisions);
+  }));
+  return decisions;
+}
+
+absl::Status GpuBackend::KeepScoresOnDevice(const ResolvedPolicy& policy, LayerScores* layer) {
+  absl::StatusOr<LaProxPlan> laprox = PlanLaProx(policy);
+  if (!laprox.ok()) return laprox.status();
+  const Protection& p = layer->budget.protection;
+  const int64_t heads = layer->num_heads;
+  const int64_t n = layer->num_tokens;
+  const int64_t width = n - p.sink - p.recent;
+  if (heads < 0 || heads > 65535 || width < 0 ||
+      layer->scores.size() != static_cast<size_t>(heads * n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scores: ", layer->scores.size(), " values do not make a layer of H_kv=", heads,
+        ", n=", n, " with sink=", p.sink, ", recent=", p.recent));
+  }
+  std::vector<float> candidates(static_cast<size_t>(heads * width));
+  for (int64_t h = 0; h < heads; ++h) {
+    std::copy_n(layer->scores.begin() + h * n + p.sink, width, candidates.begin() + h * width);
+  }
+  absl::StatusOr<std::shared_ptr<DeviceScoreBuffer>> buffer;
+  KVTRIM_RETURN_IF_ERROR(OnWorker([&](WorkerContext& context) -> absl::Status {
+    buffer = score_store_->Allocate(candidates.size(), context.stream());
+    if (!buffer.ok()) return buffer.status();
+    if (candidates.empty()) return absl::OkStatus();
+    KVTRIM_RETURN_IF_ERROR(
+        context.Upload((*buffer)->data(), candidates.data(), candidates.size() * sizeof(float)));
+    if (laprox->normalize) {
+      const size_t scratch = NormalizeCandidatesScratchBytes(heads * width);
+      KVTRIM_RETURN_IF_ERROR(context.arena().Reserve(scratch));
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          LaunchNormalizeCandidates((*buffer)->data(), static_cast<int32_t>(heads), width, width,
+                                    context.arena().data(), scratch, context.stream()),
+          "LaunchNormalizeCandidates");
+    }
+    return context.Synchronize();
+  }));
+  (*buffer)->set_layout(ScoreBufferLayout{heads, n, p.sink, p.recent, laprox->normalize});
+  layer->resident = *std::move(buffer);
+  layer->scores.clear();
+  layer->critical.clear();
+  return absl::OkStatus();
+}
+
 absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, std::vector<float>* scores) {
   Outputs outputs;
@@ -98,15 +170,28 @@ absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const Validate
   return Run(policy, layer, budget, outputs);
 }
 
+absl::Status GpuBackend::CheckHealthy() const {
+  if (healthy()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "the GPU backend is out of service after a sticky CUDA error (", failure(),
+      "); kvtrimd must be restarted"));
+}
+
 absl::Status GpuBackend::Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, const Outputs& outputs) {
-  if (!healthy()) {
-    return absl::InternalError(absl::StrCat(
-        "the GPU backend is out of service after a sticky CUDA error (", failure(),
-        "); kvtrimd must be restarted"));
-  }
+  return OnWorker([&](WorkerContext& context) {
+    return RunLayer(context, policy, layer, budget, outputs);
+  });
+}
+
+absl::Status GpuBackend::OnWorker(const std::function<absl::Status(WorkerContext&)>& work) {
+  KVTRIM_RETURN_IF_ERROR(CheckHealthy());
   DevicePool::Lease lease = pool_->Acquire();
-  absl::Status status = RunLayer(*lease, policy, layer, budget, outputs);
+  absl::Status status = [&]() -> absl::Status {
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
+    cudaGetLastError();  // a stale non-sticky error of this thread is not ours
+    return work(*lease);
+  }();
   if (!status.ok()) HandleFailure(*lease, status);
   return status;
 }
@@ -125,8 +210,6 @@ std::vector<T> FromPinned(const char* src, size_t count) {
 absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                                   const ValidatedLayer& layer, const LayerBudget& budget,
                                   const Outputs& outputs) {
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
-  cudaGetLastError();  // a stale non-sticky error of this thread is not ours
   const LayerShape& shape = layer.shape;
   const DType dtype = layer.keys.dtype;
   absl::StatusOr<LayerPlan> plan =
@@ -134,6 +217,9 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   if (!plan.ok()) return plan.status();
   const bool decide = outputs.decision != nullptr;
   if (!decide) PlanScoresOnly(policy, shape, &*plan);
+  // host_decide layers with a device decision: EnqueueDecision (nothing but the lists back).
+  const bool device_decision = decide && plan->decision.kind != DecisionKind::kNone;
+  const bool resident = outputs.resident != nullptr;
   cudaStream_t stream = context.stream();
 
   // Model inputs: cached per (model, layer, tensor); Expected Attention's statistics per call.
@@ -212,6 +298,15 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
       inputs.DevicePointer(0, nullptr), inputs.DevicePointer(1, nullptr),
       inputs.DevicePointer(2, nullptr));
   const PipelineRegions regions = AddPipelineRegions(*plan, sizing, &layout);
+  const DecisionRegions decision_regions =
+      device_decision ? AddDecisionRegions(*plan, &layout) : DecisionRegions{};
+  // Resident LaProx candidates [H_kv, width]: the normalisation's scratch.
+  const int64_t width =
+      shape.num_tokens - plan->protection.sink - plan->protection.recent;
+  const size_t normalize_bytes =
+      resident && outputs.normalize ? NormalizeCandidatesScratchBytes(shape.num_kv_heads * width)
+                                    : 0;
+  const size_t normalize_at = layout.Add(normalize_bytes);
   KVTRIM_RETURN_IF_ERROR(context.arena().Reserve(layout.total()));
   char* base = static_cast<char*>(context.arena().data());
   const DeviceLayer device_layer = MakeDeviceLayer(
@@ -223,16 +318,19 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   buffers.model.group_gram = model_inputs.group_gram;
   buffers.model.hidden = model_inputs.hidden;
   buffers.model.half_scale2 = model_inputs.half_scale2;
+  const DecisionBuffers decision_buffers =
+      device_decision ? ResolveDecisionBuffers(*plan, decision_regions, base) : DecisionBuffers{};
   buffers.fast_model = fast_inputs;
 
   // Pinned transfer buffer: [meta upload | offsets | indices | perturbation | first NaN |
-  // scores | critical | EA statistics].
+  // scores | critical | EA statistics | decision upload | critical first NaN].
   const std::vector<int64_t> meta = MetaInit(*plan);
   const size_t lists = static_cast<size_t>(plan->num_lists());
   const size_t heads = static_cast<size_t>(shape.num_kv_heads);
   const size_t n = static_cast<size_t>(shape.num_tokens);
   const size_t total = static_cast<size_t>(plan->total_indices);
-  const bool download_scores = !decide || plan->host_decide;
+  const bool download_scores =
+      (!decide && !resident) || (decide && plan->host_decide && !device_decision);
   ArenaLayout host;
   const size_t meta_at = host.Add(meta.size() * sizeof(int64_t));
   const size_t offsets_at = host.Add((std::max(lists, heads) + 1) * sizeof(int64_t));
@@ -244,8 +342,16 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
       host.Add(download_scores && plan->critical ? heads * n * sizeof(float) : 0);
   const size_t ea_mean_at = host.Add(ea_mean.size() * sizeof(float));
   const size_t ea_cov_at = host.Add(ea_cov.size() * sizeof(float));
+  const size_t decision_at = host.Add(decision_regions.upload_bytes);
+  const size_t critical_nan_at = host.Add(sizeof(unsigned long long));
   KVTRIM_RETURN_IF_ERROR(context.transfer().Reserve(host.total()));
   char* pinned = context.transfer().data();
+  // Queues the copy of the first-NaN slot into pinned + nan_at (read after a Synchronize).
+  auto fetch_first_nan = [&]() {
+    return CudaStatus(cudaMemcpyAsync(pinned + nan_at, buffers.first_nan,
+                                      sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+                      "cudaMemcpyAsync(first_nan)");
+  };
 
   // Inputs: host K/V/Q through the staging chunks, device ones in place or gathered (and
   // probed for NaN / Inf); the meta region and the EA statistics from the transfer buffer.
@@ -268,8 +374,42 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
         "cudaMemcpyAsync(ea_cov)");
   }
 
+  if (resident) {
+    // ScoreLayerForModelWide: the candidates move into a buffer of their own and stay there.
+    const int64_t heads_kv = shape.num_kv_heads;
+    auto buffer = score_store_->Allocate(static_cast<size_t>(heads_kv * width), stream);
+    if (!buffer.ok()) return buffer.status();
+    KVTRIM_RETURN_IF_ERROR(EnqueueRawScores(*plan, device_layer, buffers, stream));
+    if (width > 0) {
+      const size_t row = static_cast<size_t>(width) * sizeof(float);
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy2DAsync((*buffer)->data(), row, buffers.scores + plan->protection.sink,
+                            n * sizeof(float), row, heads, cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpy2DAsync(candidates)");
+      if (outputs.normalize) {
+        KVTRIM_CUDA_RETURN_IF_ERROR(
+            LaunchNormalizeCandidates((*buffer)->data(), static_cast<int32_t>(heads_kv), width,
+                                      width, base + normalize_at, normalize_bytes, stream),
+            "LaunchNormalizeCandidates");
+      }
+    }
+    KVTRIM_RETURN_IF_ERROR(fetch_first_nan());
+    KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+    unsigned long long first_nan = 0;
+    std::memcpy(&first_nan, pinned + nan_at, sizeof first_nan);
+    KVTRIM_RETURN_IF_ERROR(NaNStatus(*plan, first_nan));
+    (*buffer)->set_layout(ScoreBufferLayout{heads_kv, shape.num_tokens, plan->protection.sink,
+                                            plan->protection.recent, outputs.normalize});
+    outputs.resident->resident = *std::move(buffer);
+    outputs.resident->scores.clear();
+    outputs.resident->critical.clear();
+    outputs.resident->numerics = plan->numerics;
+    last_request_bytes_.store(layout.total());
+    return absl::OkStatus();
+  }
+
   if (download_scores) {
-    // Scores come back: ScoreLayer, or a host-decided layer.
+    // Scores come back: ScoreLayer, or a host-decided layer without a device decision.
     const size_t score_bytes = heads * n * sizeof(float);
     if (outputs.protected_scores != nullptr) {
       KVTRIM_RETURN_IF_ERROR(EnqueueScores(*plan, device_layer, buffers, stream));
@@ -284,10 +424,7 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
                                                   score_bytes, cudaMemcpyDeviceToHost, stream),
                                   "cudaMemcpyAsync(critical)");
     }
-    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + nan_at, buffers.first_nan,
-                                                sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                                stream),
-                                "cudaMemcpyAsync(first_nan)");
+    KVTRIM_RETURN_IF_ERROR(fetch_first_nan());
     KVTRIM_RETURN_IF_ERROR(context.Synchronize());
     std::vector<float> scores = FromPinned<float>(pinned + scores_at, heads * n);
     std::vector<float> critical;
@@ -355,7 +492,17 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   }
 
   // The whole layer on the device.
-  KVTRIM_RETURN_IF_ERROR(EnqueueLayer(*plan, device_layer, buffers, stream));
+  if (device_decision) {
+    const std::vector<char> upload = DecisionUpload(*plan, buffers, decision_buffers);
+    std::memcpy(pinned + decision_at, upload.data(), upload.size());
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(decision_buffers.upload, pinned + decision_at,
+                                                upload.size(), cudaMemcpyHostToDevice, stream),
+                                "cudaMemcpyAsync(decision upload)");
+    KVTRIM_RETURN_IF_ERROR(
+        EnqueueDecision(*plan, device_layer, buffers, decision_buffers, stream));
+  } else {
+    KVTRIM_RETURN_IF_ERROR(EnqueueLayer(*plan, device_layer, buffers, stream));
+  }
   KVTRIM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(pinned + offsets_at, buffers.offsets, (lists + 1) * sizeof(int64_t),
                       cudaMemcpyDeviceToHost, stream),
@@ -372,11 +519,21 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
                         cudaMemcpyDeviceToHost, stream),
         "cudaMemcpyAsync(perturbation)");
   }
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + nan_at, buffers.first_nan,
-                                              sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                              stream),
-                              "cudaMemcpyAsync(first_nan)");
+  KVTRIM_RETURN_IF_ERROR(fetch_first_nan());
+  if (device_decision && plan->critical) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(pinned + critical_nan_at, decision_buffers.critical_nan,
+                        sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync(critical first_nan)");
+  }
   KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+  if (device_decision) {
+    // The CPU backend's order: NaN in the scores, then in CriticalKV's stage-2 scores.
+    unsigned long long first_nan = 0, critical_nan = kNoNaN;
+    std::memcpy(&first_nan, pinned + nan_at, sizeof first_nan);
+    if (plan->critical) std::memcpy(&critical_nan, pinned + critical_nan_at, sizeof critical_nan);
+    KVTRIM_RETURN_IF_ERROR(DecisionNaNStatus(*plan, first_nan, critical_nan));
+  }
 
   HostResults results;
   results.offsets = FromPinned<int64_t>(pinned + offsets_at, lists + 1);

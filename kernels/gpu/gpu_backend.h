@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -14,6 +15,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpu/device_model_cache.h"
 #include "kernels/gpu/device_pool.h"
+#include "kernels/gpu/device_score_buffer.h"
 
 namespace kvtrim::gpu {
 
@@ -28,6 +30,11 @@ struct GpuBackendOptions {
   /// arena cap when arenas are capped, else no cap (least-recently-used tensors are then
   /// evicted only when cudaMalloc fails).
   size_t model_cache_bytes = 0;
+  /// Device bytes of model-wide scores kept between layers (ScoreLayerForModelWide: one
+  /// [H_kv, n - protected] fp32 buffer per buffered layer, outside the worker arenas, until its
+  /// session decides or ends). 0 = automatic: the arenas' cap together (workers x
+  /// arena_limit_bytes) when arenas are capped, else no cap but the device's memory.
+  size_t score_buffer_bytes = 0;
 };
 
 /// Compresses validated layers on one CUDA device. Each call checks a worker context out
@@ -52,16 +59,30 @@ class GpuBackend final : public Backend {
   static constexpr int64_t kMaxGpuHeadDim = 256;
 
   const char* name() const override { return "gpu"; }
-  /// Decisions the device pipeline makes itself (protection, uniform / pyramid / AdaKV counts,
-  /// per-head or shared selection) stay on the device; CriticalKV, LaProx, LU-KV and the
-  /// block-aligned / equal-count outputs are scored on the device and decided on the host by
-  /// kernels/decide.h (the CPU backend's own code), then the perturbation runs on the device.
+  /// Scores, decides and computes the perturbation on the device: EnqueueLayer (protection,
+  /// uniform / pyramid / AdaKV counts, per-head or shared selection) or, for CriticalKV,
+  /// LaProx (one layer), LU-KV and the block-aligned / equal-count outputs, EnqueueDecision
+  /// (device_decision.h), bit-identical to kernels/decide.h. Only the kept lists come back.
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
   /// Raw scores [H_kv, n] (no protection) and, for CriticalKV, critical [H_kv, n], copied
   /// back. Same errors as CompressLayer.
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, LayerScores* out) override;
+  /// LaProx layers (d <= kMaxGpuHeadDim) keep their candidates on the device: out->resident is
+  /// a DeviceScoreBuffer [H_kv, n - sink - recent] of the raw scores, divided by the layer's
+  /// canonical sum in mode model (as DecideLaProx does), and out->scores stays empty; nothing
+  /// is copied back. Other layers: ScoreLayer. Errors: ScoreLayer's, and RESOURCE_EXHAUSTED
+  /// when the buffer exceeds GpuBackendOptions::score_buffer_bytes or the device's memory.
+  absl::Status ScoreLayerForModelWide(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                      const LayerBudget& budget, LayerScores* out) override;
+  /// DecideLaProx on the device (DecideModelWideOnDevice): one segmented top-K over every
+  /// layer's candidates, resident or uploaded from host scores; only the kept indices come
+  /// back. Bit-identical to DecideLaProx on the same scores. Errors: DecideLaProx's,
+  /// FAILED_PRECONDITION for resident scores of another backend, RESOURCE_EXHAUSTED / INTERNAL
+  /// as CompressLayer.
+  absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(
+      const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) override;
   bool healthy() const override { return healthy_.load(); }
   /// {kFast, kExact} for the scorers with fast kernels (device_pipeline.h HasFastPath: the
   /// attention scorers, d a multiple of 8 up to 256), else {kExact}. A layer whose dtype or
@@ -77,8 +98,16 @@ class GpuBackend final : public Backend {
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, std::vector<float>* scores);
 
+  /// Moves a LaProx layer's host scores (layer->scores [H_kv, n], raw, as ScoreLayer returns
+  /// them) into device memory as ScoreLayerForModelWide keeps them (layer->resident set,
+  /// layer->scores cleared), for tests and benchmarks of DecideModelWide. Errors: PlanLaProx's,
+  /// INVALID_ARGUMENT for scores of the wrong size, ScoreLayerForModelWide's memory errors.
+  absl::Status KeepScoresOnDevice(const ResolvedPolicy& policy, LayerScores* layer);
+
   /// The device cache of model tensors (tests, metrics).
   const DeviceModelCache& model_cache() const { return *model_cache_; }
+  /// The device memory of model-wide scores (tests, metrics).
+  const DeviceScoreStore& score_store() const { return *score_store_; }
 
   /// The sticky error that made the backend unhealthy (empty while healthy).
   std::string failure() const;
@@ -96,27 +125,35 @@ class GpuBackend final : public Backend {
   /// Serves layers with d > kMaxGpuHeadDim.
   std::unique_ptr<CpuBackend> cpu_fallback_;
 
-  /// What one call computes; exactly one of the three outputs is set.
+  /// What one call computes; exactly one of the four outputs is set.
   struct Outputs {
     LayerDecision* decision = nullptr;        // CompressLayer
     std::vector<float>* protected_scores = nullptr;  // ScoreLayer (protected)
     LayerScores* raw = nullptr;               // ScoreLayer (raw, critical)
+    LayerScores* resident = nullptr;          // ScoreLayerForModelWide (LaProx candidates)
+    bool normalize = false;                   // resident: divide by the layer's canonical sum
   };
 
-  /// Runs one layer on a checked-out context into `outputs`.
+  /// Runs one layer on a checked-out context (its device current) into `outputs`.
   absl::Status RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                         const ValidatedLayer& layer, const LayerBudget& budget,
                         const Outputs& outputs);
   /// Checks a context out, runs RunLayer and classifies a failure (HandleFailure).
   absl::Status Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                    const LayerBudget& budget, const Outputs& outputs);
+  /// Checks the backend's health, checks a context out (blocking while all are busy), makes
+  /// the device current and runs `work` on the context; a failure goes to HandleFailure.
+  absl::Status OnWorker(const std::function<absl::Status(WorkerContext&)>& work);
   /// Classifies a failed call: marks the backend unhealthy when the CUDA error is sticky.
   void HandleFailure(WorkerContext& context, const absl::Status& status);
+  /// INTERNAL "must be restarted" once a sticky error made the backend unhealthy, else OK.
+  absl::Status CheckHealthy() const;
 
   GpuBackendOptions options_;
   std::string description_;
   std::unique_ptr<DevicePool> pool_;
   std::unique_ptr<DeviceModelCache> model_cache_;
+  std::shared_ptr<DeviceScoreStore> score_store_;  // shared with the buffers it made
   std::atomic<bool> healthy_{true};
   std::atomic<size_t> last_request_bytes_{0};
   mutable std::mutex failure_mutex_;
