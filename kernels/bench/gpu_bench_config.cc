@@ -3,15 +3,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
-#include <type_traits>
-#include <utility>
+#include <array>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "kernels/bench/gpu_bench_fill.h"
 #include "kernels/bench/gpu_bench_timing.h"
 #include "kernels/gpu/device_error.h"
 #include "kernels/gpu/device_pipeline.h"
+#include "kernels/gpu/layer_run.h"
 
 namespace kvtrim::gpu::bench {
 namespace {
@@ -28,24 +28,6 @@ struct InputPlan {
   size_t kv_bytes = 0;  // K (and V) of one set
   size_t q_bytes = 0;   // Q of one set
 };
-
-/// Detects a `numerics` member of type Numerics in LayerPlan (the mode the plan computes);
-/// the bench reports it when the pipeline exposes it and null otherwise.
-template <typename P, typename = void>
-struct HasPlanNumerics : std::false_type {};
-template <typename P>
-struct HasPlanNumerics<P, std::void_t<decltype(std::declval<const P&>().numerics)>>
-    : std::is_same<std::decay_t<decltype(std::declval<const P&>().numerics)>, Numerics> {};
-
-/// The numerics `plan` says it computes, when LayerPlan carries that field.
-template <typename P>
-std::optional<Numerics> PlannedNumerics(const P& plan) {
-  if constexpr (HasPlanNumerics<P>::value) {
-    return plan.numerics;
-  } else {
-    return std::nullopt;
-  }
-}
 
 /// Resolves `preset` with the bench's settings; window parameters above w are lowered to w
 /// (SnapKV's 32 at w = 8). Attaches the bench model when the policy reads one.
@@ -104,118 +86,68 @@ absl::Status MakeInputs(const InputPlan& in, int count, cudaStream_t stream,
   return absl::OkStatus();
 }
 
-/// Pinned host floats freed on destruction.
-struct PinnedFloats {
-  float* p = nullptr;
-  ~PinnedFloats() {
-    if (p != nullptr) cudaFreeHost(p);
-  }
-};
-
-/// Times one plan on `sets` into `row` (score / select / total medians, scratch, the answer's
-/// check, stages). Returns the first error (the caller stores it in row.error).
-absl::Status MeasurePlan(const ResolvedPolicy& policy, const LayerPlan& plan,
-                         const LayerBudget& budget, const InputPlan& in,
-                         const std::vector<InputSet>& sets, const Options& options,
-                         cudaStream_t stream, const BenchModel& model, LaunchRecorder* recorder,
-                         Row* row) {
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  auto layer_of = [&](const InputSet& s) {
-    return MakeDeviceLayer(plan, in.shape, in.dtype, scale, kLayerId, policy.settings.seed,
-                           s.keys.get(), s.values.get(), s.queries.get());
+/// A validated layer over one input set's device tensors (read in place, as CUDA IPC
+/// tensors are), with the bench's shape and scale.
+ValidatedLayer DeviceLayerOf(const InputPlan& in, const InputSet& set) {
+  ValidatedLayer layer;
+  layer.layer_id = kLayerId;
+  layer.num_layers = kNumLayers;
+  layer.shape = in.shape;
+  auto view = [&](const DeviceBuffer& buffer, std::array<int64_t, 3> shape) {
+    TensorView t;
+    t.data = buffer.get();
+    t.dtype = in.dtype;
+    t.shape = shape;
+    t.space = MemorySpace::kDevice;
+    return t;
   };
-
-  // Working regions (one set; every repetition overwrites them).
-  ArenaLayout layout;
-  const PipelineRegions regions = AddPipelineRegions(plan, layer_of(sets[0]), &layout);
-  row->scratch_bytes = static_cast<int64_t>(layout.total());
-  DeviceBuffer work;
-  KVTRIM_RETURN_IF_ERROR(work.Allocate(layout.total()));
-  PipelineBuffers buffers = ResolveBuffers(plan, regions, work.get());
-  buffers.model.w_o = static_cast<const float*>(model.w_o.get());
-  buffers.model.head_gram = static_cast<const float*>(model.head_gram.get());
-  buffers.model.group_gram = static_cast<const float*>(model.group_gram.get());
-  buffers.model.hidden = static_cast<int32_t>(options.hidden);
-  buffers.fast_model.w_o16 = model.w_o16.get();
-  buffers.model.half_scale2 = 0.5f / static_cast<float>(kHeadDim);
-  if (plan.needs_ea_stats) {  // random statistics in the arena regions
-    const int64_t vf = LaneMajorFloats(kHeadDim);
-    const int64_t hq = plan.model_query_heads;
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchFillPseudoNormal(const_cast<float*>(buffers.model.ea_mean), DType::kF32, hq * vf,
-                               81, 1.0f, stream),
-        "fill ea_mean");
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchFillPseudoNormal(const_cast<float*>(buffers.model.ea_cov), DType::kF32,
-                               hq * kHeadDim * vf, 82, 0.05f, stream),
-        "fill ea_cov");
+  const int64_t heads = in.shape.num_kv_heads;
+  const int64_t n = in.shape.num_tokens;
+  layer.keys = view(set.keys, {heads, n, kHeadDim});
+  if (in.shape.has_values) layer.values = view(set.values, {heads, n, kHeadDim});
+  if (in.shape.has_queries) {
+    layer.queries = view(set.queries, {in.shape.num_query_heads, in.shape.window_rows, kHeadDim});
   }
-  const std::vector<int64_t> meta = MetaInit(plan);
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(buffers.counts, meta.data(),
-                                              meta.size() * sizeof(int64_t),
-                                              cudaMemcpyHostToDevice, stream),
-                              "upload meta");
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "fill");
+  layer.softmax_scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  return layer;
+}
 
+/// Times `policy` on `sets` through the GPU runtime itself (layer_run.h): one LayerRun per set,
+/// each planned and staged once (the inputs read in place, probed for NaN), then
+/// options.warmup + options.reps Enqueues rotating over the sets between CUDA events (the
+/// copies of the answer back to the host left out), a last Enqueue and Fetch whose answer is
+/// checked, and with `recorder` options.stage_reps more Enqueues recorded launch by launch.
+/// Fills `row` (score / select / total medians, scratch, planned numerics, stages).
+absl::Status MeasureRuns(const ResolvedPolicy& policy, const LayerBudget& budget,
+                         const InputPlan& in, const std::vector<InputSet>& sets,
+                         const Options& options, BenchRuntime& runtime, LaunchRecorder* recorder,
+                         Row* row) {
+  std::vector<ValidatedLayer> layers;
+  for (const InputSet& set : sets) layers.push_back(DeviceLayerOf(in, set));
+  LayerDecision decision;
+  RunOutputs outputs;
+  outputs.decision = &decision;
+  std::vector<std::unique_ptr<LayerRun>> runs;
+  for (const ValidatedLayer& layer : layers) {
+    runs.push_back(std::make_unique<LayerRun>(runtime.context(), runtime.cache(),
+                                              runtime.store(), policy, layer, budget, outputs));
+    KVTRIM_RETURN_IF_ERROR(runs.back()->Plan());
+    KVTRIM_RETURN_IF_ERROR(runs.back()->Stage());
+  }
+  const LayerPlan& plan = runs.front()->plan();
+  row->planned = plan.numerics;
+  row->host_decided = plan.host_decide && plan.decision.kind == DecisionKind::kNone;
+  row->scratch_bytes = static_cast<int64_t>(runs.front()->arena_bytes());
+  cudaStream_t stream = runtime.context().stream();
   PhaseTimer timer;
   KVTRIM_RETURN_IF_ERROR(timer.Init());
-  // Host-decided presets: pinned buffers for the scores coming back.
-  const bool host_decide = plan.host_decide;
-  const bool score_only = plan.scorer == ScorerKind::kLaProx;  // decided model-wide (host row)
-  const size_t score_count = static_cast<size_t>(kKvHeads * in.shape.num_tokens);
-  PinnedFloats pinned;
-  if (host_decide && !score_only) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned.p, 2 * score_count * sizeof(float)),
-                                "cudaMallocHost");
-  }
-  row->host_decided = host_decide && !score_only;
-  if (host_decide) {
-    row->note = score_only ? "score kernel only (selection: laprox_decide32)"
-                           : "select = scores to host + DecideLayer (host clock)";
-  }
-  // The device part of one repetition (events: the phase boundaries, or null).
-  auto enqueue = [&](const InputSet& set, const PipelineEvents* events) -> absl::Status {
-    if (!host_decide) return EnqueueLayer(plan, layer_of(set), buffers, stream, events);
-    KVTRIM_RETURN_IF_ERROR(EnqueueRawScores(plan, layer_of(set), buffers, stream));
-    if (events != nullptr) {
-      KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_score, stream), "cudaEventRecord");
-      KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(events->after_select, stream),
-                                  "cudaEventRecord");
-    }
-    return absl::OkStatus();
-  };
-  LayerDecision host_decision;
   std::vector<double> score_ms, select_ms, total_ms;
   for (int rep = 0; rep < options.warmup + options.reps; ++rep) {
-    const InputSet& set = sets[static_cast<size_t>(rep) % sets.size()];
+    LayerRun& run = *runs[static_cast<size_t>(rep) % runs.size()];
     PhaseTimes times;
     KVTRIM_RETURN_IF_ERROR(timer.Time(stream, &times, [&](const PipelineEvents& events) {
-      return enqueue(set, &events);
+      return run.Enqueue(&events, /*copy_back=*/false);
     }));
-    if (host_decide && !score_only) {
-      const auto t0 = std::chrono::steady_clock::now();
-      KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned.p, buffers.scores,
-                                                  score_count * sizeof(float),
-                                                  cudaMemcpyDeviceToHost, stream),
-                                  "download scores");
-      if (plan.critical) {
-        KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned.p + score_count, buffers.critical,
-                                                    score_count * sizeof(float),
-                                                    cudaMemcpyDeviceToHost, stream),
-                                    "download critical");
-      }
-      KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "download");
-      std::vector<float> scores(pinned.p, pinned.p + score_count);
-      std::vector<float> critical;
-      if (plan.critical) critical.assign(pinned.p + score_count, pinned.p + 2 * score_count);
-      KVTRIM_RETURN_IF_ERROR(DecideOnHost(policy, plan, kLayerId, kNumLayers, budget,
-                                          std::move(scores), std::move(critical),
-                                          &host_decision));
-      const double host_ms =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      times.select_ms = host_ms;
-      times.total_ms = times.score_ms + host_ms;
-    }
     if (rep < options.warmup) continue;
     score_ms.push_back(times.score_ms);
     select_ms.push_back(times.select_ms);
@@ -227,30 +159,18 @@ absl::Status MeasurePlan(const ResolvedPolicy& policy, const LayerPlan& plan,
   row->score_gbps = row->bytes > 0 ? static_cast<double>(row->bytes) / (row->score_us * 1e3) : 0;
   row->total_gbps = row->bytes > 0 ? static_cast<double>(row->bytes) / (row->total_us * 1e3) : 0;
 
-  // The answer must be well formed: offsets [H + 1] ending at the planned total, and every
-  // list strictly ascending inside [0, n) (a cheap check that catches unwritten slots).
-  const int64_t n = in.shape.num_tokens;
-  if (host_decide) {
-    if (!score_only) row->error = CheckAnswer(host_decision.offsets, host_decision.indices, n, -1);
-  } else {
-    std::vector<int64_t> offsets(static_cast<size_t>(plan.num_lists()) + 1);
-    std::vector<int32_t> indices(static_cast<size_t>(plan.total_indices));
-    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpy(offsets.data(), buffers.offsets,
-                                           offsets.size() * sizeof(int64_t),
-                                           cudaMemcpyDeviceToHost),
-                                "download offsets");
-    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpy(indices.data(), buffers.indices,
-                                           indices.size() * sizeof(int32_t),
-                                           cudaMemcpyDeviceToHost),
-                                "download indices");
-    row->error = CheckAnswer(offsets, indices, n, plan.total_indices);
-  }
+  // The answer must be well formed: offsets ending at the planned total, and every list
+  // strictly ascending inside [0, n) (a cheap check that catches unwritten slots).
+  KVTRIM_RETURN_IF_ERROR(runs.front()->Enqueue());
+  KVTRIM_RETURN_IF_ERROR(runs.front()->Fetch());
+  row->error = CheckAnswer(decision.offsets, decision.indices, in.shape.num_tokens, -1);
 
   // --stages: per-launch events in extra repetitions (the medians above stay free of them).
   if (recorder != nullptr) {
     for (int rep = 0; rep < options.stage_reps; ++rep) {
       KVTRIM_RETURN_IF_ERROR(recorder->Begin(stream));
-      const absl::Status st = enqueue(sets[static_cast<size_t>(rep) % sets.size()], nullptr);
+      const absl::Status st =
+          runs[static_cast<size_t>(rep) % runs.size()]->Enqueue(nullptr, /*copy_back=*/false);
       const absl::Status ended = recorder->End();
       KVTRIM_RETURN_IF_ERROR(st);
       KVTRIM_RETURN_IF_ERROR(ended);
@@ -261,6 +181,14 @@ absl::Status MeasurePlan(const ResolvedPolicy& policy, const LayerPlan& plan,
 }
 
 }  // namespace
+
+absl::StatusOr<std::unique_ptr<BenchRuntime>> BenchRuntime::Create(int device) {
+  std::unique_ptr<BenchRuntime> runtime(new BenchRuntime(device));
+  auto context = WorkerContext::Create(device, WorkerOptions());
+  if (!context.ok()) return context.status();
+  runtime->context_ = *std::move(context);
+  return runtime;
+}
 
 bool PresetNeedsModel(const PolicyRegistry& registry, const std::string& preset) {
   for (const auto& p : registry.presets()) {
@@ -273,7 +201,7 @@ bool PresetNeedsModel(const PolicyRegistry& registry, const std::string& preset)
 }
 
 std::vector<Row> RunConfig(const PolicyRegistry& registry, const std::string& preset, int64_t n,
-                           int64_t w, DType dtype, const Options& options, cudaStream_t stream,
+                           int64_t w, DType dtype, const Options& options, BenchRuntime& runtime,
                            size_t l2_bytes, const BenchModel& model, LaunchRecorder* recorder) {
   Row base;
   base.policy = preset;
@@ -321,26 +249,17 @@ std::vector<Row> RunConfig(const PolicyRegistry& registry, const std::string& pr
       std::clamp<size_t>((4 * l2_bytes + set_bytes - 1) / set_bytes, 2, 64));
 
   std::vector<InputSet> sets;
-  if (absl::Status st = MakeInputs(in, base.input_sets, stream, &sets); !st.ok()) {
+  if (absl::Status st = MakeInputs(in, base.input_sets, runtime.context().stream(), &sets);
+      !st.ok()) {
     return fail_all(st);
   }
   for (Numerics mode : options.numerics) {
     Row row = base;
     row.numerics = mode;
     ResolvedPolicy moded = *policy;
-    moded.settings.numerics = mode;  // what PlanLayer reads
-    auto plan = PlanLayer(moded, in.shape, dtype, kLayerId, kNumLayers, budget);
-    if (!plan.ok()) {
-      row.error = plan.status().ToString();
-      rows.push_back(std::move(row));
-      continue;
-    }
-    plan->perturbation = false;  // a statistic, not part of the policy's decision
-    plan->reads_values = in.shape.has_values;
-    plan->reads_queries = in.shape.has_queries;
-    row.planned = PlannedNumerics(*plan);
-    if (absl::Status st = MeasurePlan(moded, *plan, budget, in, sets, options, stream, model,
-                                      recorder, &row);
+    moded.settings.numerics = mode;        // what PlanLayer reads
+    moded.settings.perturbation = false;   // a statistic, not part of the policy's decision
+    if (absl::Status st = MeasureRuns(moded, budget, in, sets, options, runtime, recorder, &row);
         !st.ok()) {
       row.error = st.ToString();
     }

@@ -5,12 +5,8 @@
 #include <cmath>
 #include <functional>
 
-#include "kernels/bench/gpu_bench_fill.h"
 #include "kernels/decide.h"
 #include "kernels/expected_attention_stats.h"
-#include "kernels/gpu/device_error.h"
-#include "kernels/gpu/fast_model.cuh"
-#include "kernels/gpu/launchers.h"
 
 namespace kvtrim::gpu::bench {
 namespace {
@@ -23,9 +19,8 @@ float HostUniform(uint64_t* state) {
 
 }  // namespace
 
-absl::Status MakeBenchModel(const Options& o, cudaStream_t stream, BenchModel* m) {
+void MakeBenchModel(const Options& o, BenchModel* m) {
   const int64_t hq = kKvHeads * kGroup;
-  const int64_t vf = LaneMajorFloats(kHeadDim);
   auto model = std::make_shared<RegisteredModel>();
   model->digest = "sha256:bench";
   model->layout = {"bench", kNumLayers, static_cast<int32_t>(hq), static_cast<int32_t>(kKvHeads),
@@ -44,47 +39,29 @@ absl::Status MakeBenchModel(const Options& o, cudaStream_t stream, BenchModel* m
     }
   }
   model->profiles["snapkv"] = std::move(profile);
-  // Pre-RoPE query statistics of every layer (ea_stats_host row).
+  // Pre-RoPE query statistics of every layer (Expected Attention, ea_stats_host row).
   model->query_mean.assign(static_cast<size_t>(kNumLayers),
                            std::vector<float>(static_cast<size_t>(hq * kHeadDim)));
   model->query_cov.assign(static_cast<size_t>(kNumLayers),
                           std::vector<float>(static_cast<size_t>(hq * kHeadDim * kHeadDim)));
   for (auto& layer : model->query_mean) for (float& x : layer) x = HostUniform(&state) - 0.5f;
   for (auto& layer : model->query_cov) for (float& x : layer) x = 0.05f * (HostUniform(&state) - 0.5f);
+  // W_O [D, H_q d] ~ U(-0.5, 0.5) / sqrt(D) and the Gram matrices of layer kLayerId only.
+  auto fill = [&](std::vector<std::vector<float>>* per_layer, size_t count, float scale) {
+    per_layer->assign(static_cast<size_t>(kNumLayers), std::vector<float>());
+    std::vector<float>& t = (*per_layer)[static_cast<size_t>(kLayerId)];
+    t.resize(count);
+    for (float& x : t) x = scale * (HostUniform(&state) - 0.5f);
+  };
+  fill(&model->w_o, static_cast<size_t>(o.hidden * hq * kHeadDim),
+       1.0f / std::sqrt(static_cast<float>(o.hidden)));
+  fill(&model->head_gram, static_cast<size_t>(hq * kHeadDim * kHeadDim), 0.05f);
+  fill(&model->group_gram, static_cast<size_t>(kKvHeads * kHeadDim * kHeadDim), 0.05f);
   m->host = model;
-  const size_t w_o_count = static_cast<size_t>(hq * o.hidden * vf);
-  const size_t head_count = static_cast<size_t>(hq * kHeadDim * vf);
-  const size_t group_count = static_cast<size_t>(kKvHeads * kHeadDim * vf);
-  KVTRIM_RETURN_IF_ERROR(m->w_o.Allocate(w_o_count * sizeof(float)));
-  KVTRIM_RETURN_IF_ERROR(m->head_gram.Allocate(head_count * sizeof(float)));
-  KVTRIM_RETURN_IF_ERROR(m->group_gram.Allocate(group_count * sizeof(float)));
-  const float w_scale = 1.0f / std::sqrt(static_cast<float>(o.hidden));
-  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->w_o.get(), DType::kF32,
-                                                     static_cast<int64_t>(w_o_count), 71, w_scale,
-                                                     stream),
-                              "fill w_o");
-  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->head_gram.get(), DType::kF32,
-                                                     static_cast<int64_t>(head_count), 72, 0.05f,
-                                                     stream),
-                              "fill head_gram");
-  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFillPseudoNormal(m->group_gram.get(), DType::kF32,
-                                                     static_cast<int64_t>(group_count), 73, 0.05f,
-                                                     stream),
-                              "fill group_gram");
-  // The 16-bit W_O image the fast CriticalKV kernel reads, built from the same weights.
-  const FastWoLayout fast_layout = MakeFastWoLayout(
-      static_cast<int32_t>(hq), static_cast<int32_t>(kHeadDim), static_cast<int32_t>(o.hidden));
-  KVTRIM_RETURN_IF_ERROR(m->w_o16.Allocate(fast_layout.bytes));
-  KVTRIM_CUDA_RETURN_IF_ERROR(
-      LaunchBuildFastWo(static_cast<const float*>(m->w_o.get()), static_cast<int32_t>(hq), static_cast<int32_t>(kHeadDim),
-                        static_cast<int32_t>(o.hidden), m->w_o16.get(), stream),
-      "build the fast w_o image");
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), "fill model");
-  return absl::OkStatus();
 }
 
 std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& model, int64_t n,
-                             const Options& options) {
+                             const Options& options, GpuBackend& backend) {
   std::vector<Row> rows;
   auto median_ms = [&](const std::function<void()>& fn) {
     std::vector<double> ms;
@@ -98,7 +75,7 @@ std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& m
   };
   {
     Row row;
-    row.policy = "laprox_decide32";
+    row.policy = "laprox_decide32_host";
     row.scorer = "laprox";
     row.n = n;
     row.w = options.model_w;
@@ -145,6 +122,35 @@ std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& m
     row.total_us = row.select_us;
     if (!status.ok()) row.error = status.ToString();
     rows.push_back(row);
+
+    // The same decision on the device: the layers' scores kept there as a session keeps them.
+    Row device = row;
+    device.policy = "laprox_decide32";
+    device.error.clear();
+    device.note = absl::StrCat("GpuBackend::DecideModelWide (mode model) over ", kNumLayers,
+                               " layers of device-resident scores, the kept indices back");
+    absl::Status kept;
+    for (LayerScores& ls : layers) {
+      if (kept.ok()) kept = backend.KeepScoresOnDevice(*policy, &ls);
+    }
+    absl::Status decided = kept;
+    if (kept.ok()) {
+      device.select_us = 1e3 * median_ms([&] {
+        auto decisions = backend.DecideModelWide(*policy, layers);
+        if (!decisions.ok()) {
+          decided = decisions.status();
+          return;
+        }
+        for (const LayerDecision& d : *decisions) {
+          if (std::string e = CheckAnswer(d.offsets, d.indices, n, -1); !e.empty()) {
+            decided = absl::InternalError(e);
+          }
+        }
+      });
+    }
+    device.total_us = device.select_us;
+    if (!decided.ok()) device.error = decided.ToString();
+    rows.push_back(device);
   }
   {
     Row row;

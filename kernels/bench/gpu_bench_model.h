@@ -1,6 +1,6 @@
 // The model of kvtrim_gpu_bench's model-aware presets (criticalkv, criticalkv_adakv, laprox,
-// expected_attention, lukv) and the host-only rows (DecideLaProx over 32 layers, the EA query
-// statistics of one layer).
+// expected_attention, lukv) and the model-wide rows (the LaProx decision over 32 layers on the
+// device and on the host, the EA query statistics of one layer).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,27 +12,30 @@
 #include "kernels/bench/gpu_bench_options.h"
 #include "kernels/bench/gpu_bench_row.h"
 #include "kernels/bench/gpu_bench_timing.h"
+#include "kernels/gpu/gpu_backend.h"
 #include "kernels/model.h"
 #include "kernels/registry.h"
 
 namespace kvtrim::gpu::bench {
 
-/// Random lane-major device tensors of one layer (their values only set the arithmetic's
-/// magnitudes) and a host stub with the layout, random query statistics and a random snapkv
-/// LU-KV profile (sink 0, window options.model_w).
+/// A registered-model stand-in: the layout, random host tensors of layer kLayerId only (their
+/// values only set the arithmetic's magnitudes: the Gram matrices are random, not W_O Wᵀ),
+/// random query statistics of every layer and a random snapkv LU-KV profile.
 struct BenchModel {
   std::shared_ptr<RegisteredModel> host;
-  DeviceBuffer w_o, head_gram, group_gram;
-  DeviceBuffer w_o16;  // the fast CriticalKV image of w_o (LaunchBuildFastWo)
 };
 
-/// Fills `model` (hidden width options.hidden) on `stream` and waits for it.
-/// Errors: CudaStatus() of an allocation or fill.
-absl::Status MakeBenchModel(const Options& options, cudaStream_t stream, BenchModel* model);
+/// Fills `model` (hidden width options.hidden): random host tensors of layer kLayerId (W_O, Gram
+/// matrices, query statistics) and a snapkv LU-KV profile; the runtime's DeviceModelCache
+/// uploads what a plan reads, as for a registered model.
+void MakeBenchModel(const Options& options, BenchModel* model);
 
-/// Host-only rows at n: DecideLaProx (mode model) over kNumLayers layers of random scores,
-/// and ComputeExpectedQueryStats of one layer; median of options.host_reps (host clock).
+/// Rows of the model-wide steps at n, median of options.host_reps (host clock):
+/// laprox_decide32 = GpuBackend::DecideModelWide over kNumLayers layers of random scores kept on
+/// the device (the indices come back, the decisions are built on the host);
+/// laprox_decide32_host = the same decision by DecideLaProx on the host; ea_stats_host =
+/// ComputeExpectedQueryStats of one layer.
 std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& model, int64_t n,
-                             const Options& options);
+                             const Options& options, GpuBackend& backend);
 
 }  // namespace kvtrim::gpu::bench

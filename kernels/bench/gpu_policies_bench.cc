@@ -139,8 +139,16 @@ int Main(int argc, char** argv) {
   PolicyRegistry registry;
   RegisterBuiltinPolicies(&registry);
   BenchModel model;
-  if (auto st = MakeBenchModel(options, stream, &model); !st.ok()) {
-    std::cerr << "kvtrim_gpu_bench: model tensors: " << st << "\n";
+  MakeBenchModel(options, &model);
+  auto runtime = BenchRuntime::Create(0);
+  if (!runtime.ok()) {
+    std::cerr << "kvtrim_gpu_bench: worker context: " << runtime.status() << "\n";
+    return 1;
+  }
+  GpuBackendOptions backend_options;
+  auto backend = GpuBackend::Create(backend_options);
+  if (!backend.ok()) {
+    std::cerr << "kvtrim_gpu_bench: backend: " << backend.status() << "\n";
     return 1;
   }
   LaunchRecorder recorder;
@@ -174,7 +182,7 @@ int Main(int argc, char** argv) {
     for (int64_t n : ns) {
       for (int64_t w : windows) {
         for (DType dtype : DTypesAt(options, n)) {
-          for (Row& r : RunConfig(registry, preset, n, w, dtype, options, stream,
+          for (Row& r : RunConfig(registry, preset, n, w, dtype, options, **runtime,
                                   static_cast<size_t>(prop.l2CacheSize), model,
                                   options.stages ? &recorder : nullptr)) {
             keep(std::move(r));
@@ -185,7 +193,7 @@ int Main(int argc, char** argv) {
   }
   if (any_model) {
     for (int64_t n : options.model_ns) {
-      for (Row& r : RunHostRows(registry, model, n, options)) keep(std::move(r));
+      for (Row& r : RunHostRows(registry, model, n, options, **backend)) keep(std::move(r));
     }
   }
   info.complete = true;

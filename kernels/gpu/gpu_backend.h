@@ -16,6 +16,7 @@
 #include "kernels/gpu/device_model_cache.h"
 #include "kernels/gpu/device_pool.h"
 #include "kernels/gpu/device_score_buffer.h"
+#include "kernels/gpu/layer_run.h"
 
 namespace kvtrim::gpu {
 
@@ -125,16 +126,11 @@ class GpuBackend final : public Backend {
   /// Serves layers with d > kMaxGpuHeadDim.
   std::unique_ptr<CpuBackend> cpu_fallback_;
 
-  /// What one call computes; exactly one of the four outputs is set.
-  struct Outputs {
-    LayerDecision* decision = nullptr;        // CompressLayer
-    std::vector<float>* protected_scores = nullptr;  // ScoreLayer (protected)
-    LayerScores* raw = nullptr;               // ScoreLayer (raw, critical)
-    LayerScores* resident = nullptr;          // ScoreLayerForModelWide (LaProx candidates)
-    bool normalize = false;                   // resident: divide by the layer's canonical sum
-  };
+  /// What one call computes (layer_run.h).
+  using Outputs = RunOutputs;
 
-  /// Runs one layer on a checked-out context (its device current) into `outputs`.
+  /// Runs one layer on a checked-out context (its device current) into `outputs`: a LayerRun's
+  /// Plan, Stage, Enqueue and Fetch.
   absl::Status RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                         const ValidatedLayer& layer, const LayerBudget& budget,
                         const Outputs& outputs);
