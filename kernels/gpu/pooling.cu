@@ -33,28 +33,42 @@ __global__ void __launch_bounds__(kPoolThreads)
   out[static_cast<int64_t>(blockIdx.y) * out_stride + j] = result;
 }
 
+constexpr int kFillThreads = 1024;  // one CTA per row: wide, so the row's read is not latency-bound
+constexpr int kFillUnroll = 4;      // independent loads in flight per thread
+
 /// One CTA per row of out [rows, n]: the first maximum of out[row, 0..prefix) (strictly
 /// larger replaces; equal values, +0 and -0 included, go to the lower index, as FirstMax's
-/// left-to-right scan) is written to out[row, prefix..n); 0 when prefix == 0.
-__global__ void __launch_bounds__(kPoolThreads)
+/// left-to-right scan) is written to out[row, prefix..n); 0 when prefix == 0. Each thread
+/// scans its strided subset in ascending order (kFillUnroll loads issued before they are
+/// compared), then a tree over (value, index) with the same order.
+__global__ void __launch_bounds__(kFillThreads)
     FillWithPrefixMaxKernel(float* __restrict__ out, int64_t n, int64_t prefix) {
-  __shared__ float best_value[kPoolThreads];
-  __shared__ int64_t best_index[kPoolThreads];
+  __shared__ float best_value[kFillThreads];
+  __shared__ int64_t best_index[kFillThreads];
   float* row = out + static_cast<int64_t>(blockIdx.x) * n;
-  // Each thread: the first maximum of its strided subset (ascending indices).
   float value = 0.0f;
   int64_t index = prefix;  // prefix = "none yet"; every real index is smaller
-  for (int64_t j = threadIdx.x; j < prefix; j += kPoolThreads) {
-    const float x = row[j];
-    if (index == prefix || x > value) {
-      value = x;
-      index = j;
+  constexpr int64_t kStep = int64_t{kFillThreads} * kFillUnroll;
+  for (int64_t base = threadIdx.x; base < prefix; base += kStep) {
+    float x[kFillUnroll];
+#pragma unroll
+    for (int u = 0; u < kFillUnroll; ++u) {
+      const int64_t j = base + u * kFillThreads;
+      x[u] = j < prefix ? row[j] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kFillUnroll; ++u) {
+      const int64_t j = base + u * kFillThreads;
+      if (j < prefix && (index == prefix || x[u] > value)) {
+        value = x[u];
+        index = j;
+      }
     }
   }
   best_value[threadIdx.x] = value;
   best_index[threadIdx.x] = index;
   __syncthreads();
-  for (int stride = kPoolThreads / 2; stride > 0; stride /= 2) {
+  for (int stride = kFillThreads / 2; stride > 0; stride /= 2) {
     if (threadIdx.x < stride) {
       const float other = best_value[threadIdx.x + stride];
       const int64_t other_index = best_index[threadIdx.x + stride];
@@ -70,7 +84,7 @@ __global__ void __launch_bounds__(kPoolThreads)
     __syncthreads();
   }
   const float fill = best_index[0] < prefix ? best_value[0] : 0.0f;
-  for (int64_t j = prefix + threadIdx.x; j < n; j += kPoolThreads) row[j] = fill;
+  for (int64_t j = prefix + threadIdx.x; j < n; j += kFillThreads) row[j] = fill;
 }
 
 }  // namespace
@@ -119,7 +133,7 @@ cudaError_t LaunchPoolPrefix(const float* in, int32_t rows, int64_t n, int64_t p
     if (err != cudaSuccess) return err;
   }
   if (prefix == n) return cudaSuccess;  // no window columns to fill
-  FillWithPrefixMaxKernel<<<static_cast<unsigned>(rows), kPoolThreads, 0, stream>>>(out, n,
+  FillWithPrefixMaxKernel<<<static_cast<unsigned>(rows), kFillThreads, 0, stream>>>(out, n,
                                                                                    prefix);
   return cudaGetLastError();
 }
