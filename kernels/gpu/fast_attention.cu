@@ -7,6 +7,18 @@
 // tokens [ts, ts + NSL) of every tile: wide chunks (128 rows) MG = 2, NSL = 64; narrow chunks
 // (32 rows) MG = 1, NSL = 32. Shared-memory rows are padded by 16 bytes so that ldmatrix
 // reads are free of bank conflicts.
+//
+// Model-aware reductions (Reduce other than kSum; the kModel variants). A warp of pass B
+// holds B = 16 MG rows; thread (g = lane / 4) holds rows 16 mg + 8 hf + g, i.e. slot
+// i = 2 mg + hf of its 2 MG slots. Physical row r of a KV head (block b = r / B, L = r % B) is
+// logical row Lambda = b B + (L / 8) + (B / 8) (L % 8): the slots of a thread are consecutive
+// logical rows, then the lanes. Logical row Lambda is member Lambda % S of segment
+// Lambda / S (S = 2^seg_log2): kPerQ* segment = query head g, member = window row t;
+// kGroupSq segment = window row t, member = query head g. A segment's rows are therefore
+// summed first in registers (2^in_bits slots), then over 2^lane_bits lane groups by xor
+// shuffles, then, when it is wider than a warp, over the row groups in shared memory and
+// over the chunks in the finish kernel. kGroupSq squares each segment's sum (the group sum
+// of one window row) and then adds the squares like kSum adds rows.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -50,8 +62,47 @@ struct FastArgs {
   RowInfo* row_info;    // [H, rows_total]
   void* row_out;        // [2, H, rows_total, DP] 16-bit
   float* partial;       // [chunks, H, n]
-  float* out;           // [H, n]
+  float* out;           // [H, n] ([H_q, n] for kPerQMean / kPerQSq)
+  // The model-aware reductions (after the scorers' fields, which keep their offsets).
+  Reduce reduce;        // kSum: the scorer's finish; else a model-aware reduction
+  int32_t seg_log2;     // S = 2^seg_log2 rows per segment (reduce != kSum)
+  int32_t block_rows;   // B: rows of one warp of pass B (reduce != kSum)
+  int32_t in_bits;      // log2 of a segment's rows in one thread
+  int32_t lane_bits;    // log2 of the lane groups a segment spans in a warp
 };
+
+/// Where a row of a KV head comes from: query head g of the group, window row offset t
+/// (row t0 + t); padding rows (r >= rows, or g >= G / t >= T in the model-aware orders)
+/// are not valid.
+struct RowSource {
+  int32_t g;
+  int32_t t;
+  bool valid;
+};
+
+/// The source of row r in the model-aware orders (a.reduce != kSum; the file comment).
+__device__ __forceinline__ RowSource RowSourceOf(const FastArgs& a, int r) {
+  if (r >= a.rows) return {0, 0, false};
+  const int l = r & (a.block_rows - 1);
+  const int logical = (r - l) + (l >> 3) + (a.block_rows >> 3) * (l & 7);
+  const int seg = logical >> a.seg_log2;
+  const int member = logical & ((1 << a.seg_log2) - 1);
+  const bool by_row = a.reduce == Reduce::kGroupSq;
+  const int g = by_row ? member : seg;
+  const int t = by_row ? seg : member;
+  return {g, t, g < a.group && t < a.rows_per_qhead};
+}
+
+/// A model-aware score from its segment sum x (plain fp32): kPerQMean x / T, kPerQSq
+/// sqrt(x), kGroupSq sqrt(x) / G (x = sum_t (sum_g p)^2; the 1 / G of m_t taken out).
+__device__ __forceinline__ float FinishModel(const FastArgs& a, float x) {
+  switch (a.reduce) {
+    case Reduce::kPerQMean: return x / static_cast<float>(a.rows_per_qhead);
+    case Reduce::kPerQSq: return sqrtf(x);
+    case Reduce::kGroupSq:
+    default: return sqrtf(x) / static_cast<float>(a.group);
+  }
+}
 
 /// The 16-bit type the tensor cores multiply for input type T (f32 -> bf16 hi + lo).
 template <typename T>
@@ -306,11 +357,206 @@ __device__ __forceinline__ float SliceSquaredNorm(const CT* tile, size_t plane, 
   return acc;
 }
 
+/// Stores a warp's per-token values tok [NT][2] of the tile at tok0 (tokens ts + 8 nt + 2 t
+/// + e, the same value in every lane g; lanes g == 0 store): with one row group finished by
+/// finish(value, j) into out [H, n] (direct_finish) or as the chunk's partial [chunks, H, n];
+/// else into spartial [kRowGroups][64] for the CTA's sum over the row groups.
+template <int NT, int kRowGroups, typename FinishFn>
+__device__ __forceinline__ void StoreTokenValues(const FastArgs& a, const float (&tok)[NT][2],
+                                                 int h, int chunk, int rowgroup, int ts,
+                                                 int64_t tok0, int g, int t, float* spartial,
+                                                 FinishFn finish) {
+  if (g != 0) return;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int local = ts + 8 * nt + 2 * t + e;
+      if constexpr (kRowGroups == 1) {
+        const int64_t j = tok0 + local;
+        if (j < a.n) {
+          if (a.direct_finish) {
+            a.out[static_cast<int64_t>(h) * a.n + j] = finish(tok[nt][e], j);
+          } else {
+            a.partial[(static_cast<int64_t>(chunk) * a.num_kv_heads + h) * a.n + j] = tok[nt][e];
+          }
+        }
+      } else {
+        spartial[rowgroup * kTileTokens + local] = tok[nt][e];
+      }
+    }
+  }
+}
+
+/// Calls fn(v, i, nt, e2) on the values of this thread's slots i that hold a segment's sum
+/// after its slots were folded (i a multiple of 2^in_bits, in_mask = 2^in_bits - 1), in slot
+/// order; v = s[i / 2][nt][2 (i % 2) + e2] by reference.
+template <int MG, int NT, typename Fn>
+__device__ __forceinline__ void ForLeadingSlots(float (&s)[MG][NT][4], int in_mask, Fn fn) {
+#pragma unroll
+  for (int i = 0; i < 2 * MG; ++i) {
+    if (i & in_mask) continue;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e2 = 0; e2 < 2; ++e2) fn(s[i / 2][nt][2 * (i % 2) + e2], i, nt, e2);
+  }
+}
+
+/// Pass B of a model-aware reduction (kModel) for one tile: s [MG][NT][4] holds the warp's
+/// log2-domain logits (rows 16 mg + 8 hf + g from warp_row0, tokens ts + 8 nt + 2 t + e % 2
+/// of the tile at tok0). Forms p (kPerQSq: p^2), sums each segment over the thread's slots
+/// and its lane groups, then: kGroupSq squares the segment sums and adds them over the warp
+/// into the token's value (written as kSum writes its row sum: finished, partial or to
+/// spartial [kRowGroups][64]); kPerQ* with segments within a warp writes each segment's
+/// finished value to out [H_q, n] from its leading lane; wider segments leave the warp's sum
+/// in spartial for the CTA (ModelRowGroups).
+template <int MG, int NT, int kRowGroups>
+__device__ __forceinline__ void ModelTile(const FastArgs& a, float (&s)[MG][NT][4],
+                                          const float (&row_max2)[MG][2],
+                                          const float (&row_inv)[MG][2], int h, int chunk,
+                                          int rowgroup, int warp_row0, int ts, int64_t tok0,
+                                          int lane, float* spartial) {
+  static_assert(MG == 1 || MG == 2, "warps of 16 or 32 rows");
+  constexpr int kSlots = 2 * MG;  // rows per thread: slot i = 2 mg + hf
+  constexpr int kBlockLog2 = MG == 2 ? 5 : 4;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const bool squares = a.reduce == Reduce::kPerQSq;
+  const int in_mask = (1 << a.in_bits) - 1;
+#pragma unroll
+  for (int mg = 0; mg < MG; ++mg)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = Exp2(s[mg][nt][e] - row_max2[mg][e >> 1]) * row_inv[mg][e >> 1];
+        s[mg][nt][e] = squares ? p * p : p;
+      }
+  // The segment's slots in this thread: slot 2 mg += slot 2 mg + 1, then slot 0 += slot 2.
+  if (a.in_bits >= 1) {
+#pragma unroll
+    for (int mg = 0; mg < MG; ++mg)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) s[mg][nt][e2] += s[mg][nt][2 + e2];
+  }
+  if constexpr (MG == 2) {
+    if (a.in_bits >= 2) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) s[0][nt][e2] += s[1][nt][e2];
+    }
+  }
+  // Its lane groups: xor over the low lane_bits bits of g (lane bits 2 ..).
+#pragma unroll
+  for (int b = 0; b < 3; ++b) {
+    if (b >= a.lane_bits) continue;
+    ForLeadingSlots(s, in_mask, [&](float& v, int, int, int) {
+      v += __shfl_xor_sync(0xffffffffu, v, 4 << b);
+    });
+  }
+
+  if (a.reduce == Reduce::kGroupSq) {
+    // Squares of the segment sums (slots of the segments' first rows), added over the slots
+    // in order, then over the lane groups that hold other segments.
+    float tok[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) tok[nt][0] = tok[nt][1] = 0.0f;
+    ForLeadingSlots(s, in_mask, [&](float& m, int, int nt, int e2) {
+      tok[nt][e2] = fmaf(m, m, tok[nt][e2]);
+    });
+#pragma unroll
+    for (int b = 0; b < 3; ++b) {
+      if (b < a.lane_bits) continue;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          tok[nt][e2] += __shfl_xor_sync(0xffffffffu, tok[nt][e2], 4 << b);
+        }
+    }
+    StoreTokenValues<NT, kRowGroups>(a, tok, h, chunk, rowgroup, ts, tok0, g, t, spartial,
+                                     [&](float x, int64_t) { return FinishModel(a, x); });
+  } else if (a.seg_log2 <= kBlockLog2) {
+    // Segments within the warp: the lane group's first lane writes each segment it leads.
+    if ((g & ((1 << a.lane_bits) - 1)) != 0) return;
+    ForLeadingSlots(s, in_mask, [&](float& v, int i, int nt, int e2) {
+      const int seg = (warp_row0 + i + kSlots * g) >> a.seg_log2;
+      const int64_t j = tok0 + ts + 8 * nt + 2 * t + e2;
+      if (seg < a.group && j < a.n) {
+        a.out[(static_cast<int64_t>(h) * a.group + seg) * a.n + j] = FinishModel(a, v);
+      }
+    });
+  } else if constexpr (kRowGroups > 1) {
+    // A segment wider than the warp: every slot and lane was summed; the warp's sum goes to
+    // the CTA.
+    if (g == 0) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          spartial[rowgroup * kTileTokens + ts + 8 * nt + 2 * t + e2] = s[0][nt][e2];
+        }
+    }
+  }
+}
+
+/// True when pass B's model-aware reduction combines its row groups in shared memory
+/// (ModelRowGroups): kGroupSq, and kPerQ* segments wider than a warp of B rows.
+__device__ __forceinline__ bool ModelCombinesRowGroups(const FastArgs& a, int block_log2) {
+  return a.reduce == Reduce::kGroupSq || a.seg_log2 > block_log2;
+}
+
+/// The CTA's part of a model-aware reduction for token j (one thread per token of the tile,
+/// after ModelTile wrote spartial [kRowGroups][64] at `local`): kGroupSq adds the row groups'
+/// squared sums (finished, or a partial of the chunk); kPerQ* adds the row groups of each
+/// segment and writes its finished value to out [H_q, n] (segments within the chunk) or the
+/// chunk's sum to the partials (segments of several chunks, finished by FinishKernel).
+template <int kRowGroups, int kBlockRows, int kChunkRows>
+__device__ __forceinline__ void ModelRowGroups(const FastArgs& a, const float* spartial, int h,
+                                               int chunk, int local, int64_t j) {
+  const int chunk_row0 = chunk * kChunkRows;
+  const int64_t partial_at = (static_cast<int64_t>(chunk) * a.num_kv_heads + h) * a.n + j;
+  if (a.reduce == Reduce::kGroupSq) {
+    float sum = 0.0f;
+    for (int rg = 0; rg < kRowGroups; ++rg) {
+      if (chunk_row0 + rg * kBlockRows < a.rows) sum += spartial[rg * kTileTokens + local];
+    }
+    if (a.direct_finish) {
+      a.out[static_cast<int64_t>(h) * a.n + j] = FinishModel(a, sum);
+    } else {
+      a.partial[partial_at] = sum;
+    }
+    return;
+  }
+  const int seg_rows = 1 << a.seg_log2;
+  if (seg_rows <= kChunkRows) {
+    const int groups = seg_rows / kBlockRows;  // row groups per segment (>= 2)
+    for (int rg0 = 0; rg0 < kRowGroups; rg0 += groups) {
+      const int seg = (chunk_row0 + rg0 * kBlockRows) >> a.seg_log2;
+      if (seg >= a.group) break;
+      float sum = 0.0f;
+      for (int rg = rg0; rg < rg0 + groups; ++rg) sum += spartial[rg * kTileTokens + local];
+      a.out[(static_cast<int64_t>(h) * a.group + seg) * a.n + j] = FinishModel(a, sum);
+    }
+  } else {
+    float sum = 0.0f;  // the chunk lies inside one segment: every row group is active
+    for (int rg = 0; rg < kRowGroups; ++rg) sum += spartial[rg * kTileTokens + local];
+    a.partial[partial_at] = sum;
+  }
+}
+
 /// The two passes. kStats: pass A (row maxima, sums and DropKV's outputs per split); else
 /// pass B (token scores). Grid: (splits, H_kv, chunks); 128 threads. Warp layout MG x NSL
 /// (WarpLayout), kStages-deep cp.async pipeline over 64-token tiles (each stage is reloaded
-/// only after the barrier that follows its last use).
-template <typename T, int DP, int MG, int NSL, int kStages, bool kDrop, bool kStats>
+/// only after the barrier that follows its last use). kModel (not DropKV): the model-aware
+/// row order (RowSourceOf) and, in pass B, reductions (ModelTile, ModelRowGroups) instead of
+/// the scorer's row sum.
+template <typename T, int DP, int MG, int NSL, int kStages, bool kDrop, bool kStats,
+          bool kModel = false>
 __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
   using CT = typename ComputeOf<T>::type;
   using L = SmemLayout<T, DP, MG, NSL, kStages, kDrop, kStats>;
@@ -325,6 +571,7 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
   constexpr bool kQRegs = L::kQRegs;
   static_assert(NSL == 16 || NSL == 32 || NSL == 64, "token slices of 16, 32 or 64");
   static_assert(kStages >= 2, "double buffering at least");
+  static_assert(!kModel || !kDrop, "model-aware reductions: without values");
 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   CT* sq = reinterpret_cast<CT*>(smem_raw);
@@ -361,8 +608,13 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = chunk_row0 + rb + 16 * mg + g + 8 * hf;
-      vis[mg][hf] = r < a.rows ? attn::VisibleCount(a.n, a.w, a.first_row + r % a.rows_per_qhead)
-                               : a.n;
+      if constexpr (kModel) {
+        const RowSource src = RowSourceOf(a, r);
+        vis[mg][hf] = src.valid ? attn::VisibleCount(a.n, a.w, a.first_row + src.t) : a.n;
+      } else {
+        vis[mg][hf] = r < a.rows ? attn::VisibleCount(a.n, a.w, a.first_row + r % a.rows_per_qhead)
+                                 : a.n;
+      }
       row_max2[mg][hf] = 0.0f;
       row_inv[mg][hf] = 0.0f;
       row_aa[mg][hf] = 0.0f;
@@ -385,10 +637,17 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
     LoadRows<T, DP>(
         [&](int rr) -> const T* {
           const int r = chunk_row0 + rr;
-          if (r >= a.rows) return nullptr;
-          const int64_t qh = static_cast<int64_t>(h) * a.group + r / a.rows_per_qhead;
-          const int64_t row = a.first_row + r % a.rows_per_qhead;
-          return queries + (qh * a.w + row) * a.d;
+          if constexpr (kModel) {
+            const RowSource src = RowSourceOf(a, r);
+            if (!src.valid) return nullptr;
+            const int64_t qh = static_cast<int64_t>(h) * a.group + src.g;
+            return queries + (qh * a.w + a.first_row + src.t) * a.d;
+          } else {
+            if (r >= a.rows) return nullptr;
+            const int64_t qh = static_cast<int64_t>(h) * a.group + r / a.rows_per_qhead;
+            const int64_t row = a.first_row + r % a.rows_per_qhead;
+            return queries + (qh * a.w + row) * a.d;
+          }
         },
         RC, a.d, kQRegs ? sk : sq, a.queries);
     if constexpr (kDrop && !kStats) {
@@ -574,6 +833,9 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
             }
           }
         }
+      } else if constexpr (kModel) {
+        ModelTile<MG, NT, kRowGroups>(a, s, row_max2, row_inv, h, chunk, rowgroup,
+                                      chunk_row0 + rb, ts, tok0, lane, spartial);
       } else {
         // Pass B: p, DropKV's term, then each token's sum over this warp's rows.
         float av[kDrop ? MG : 1][kDrop ? NT : 1][4];
@@ -629,32 +891,21 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
             tok_sum[nt][e] = v;
           }
         }
-        if (g == 0) {
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int local = ts + 8 * nt + 2 * t + e;
-              if constexpr (kRowGroups == 1) {
-                const int64_t j = tok0 + local;
-                if (j < a.n) {
-                  if (a.direct_finish) {
-                    a.out[static_cast<int64_t>(h) * a.n + j] = FinishFast(a, tok_sum[nt][e], j);
-                  } else {
-                    a.partial[(static_cast<int64_t>(chunk) * a.num_kv_heads + h) * a.n + j] =
-                        tok_sum[nt][e];
-                  }
-                }
-              } else {
-                spartial[rowgroup * kTileTokens + local] = tok_sum[nt][e];
-              }
-            }
-          }
-        }
+        StoreTokenValues<NT, kRowGroups>(
+            a, tok_sum, h, chunk, rowgroup, ts, tok0, g, t, spartial,
+            [&](float x, int64_t j) { return FinishFast(a, x, j); });
       }
     }
 
-    if constexpr (!kStats && kRowGroups > 1) {
+    if constexpr (kModel && !kStats && kRowGroups > 1) {
+      if (ModelCombinesRowGroups(a, MG == 2 ? 5 : 4)) {  // uniform over the CTA
+        __syncthreads();
+        if (tid < kTileTokens) {
+          const int64_t j = tok0 + tid;
+          if (j < a.n) ModelRowGroups<kRowGroups, MG * 16, RC>(a, spartial, h, chunk, tid, j);
+        }
+      }
+    } else if constexpr (!kStats && kRowGroups > 1) {
       __syncthreads();
       if (tid < kTileTokens) {
         const int64_t j = tok0 + tid;
@@ -736,7 +987,9 @@ constexpr int kCombineChunk = 512;
 /// Per row (grid (rows_total, H)): M, 1/Z over the parts in part order and, for DropKV,
 /// a = Σ o_p 2^(m_p - M) / Z as hi + lo 16-bit planes and |a|² in fp32. The part weights
 /// 2^(m_p - M) are computed once per part into shared memory, kCombineChunk at a time.
-template <typename CT, int DP, bool kDrop>
+/// kModel: padding rows of the model-aware orders (RowSourceOf not valid) get zero
+/// statistics too, so that pass B's p is 0 on them.
+template <typename CT, int DP, bool kDrop, bool kModel = false>
 __global__ void __launch_bounds__(kCombineThreads) CombineKernel(FastArgs a) {
   constexpr int kCols = (DP + kCombineThreads - 1) / kCombineThreads;  // columns per thread
   __shared__ float red[kCombineThreads];
@@ -746,7 +999,7 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(FastArgs a) {
   const int64_t row = static_cast<int64_t>(h) * a.rows_total + r;
   const size_t plane = static_cast<size_t>(a.num_kv_heads) * a.rows_total * DP;
   CT* out_hi = static_cast<CT*>(a.row_out) + row * DP;
-  if (r >= a.rows) {
+  if (kModel ? !RowSourceOf(a, r).valid : r >= a.rows) {
     if (threadIdx.x == 0) a.row_info[row] = RowInfo{0.0f, 0.0f, 0.0f, 0.0f};
     if constexpr (kDrop) {
       for (int c = threadIdx.x; c < DP; c += kCombineThreads) {
@@ -824,10 +1077,29 @@ __global__ void FinishKernel(FastArgs a, int32_t chunks) {
   }
 }
 
+/// FinishKernel of the model-aware reductions: kGroupSq (grid.y = H_kv) adds the chunks'
+/// squared sums of KV head h in order; kPerQ* (grid.y = H_q) query head q = h G + g adds the
+/// S / RC chunks of its segment g in order; then FinishModel.
+__global__ void FinishModelKernel(FastArgs a, int32_t chunks) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= a.n) return;
+  const bool per_q = a.reduce != Reduce::kGroupSq;
+  const int q = blockIdx.y;
+  const int h = per_q ? q / a.group : q;
+  const int per_seg = per_q ? (1 << a.seg_log2) / (a.rows_total / chunks) : chunks;
+  const int c0 = per_q ? (q % a.group) * per_seg : 0;
+  float sum = 0.0f;
+  for (int c = c0; c < c0 + per_seg; ++c) {
+    sum += a.partial[(static_cast<int64_t>(c) * a.num_kv_heads + h) * a.n + j];
+  }
+  a.out[static_cast<int64_t>(q) * a.n + j] = FinishModel(a, sum);
+}
+
 /// Launches one pass kernel with its dynamic shared memory.
-template <typename T, int DP, int MG, int NSL, int kStages, bool kDrop, bool kStats>
+template <typename T, int DP, int MG, int NSL, int kStages, bool kDrop, bool kStats,
+          bool kModel = false>
 cudaError_t LaunchPass(const FastAttentionPlan& plan, const FastArgs& args, cudaStream_t stream) {
-  auto* kernel = FastPassKernel<T, DP, MG, NSL, kStages, kDrop, kStats>;
+  auto* kernel = FastPassKernel<T, DP, MG, NSL, kStages, kDrop, kStats, kModel>;
   constexpr size_t smem = SmemLayout<T, DP, MG, NSL, kStages, kDrop, kStats>::kBytes;
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
   static_assert(WarpLayout<MG, NSL>::kRows == 16 || WarpLayout<MG, NSL>::kRows == 32 ||
@@ -842,23 +1114,33 @@ cudaError_t LaunchPass(const FastAttentionPlan& plan, const FastArgs& args, cuda
   return cudaGetLastError();
 }
 
-/// Pass A (layout MG_A x NSL_A, kStagesA stages), combine, pass B (MG_B x NSL_B, kStagesB),
-/// finish. Both layouts cover the same rows per chunk.
+/// Pass A (layout MG_A x NSL_A, kStagesA stages), combine, pass B (MG_B x NSL_B, kStagesB;
+/// kModel: the model-aware reductions), finish. Both layouts cover the same rows per chunk.
 template <typename T, int DP, bool kDrop, int MG_A, int NSL_A, int kStagesA, int MG_B, int NSL_B,
-          int kStagesB>
+          int kStagesB, bool kModel = false>
 cudaError_t LaunchAll(const FastAttentionPlan& plan, const FastArgs& args, cudaStream_t stream) {
   using CT = typename ComputeOf<T>::type;
   static_assert(WarpLayout<MG_A, NSL_A>::kRows == WarpLayout<MG_B, NSL_B>::kRows,
                 "both passes see the same chunk rows");
-  cudaError_t err = LaunchPass<T, DP, MG_A, NSL_A, kStagesA, kDrop, true>(plan, args, stream);
+  // The row order of the model-aware reductions is that of pass B's warps.
+  if (kModel && plan.block_rows != 16 * MG_B) return cudaErrorInvalidValue;
+  cudaError_t err =
+      LaunchPass<T, DP, MG_A, NSL_A, kStagesA, kDrop, true, kModel>(plan, args, stream);
   if (err != cudaSuccess) return err;
   const dim3 rows_grid(static_cast<unsigned>(plan.num_chunks * plan.chunk_rows),
                        static_cast<unsigned>(plan.num_kv_heads));
-  CombineKernel<CT, DP, kDrop><<<rows_grid, kCombineThreads, 0, stream>>>(args);
+  CombineKernel<CT, DP, kDrop, kModel><<<rows_grid, kCombineThreads, 0, stream>>>(args);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
-  err = LaunchPass<T, DP, MG_B, NSL_B, kStagesB, kDrop, false>(plan, args, stream);
+  err = LaunchPass<T, DP, MG_B, NSL_B, kStagesB, kDrop, false, kModel>(plan, args, stream);
   if (err != cudaSuccess || plan.direct_finish) return err;
+  if constexpr (kModel) {
+    const bool per_q = plan.reduce != Reduce::kGroupSq;
+    const dim3 grid(static_cast<unsigned>((plan.num_tokens + 255) / 256),
+                    static_cast<unsigned>(plan.num_kv_heads * (per_q ? plan.group : 1)));
+    FinishModelKernel<<<grid, 256, 0, stream>>>(args, plan.num_chunks);
+    return cudaGetLastError();
+  }
   const dim3 finish_grid(static_cast<unsigned>((plan.num_tokens + 255) / 256),
                          plan.kind == ScorerKind::kTova ? 1u
                                                         : static_cast<unsigned>(plan.num_kv_heads));
@@ -873,9 +1155,25 @@ cudaError_t LaunchAll(const FastAttentionPlan& plan, const FastArgs& args, cudaS
 ///  16-row chunks   16 rows x 16 tokens per warp, 4 slices, two stages;
 ///  DropKV          pass A as 32-row chunks with three K/V stages where they fit; pass B
 ///                  32 rows x 16 tokens per warp (queries in registers), two stages.
+/// The model-aware reductions take the same three layouts in their kModel variants (row order,
+/// combine, pass B's reductions; instantiated for DP <= 128 only: the model-aware scorers take
+/// d <= 128), so the four scorers' kernels are unchanged.
 template <typename T, int DP>
 cudaError_t LaunchForDim(const FastAttentionPlan& plan, const FastArgs& args, cudaStream_t stream) {
   constexpr bool kRoomy = PlanesOf<T>() == 1 && DP <= 128;  // three K/V stages fit
+  if (plan.reduce != Reduce::kSum) {
+    if constexpr (DP <= 128) {
+      if (plan.chunk_rows == 128) {
+        return LaunchAll<T, DP, false, 2, 64, 3, 2, 64, 3, true>(plan, args, stream);
+      }
+      if (plan.chunk_rows == 32) {
+        return LaunchAll<T, DP, false, 1, 32, 2, 1, 32, 2, true>(plan, args, stream);
+      }
+      return LaunchAll<T, DP, false, 1, 16, 2, 1, 16, 2, true>(plan, args, stream);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  }
   if (plan.with_values) {
     return LaunchAll<T, DP, true, 1, 32, kRoomy ? 3 : 2, 2, 16, 2>(plan, args, stream);
   }
@@ -929,6 +1227,11 @@ cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const Devic
   args.bf16_round = params.bf16_prob_round;
   args.direct_finish = plan.direct_finish;
   args.finish = attn::FinishOf(plan.kind, params);
+  args.reduce = plan.reduce;
+  args.seg_log2 = plan.seg_log2;
+  args.block_rows = plan.block_rows;
+  args.in_bits = plan.in_bits;
+  args.lane_bits = plan.lane_bits;
   args.part_max = reinterpret_cast<float*>(base + plan.part_max_offset);
   args.part_sum = reinterpret_cast<float*>(base + plan.part_sum_offset);
   args.part_out = reinterpret_cast<float*>(base + plan.part_out_offset);

@@ -29,8 +29,11 @@
 // for Gram matrices): ~1e-4 at kappa_q = 4, typically 1e-6. Expected Attention's logits
 // carry that absolute error times |logit|, and the hardware exp2 adds 2 ulp: its
 // probabilities are within ~1e-5 relative for logits of magnitude <= 10.
-// CriticalKV's attention array is the fast SnapKV path's (docs/numerics.md, tau); LaProx's
-// window attention is the canonical one.
+// The window attention of both (CriticalKV's per-query-head means, LaProx's per-query-head
+// sqrt(sum_t p^2) or sqrt(sum_t m_t^2) of the group mean m_t) is one run of the fast
+// attention passes (fast_attention.cuh) with the matching Reduce: the p of every row within
+// the band of docs/numerics.md (tau), summed (and squared) in fp32, so the statistics carry
+// p's relative error (sqrt halves that of the squares).
 //
 // Kernels (P = n - window):
 //  FastL1Kernel     CTA = 8 warps, one (KV head h, tile of BM tokens, query head q of the
@@ -678,13 +681,12 @@ __global__ void __launch_bounds__(256) EaScoreFastKernel(EaScoreFastArgs a) {
 
 // ---- Combines ----------------------------------------------------------------------------------
 
-/// CriticalKV (plain fp32): attention = (sum_g pooled[row(h, g)]) / G, critical =
-/// (attention + eps) * (sum_g n_{hG+g}) / G for j < P; both 0 for j >= P. pooled rows are
-/// g * H_kv + h when `regrouped` (the fast attention's order), else h * G + g.
+/// CriticalKV (plain fp32): attention = (sum_g pooled[hG+g]) / G, critical =
+/// (attention + eps) * (sum_g n_{hG+g}) / G for j < P; both 0 for j >= P. pooled [H_q, n].
 __global__ void __launch_bounds__(256)
     CriticalCombineFast(const float* __restrict__ pooled, const float* __restrict__ norm,
                         int64_t n, int64_t prefix, int32_t num_kv_heads, int32_t group,
-                        bool regrouped, float eps, float* attention, float* critical) {
+                        float eps, float* attention, float* critical) {
   const int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (item >= static_cast<int64_t>(num_kv_heads) * n) return;
   const int64_t h = item / n;
@@ -697,8 +699,7 @@ __global__ void __launch_bounds__(256)
   float att = 0.0f;
   float nrm = 0.0f;
   for (int g = 0; g < group; ++g) {
-    const int64_t row = regrouped ? static_cast<int64_t>(g) * num_kv_heads + h : h * group + g;
-    att += pooled[row * n + j];
+    att += pooled[(h * group + g) * n + j];
     nrm += norm[(h * group + g) * n + j];
   }
   const float fg = static_cast<float>(group);
@@ -752,10 +753,9 @@ struct FastModelPlan {
   int64_t n = 0;
   int64_t prefix = 0;            // P (n for expected attention)
   // Window attention (criticalkv, laprox).
-  bool fast_attention = false;   // criticalkv: the fast SnapKV passes once per query head of a group
+  bool fast_attention = false;   // one run of the fast passes with the scorer's Reduce
   fast::FastAttentionPlan fast_attn;
-  attn::AttentionPlan attn;      // the canonical passes otherwise (laprox always)
-  bool regrouped = false;        // pre / pooled rows in the order g * H_kv + h
+  attn::AttentionPlan attn;      // the canonical passes where the fast plan is refused
   int32_t pre_rows = 0;          // rows of pre / pooled
   // Norms (criticalkv, laprox) or logits (expected attention).
   bool l1 = false;               // criticalkv l1: FastL1Kernel
@@ -763,7 +763,6 @@ struct FastModelPlan {
   int32_t mats = 0;              // matrices of FastQuadKernel
   int32_t mats_per_kv = 1;
   // Scratch regions (byte offsets, 256-byte aligned).
-  size_t qperm_offset = 0;       // [G, H_kv, w, d] T: queries regrouped by g
   size_t pre_offset = 0;         // [pre_rows, n] f32
   size_t pooled_offset = 0;      // [pre_rows, n] f32
   size_t norm_offset = 0;        // [norm_rows, n] f32 (EA: logits [H_q, n])
@@ -773,9 +772,6 @@ struct FastModelPlan {
   size_t qstats_offset = 0;      // [H_q] float2 (EA)
   size_t scratch_bytes = 0;
 };
-
-/// Bytes of one element of `dtype`.
-size_t ElementBytes(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
                               const ScorerParams& params, const DeviceModelInputs& model,
@@ -854,22 +850,7 @@ cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
     p.pre_rows = p.num_query_heads;
     p.norm_rows = p.num_query_heads;
     p.l1 = !params.norm_l2;
-    // The per-query-head means from the fast SnapKV passes, one query head of each group at
-    // a time (a layer whose "query heads" are query head g of every KV head).
-    DeviceLayer one = layer;
-    one.num_query_heads = layer.num_kv_heads;
-    p.fast_attention =
-        fast::MakeFastAttentionPlan(ScorerKind::kSnapKV, one, rows, &p.fast_attn) == cudaSuccess;
-    p.regrouped = p.fast_attention;
-    const size_t attn_bytes =
-        p.fast_attention ? p.fast_attn.scratch_bytes : p.attn.scratch_bytes;
-    add(attn_bytes);
-    if (p.fast_attention && p.group > 1) {
-      p.qperm_offset = add(static_cast<size_t>(p.num_query_heads) * layer.window_rows *
-                           static_cast<size_t>(layer.head_dim) * ElementBytes(layer.dtype));
-    }
     p.mats_per_kv = p.group;
-    if (!p.l1) add_mats(p.num_query_heads, false);
   } else {
     const bool summed = params.gqa == LaProxGqa::kSummedWo;
     if (summed ? model.group_gram == nullptr : model.head_gram == nullptr) {
@@ -880,7 +861,19 @@ cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
     p.pre_rows = per_head ? p.num_query_heads : p.num_kv_heads;
     p.norm_rows = summed ? p.num_kv_heads : p.num_query_heads;
     p.mats_per_kv = summed ? 1 : p.group;
-    add(p.attn.scratch_bytes);
+  }
+  // The window statistics from one run of the fast passes with the matching reduction
+  // (SnapKV's rows, no pooling); the canonical passes where it is refused (kGroupSq with
+  // G > 32). Either scratch lies at offset 0.
+  const fast::Reduce reduce = p.attn.reduce == attn::Reduce::kPerQMean ? fast::Reduce::kPerQMean
+                              : p.attn.reduce == attn::Reduce::kPerQSq ? fast::Reduce::kPerQSq
+                                                                        : fast::Reduce::kGroupSq;
+  p.fast_attention = fast::MakeFastAttentionPlan(ScorerKind::kSnapKV, layer, rows, &p.fast_attn,
+                                                 reduce) == cudaSuccess;
+  add(p.fast_attention ? p.fast_attn.scratch_bytes : p.attn.scratch_bytes);
+  if (kind == ScorerKind::kCriticalKV) {
+    if (!p.l1) add_mats(p.num_query_heads, false);
+  } else {
     add_mats(p.norm_rows, false);
   }
   p.pre_offset = add(static_cast<size_t>(p.pre_rows) * n * sizeof(float));
@@ -987,7 +980,8 @@ QuadFastArgs QuadArgsOf(const FastModelPlan& plan, const void* x, int64_t count,
 /// Grid of a one-thread-per-(h, j) kernel.
 unsigned ItemBlocks(int64_t items) { return static_cast<unsigned>((items + 255) / 256); }
 
-/// The window attention rows of CriticalKV / LaProx into pre [pre_rows, n].
+/// The window statistics of CriticalKV / LaProx into pre [pre_rows, n]: one run of the fast
+/// passes (pass A, combine, pass B with the plan's Reduce), or the canonical passes.
 cudaError_t LaunchWindowRows(const FastModelPlan& plan, const DeviceLayer& layer,
                              const ScorerParams& params, char* base, float* pre,
                              cudaStream_t stream) {
@@ -999,26 +993,7 @@ cudaError_t LaunchWindowRows(const FastModelPlan& plan, const DeviceLayer& layer
   ScorerParams rows = params;
   rows.kernel = 1;
   rows.fast = true;
-  const size_t es = ElementBytes(plan.dtype);
-  const size_t row_bytes = static_cast<size_t>(layer.window_rows) * layer.head_dim * es;
-  for (int32_t g = 0; g < plan.group; ++g) {
-    DeviceLayer one = layer;
-    one.num_query_heads = plan.num_kv_heads;
-    if (plan.group > 1) {
-      // Query head h * G + g of every KV head h, in h order.
-      char* dst = base + plan.qperm_offset + static_cast<size_t>(g) * plan.num_kv_heads * row_bytes;
-      cudaError_t err = cudaMemcpy2DAsync(
-          dst, row_bytes, static_cast<const char*>(layer.queries) + g * row_bytes,
-          row_bytes * plan.group, row_bytes, plan.num_kv_heads, cudaMemcpyDeviceToDevice, stream);
-      if (err != cudaSuccess) return err;
-      one.queries = dst;
-    }
-    cudaError_t err = fast::LaunchFastAttentionScores(
-        plan.fast_attn, one, rows, base, pre + static_cast<int64_t>(g) * plan.num_kv_heads * plan.n,
-        stream);
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  return fast::LaunchFastAttentionScores(plan.fast_attn, layer, rows, base, pre, stream);
 }
 
 }  // namespace
@@ -1175,8 +1150,8 @@ cudaError_t LaunchFastModelScore(ScorerKind kind, const DeviceLayer& layer,
   }
   if (kind == ScorerKind::kCriticalKV) {
     CriticalCombineFast<<<ItemBlocks(items), 256, 0, stream>>>(
-        pooled, norm, plan.n, plan.prefix, plan.num_kv_heads, plan.group, plan.regrouped,
-        params.eps, scores, critical);
+        pooled, norm, plan.n, plan.prefix, plan.num_kv_heads, plan.group, params.eps, scores,
+        critical);
   } else {
     LaProxCombineFast<<<ItemBlocks(items), 256, 0, stream>>>(
         pooled, norm, plan.n, plan.prefix, plan.num_kv_heads, plan.group, params.gqa, scores);

@@ -6,11 +6,13 @@
 //
 // What runs fast, per scorer (everything else as in model_scorers.cu, in plain fp32):
 //   CriticalKV l1   ||v W_O^q||_1: a [P, d] x [d, D] GEMM per query head with |.| and the row
-//                   sum in the epilogue (FastL1Kernel), reading the f16 W_O image below;
-//                   the per-query-head window attention: the fast SnapKV passes of
-//                   fast_attention.cuh, once per query head of a group (queries regrouped).
+//                   sum in the epilogue (FastL1Kernel), reading the f16 W_O image below.
 //   CriticalKV l2,  sqrt(v Gram v): a [P, d] x [d, d] GEMM per matrix with the row-wise dot in
-//   LaProx          the epilogue (FastQuadKernel); LaProx's window attention stays canonical.
+//   LaProx          the epilogue (FastQuadKernel).
+//   CriticalKV,     the window statistics (per-query-head means; per-query-head
+//   LaProx          sqrt(sum_t p^2); sqrt(sum_t m_t^2) of the group mean m_t): one run of the
+//                   fast attention passes of fast_attention.cuh with the matching Reduce
+//                   (one pass over K for every query head of a group).
 //   Expected        the logits mu.k * scale + k Sigma k * half_scale2 by the same GEMM, then a
 //   Attention       softmax over n and the score in fp32 with the hardware exp2.
 // Deterministic: fixed tiles, fixed reduction orders, no atomics.

@@ -7,6 +7,11 @@
 //     non-finite scores equal, over f32 / f16 / bf16, n in {1, 7, 99, 1000, 40000},
 //     d in {64, 128}, G in {1, 4, 8}, H_kv = 3, hidden D = 64 (w = min(32, n), the window
 //     lowered to w); CriticalKV l1 also at D in {520, 4096} (a partial W_O chunk, a real o_proj);
+//   * FastModelScores.ReductionLayouts: the window statistics' reductions of the fast
+//     attention passes (per-query-head mean, sqrt(sum p^2), group-mean squares) over the
+//     layouts of their segments: windows T in {3, 5, 7, 32, 64, 130, 256} and G in
+//     {1, 2, 3, 4, 7, 20, 40} (segments within a thread, a warp, a CTA, several chunks;
+//     padded T and G; G > 32 for the group mean: the canonical passes);
 //   * every fast request reports fast, every exact one exact;
 //   * FastModelSanitizer.*: small cases of every kernel variant (for compute-sanitizer);
 //   * FastModelLauncher.*: the launcher's edges and errors, and the f16 W_O image built on the
@@ -81,17 +86,26 @@ std::vector<ModelSpec> Specs() {
   };
 }
 
-/// One case: a scorer configuration at (dtype, n, d, G, D).
+/// One case: a scorer configuration at (dtype, n, d, G, D), max_window query rows sent at
+/// most (w = min(max_window, n)).
 struct ModelCase {
   ModelSpec spec;
   DType dtype = DType::kBF16;
   int64_t n = 0, d = 64, group = 1, hidden = 64;
-  int64_t window() const { return std::min(kMaxWindow, n); }
+  int64_t max_window = kMaxWindow;
+  int64_t window() const { return std::min(max_window, n); }
   std::string Describe() const {
     return absl::StrCat(spec.label, " dtype=", DTypeName(dtype), " n=", n, " d=", d, " G=", group,
                         " D=", hidden, " H_kv=", kKvHeads, " w=", window());
   }
 };
+
+/// `spec` reading `window` rows per query head (its label says so).
+ModelSpec WithWindow(ModelSpec spec, int64_t window) {
+  spec.label = absl::StrCat(spec.label, "_window", window);
+  spec.params["window"] = ParamValue::Number(static_cast<double>(window));
+  return spec;
+}
 
 /// The case's policy in `mode`, its window lowered to w and its model attached.
 absl::StatusOr<ResolvedPolicy> Prepare(const PolicyEngine& engine, const ModelCase& c,
@@ -122,13 +136,16 @@ absl::StatusOr<ResolvedPolicy> Prepare(const PolicyEngine& engine, const ModelCa
   return policy;
 }
 
-/// The layer tensors of (dtype, n, d, G), generated once and shared by every spec.
+/// The layer tensors of (dtype, n, d, G, w), generated once and shared by every spec.
 std::shared_ptr<const ModelLayerData> CaseData(const ModelCase& c) {
-  static auto* cache = new OnceCache<std::tuple<int, int64_t, int64_t, int64_t>, ModelLayerData>();
-  return cache->Get(std::make_tuple(static_cast<int>(c.dtype), c.n, c.d, c.group), [&] {
-    return MakeModelLayerData(c.dtype, kKvHeads, c.n, c.d, c.group, c.window(),
-                              static_cast<uint64_t>(c.n * 6007 + c.d * 37 + c.group * 5 + 2));
-  });
+  static auto* cache =
+      new OnceCache<std::tuple<int, int64_t, int64_t, int64_t, int64_t>, ModelLayerData>();
+  return cache->Get(std::make_tuple(static_cast<int>(c.dtype), c.n, c.d, c.group, c.window()),
+                    [&] {
+                      return MakeModelLayerData(
+                          c.dtype, kKvHeads, c.n, c.d, c.group, c.window(),
+                          static_cast<uint64_t>(c.n * 6007 + c.d * 37 + c.group * 5 + 2));
+                    });
 }
 
 /// The layer request of a case (keys, values and queries always sent).
@@ -268,6 +285,57 @@ TEST(FastModelScores, CriticalKVHiddenSizes) {
   ExpectWithinBand(cases);
 }
 
+/// The scorers whose window statistics take each reduction of the fast attention passes:
+/// CriticalKV (per-query-head mean), LaProx head_bound (per-query-head sqrt(sum p^2)), LaProx
+/// mean and summed_wo (sqrt(sum_t m_t^2) of the group mean).
+std::vector<ModelSpec> ReductionSpecs() {
+  const std::vector<ModelSpec> all = Specs();
+  return {all[0], all[3], all[2], all[4]};
+}
+
+/// One layout of the reductions' segments: G, the query rows sent and the window read.
+struct ReductionShape {
+  int64_t group, rows_sent, window;
+};
+
+/// Shapes that reach every segment layout of fast_attention.cu (B = rows of a warp of pass B,
+/// RC = rows of a chunk; S = T (per query head) or G (group mean) rounded up to a power of 2):
+std::vector<ReductionShape> ReductionShapes() {
+  return {
+      {1, 3, 3},      // per q: S = 4, two slots of a thread x two lanes (RC = 16); group: S = 1
+      {2, 8, 5},      // per q: S = 8 over four lanes, padded t; group: S = 2 in a thread
+      {3, 32, 32},    // per q: a warp per head, the fourth row group idle; group: padded g
+      {7, 32, 7},     // padded t and g; group: S = 8 over two lanes
+      {4, 64, 64},    // per q: S = 64 > B, two row groups, two chunks; group: finish kernel
+      {1, 64, 64},    // per q: one head over two of four row groups
+      {1, 256, 256},  // per q: S = 256 > RC: two chunks added by the finish kernel
+      {2, 160, 130},  // per q: S = 256, padded t, four chunks
+      {20, 32, 32},   // group: S = 32 (a whole warp; 128-row chunks), eight chunks
+      {40, 32, 9},    // group: G > 32 takes the canonical passes; per q: S = 16, five chunks
+  };
+}
+
+// The window statistics over every layout of their segments (ReductionShapes), within the
+// band: f32 / f16 / bf16, d in {64, 128}, n in {300, 2000}.
+TEST(FastModelScores, ReductionLayouts) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  std::vector<ModelCase> cases;
+  for (const ModelSpec& spec : ReductionSpecs()) {
+    for (const ReductionShape& shape : ReductionShapes()) {
+      for (int64_t n : {int64_t{300}, int64_t{2000}}) {
+        for (int64_t d : {128, 64}) {
+          for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+            ModelCase c{WithWindow(spec, shape.window), dtype, n, d, shape.group, 64};
+            c.max_window = shape.rows_sent;
+            cases.push_back(c);
+          }
+        }
+      }
+    }
+  }
+  ExpectWithinBand(cases);
+}
+
 // Small shapes of every fast kernel variant (both padded dimensions, 16-bit and f32 tiles,
 // regrouped queries), one case at a time, for compute-sanitizer (memcheck, racecheck).
 TEST(FastModelSanitizer, SmallCases) {
@@ -282,6 +350,24 @@ TEST(FastModelSanitizer, SmallCases) {
           EXPECT_LE(m.scores, kTau) << c.Describe();
           EXPECT_LE(m.critical, kTau) << c.Describe() << " (critical)";
         }
+      }
+    }
+  }
+}
+
+// The reductions of the window statistics over every segment layout (ReductionShapes), small,
+// one case at a time, for compute-sanitizer.
+TEST(FastModelSanitizer, ReductionLayouts) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  for (const ModelSpec& spec : ReductionSpecs()) {
+    for (const ReductionShape& shape : ReductionShapes()) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        ModelCase c{WithWindow(spec, shape.window), dtype, 300, 64, shape.group, 72};
+        c.max_window = shape.rows_sent;
+        const Measured m = Compare(c);
+        EXPECT_TRUE(m.failure.empty()) << m.failure;
+        EXPECT_LE(m.scores, kTau) << c.Describe();
+        EXPECT_LE(m.critical, kTau) << c.Describe() << " (critical)";
       }
     }
   }
