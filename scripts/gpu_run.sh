@@ -90,7 +90,7 @@ SECTIONS=$(expand_sections "${SECTIONS:-benchmarks}")
 # head reductions): ModelScoreSanitizer (one small case per family), the launcher edges, and
 # three host-decided policies at n = 7 (two stages, LU-KV, block-aligned) under memcheck.
 MEMCHECK_FILTER="${MEMCHECK_FILTER:-Presets/*_n1:Presets/*_n7:Presets/*_n99:ParityRule*:GpuBackendCreateTest.*:GpuBackendMemoryTest.ArenaCap*:KeyScorerErrors.*:AttentionLaunchTest.*:Scorers/AttentionParityTest.BitIdenticalOnEdgeShapes/*:SelectTopKParity.EmptyShapes*:SelectProtectionParity.*:ModelScoreSanitizer.*:ModelScoreLauncherTest.*:Policies/ModelDecisionParityTest.GpuMatchesCpu/criticalkv_n7:Policies/ModelDecisionParityTest.GpuMatchesCpu/lukv_n7:Policies/ModelDecisionParityTest.GpuMatchesCpu/snapkv_block_n7:FastSanitizer.*:SelectFusedErrors.*:SelectFusedSanitizer.*:FastModelSanitizer.*:FastModelLauncher.EdgesAndErrors:DeviceDecisionSanitizer.*}"
-RACECHECK_FILTER="${RACECHECK_FILTER:-Presets/*/dropkv_n7:Presets/*/snapkv_n7:Presets/*/tova_n7:Presets/*/adakv_n7:Presets/*/keydiff_n7:Presets/*/knorm_shared_n7:AttentionPerturbationTest.*:ModelScoreSanitizer.*:FastSanitizer.*:SelectFusedSanitizer.ClusterOfThreeWithNaN:FastModelSanitizer.*:DeviceDecisionSanitizer.*}"
+RACECHECK_FILTER="${RACECHECK_FILTER:-Presets/*/dropkv_n7:Presets/*/snapkv_n7:Presets/*/tova_n7:Presets/*/adakv_n7:Presets/*/keydiff_n7:Presets/*/knorm_shared_n7:AttentionPerturbationTest.*:ModelScoreSanitizer.*:FastSanitizer.*:SelectFusedSanitizer.ClusterOfThreeWithNaN:FastModelSanitizer.SmallCases:DeviceDecisionSanitizer.*}"
 TEST_FILTER="${TEST_FILTER:-*}"
 LOG="$OUT/gpu_run.log"
 : >"$LOG"
