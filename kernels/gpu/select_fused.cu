@@ -2,34 +2,51 @@
 // one layer in one kernel launch, bit-identical to LaunchFindFirstNaN + LaunchApplyProtection
 // + LaunchSelectTopK (so to the CPU's NaN check, ApplyProtection and SelectTopK).
 //
-// One thread-block cluster of C CTAs per head (C = 1..8, one per 8192 tokens); CTA r owns the
-// tokens [r * chunk, r * chunk + chunk) of its head.
-//   load     reads the raw scores once (L2-resident: the scorer has just written them),
+// One thread-block cluster of C CTAs of 512 threads per head (C = 1..8, one per 4096 tokens);
+// CTA r owns the tokens [r * chunk, r * chunk + chunk) of its head, and warp w of the CTA the
+// contiguous segment [w * chunk / 16, (w + 1) * chunk / 16) of them (lane l holds the tokens
+// 32 s + l of its segment at step s), so that index order is segment order, then step, then
+// lane. Keys are the order-preserving 32-bit keys of select_keys.cuh; K is the k-th smallest.
+//   load     reads the raw scores once (L2-resident: the scorer has just written them; 8 or
+//            16 loads per thread and batch, the next batch loaded while one is processed),
 //            records the lowest NaN index (integer atomicMin: the result is order-free), counts
-//            protected tokens as +inf, keeps the order-preserving 32-bit keys
-//            (select_keys.cuh) in shared memory and histograms their top byte.
-//   digits   four radix digits of 8 bits, most significant first: after a cluster barrier
-//            every CTA sums the C histograms of the digit (256 bins each) through distributed
-//            shared memory (integer sums, the same in every CTA), finds the bin of the k-th key
-//            and the rank left within it, and histograms the next digit of the keys that
-//            match. After the last digit K (the k-th key) and `need` (how many keys == K are
-//            kept) are known. 8-bit digits keep the distributed reads at C KiB per CTA and
-//            digit (11-bit ones would read 8 C KiB for one barrier fewer).
-//   compact  each CTA writes, in index order, its keys < K and its keys == K while fewer than
-//            `need` of them precede: a block scan orders the CTA's own, and the counts of the
-//            lower-ranked CTAs come from the histograms already read (their bins below each
-//            digit found, and the last digit's bin).
-// A head that keeps 0 or all of its tokens skips the digits. Slices larger than the shared
-// memory (n above about 8 * 40960) re-read the scores from global memory in each pass.
+//            protected tokens as +inf, keeps the keys in shared memory and histograms their top
+//            12 bits (4096 bins, plain shared atomics; a warp whose keys of a batch share one
+//            bin adds them with one atomic, so long runs of ties and protected tokens are
+//            cheap). A 256-bin histogram of the top 8 bits is summed from it.
+//   round 1  after one cluster barrier every CTA reads the C 256-bin histograms through
+//            distributed shared memory (DSMEM) and finds the 8-bit bin of the k-th key, then
+//            the C 16-bin slices of the 12-bit histograms under it: the 12-bit prefix of K, the
+//            rank left within it, and M, the keys of the cluster that share the prefix. Every
+//            search (FindBin) is two __syncthreads: per-warp sums (warp reductions), then the
+//            warp that holds the boundary scans its lanes with shuffles.
+//   rounds   while M > 4096 (a bin holding many keys: ties, a narrow score range), the next 10
+//            key bits are histogrammed over the keys that match the prefix (1024 bins) and
+//            resolved across the cluster as above: one cluster barrier per 10 bits, at most two.
+//   local    otherwise (the common case: the 12-bit bin holds a few percent of the keys) each
+//            CTA copies its matching keys into a list, one cluster barrier, and every CTA
+//            reads all M of them (at most 8 per thread) and resolves the remaining 10 or 20
+//            bits by itself with no further cluster barrier: a 1024-bin shared histogram per
+//            10 bits while more than 32 keys match, then the last 32 or fewer go to shared
+//            memory and every warp ranks them (one __syncthreads, nothing to broadcast).
+//   compact  each warp counts its keys < K and == K (warp reductions); one __syncthreads gives
+//            each warp the keys before it (lower CTAs: the bins below each resolved digit and
+//            the matching keys of the list exchange; lower warps: their counts); the warp then
+//            writes, in index order, its keys < K and its keys == K while fewer than `need` of
+//            them precede (ballots and popcounts, no block scan). The same __syncthreads sums
+//            the counts of the earlier heads (the head's index base), loaded at the start.
+// Every decision (M, the rounds, the early exits) is the same in all CTAs of a cluster, so
+// they meet the same cluster barriers. A head that keeps 0 or all of its tokens stops after the
+// load. Slices larger than the shared memory (n above 8 * 40960) re-read the scores from global
+// memory in each pass.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cooperative_groups.h>
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 #include <utility>
 
 #include "kernels/gpu/device_nan_probe.h"
@@ -42,303 +59,689 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kThreads = 1024;            // threads per CTA
+constexpr int kThreads = 512;             // threads per CTA
+constexpr int kWarps = kThreads / 32;     // warps per CTA, one token segment each
 constexpr int kMaxClusterSize = 8;        // CTAs per head at most (the portable cluster size)
-constexpr int64_t kTokensPerCta = 8192;   // a head takes one more CTA per this many tokens
-constexpr int kLoadItems = 8;             // loads in flight per thread in the load pass
-constexpr int kPassItems = 4;             // keys per thread and step in the digit passes
-constexpr int kCompactItems = 4;          // consecutive keys per thread in the compaction
-constexpr int64_t kCompactTile = int64_t{kThreads} * kCompactItems;
+constexpr int64_t kTokensPerCta = 4096;   // a head takes one more CTA per this many tokens
+constexpr int kChunkAlign = 32 * kWarps;  // a CTA's chunk is a multiple of this (segments of
+                                          // whole steps)
+constexpr int kSmallBatch = 8;            // keys per lane and batch for chunks of at most
+constexpr int kSmallChunk = 32 * kWarps * kSmallBatch;  // this many tokens (one batch)
+constexpr int kLargeBatch = 16;           // and above (16 loads in flight, 16 more prefetched)
 constexpr size_t kMaxCacheBytes = 160 * 1024;  // shared-memory keys per CTA at most (40960)
 constexpr int kMaxDevices = 64;           // devices whose kernel limit is remembered
 
-constexpr int kDigits = 4;                // radix digits of the 32-bit key
-constexpr int kBins = 256;                // bins of one digit (8 bits)
-constexpr int kPeerGroups = kThreads / kBins;  // thread t sums bin t % 256 of CTAs t / 256 + 4i
+constexpr int kTopBits = 12;                            // bits resolved by round 1
+constexpr int kFineBins = 1 << kTopBits;                // the 12-bit histogram
+constexpr int kCoarseBins = 256;                        // its top 8 bits
+constexpr int kFinePerCoarse = kFineBins / kCoarseBins; // 16
+constexpr int kDigitBits = 10;                          // bits per later digit
+constexpr int kDigitBins = 1 << kDigitBits;             // 1024
+constexpr int kMaxCandidates = 4096;                    // M at most for the local resolution
+constexpr int kCandidatesPerThread = kMaxCandidates / kThreads;  // 8
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
 
-/// Digit d (0 = most significant) covers key bits [Shift(d), Shift(d) + 8).
-__host__ __device__ constexpr int Shift(int digit) { return 8 * (kDigits - 1 - digit); }
+static_assert(32 - kTopBits == 2 * kDigitBits, "two later digits cover the key");
+static_assert(kWarps == kFinePerCoarse, "FindBin gives each fine bin of a slice one warp");
+static_assert(kCandidatesPerThread * 4 <= 32, "candidate origins pack 4 bits each");
+
+/// The histogram of the 10-bit digit below bit `shift` (20 or 10): 0 or 1. Each digit is
+/// resolved once, across the cluster or locally, so each has its own zeroed histogram.
+__host__ __device__ constexpr int DigitIndex(int shift) {
+  return (2 * kDigitBits - shift) / kDigitBits;
+}
 
 /// The kernel's arguments (plain values, see LaunchProtectSelectTopK).
 struct FusedArgs {
   const float* scores;             // [H, n] fp32 raw scores
-  int64_t n;
-  int64_t sink;                    // tokens j < sink are protected (in [0, n])
-  int64_t recent_begin;            // tokens j >= recent_begin are protected (n - recent)
+  int n;                           // tokens per head, in [1, 2^31 - 1]
+  int sink;                        // tokens j < sink are protected (in [0, n])
+  int recent_begin;                // tokens j >= recent_begin are protected (n - recent)
+  int chunk;                       // tokens per CTA (a multiple of kChunkAlign)
   const int64_t* counts;           // [H]
   int64_t* offsets;                // [H + 1]
   int32_t* indices;                // [sum of the clamped counts]
   unsigned long long* first_nan;   // [1]
-  int64_t chunk;                   // tokens per CTA (a multiple of 4)
   bool cached;                     // a CTA's keys fit in its dynamic shared memory
 };
 
-using BlockScan = cub::BlockScan<unsigned, kThreads>;
-using BlockSum64 = cub::BlockReduce<unsigned long long, kThreads>;
-using BlockSumCount = cub::BlockReduce<long long, kThreads>;
+/// The result of a boundary search (FindBin), the same in every thread of the cluster.
+struct Found {
+  unsigned bin;        // the bin that holds the sought rank
+  unsigned need;       // the rank left within it (1-based)
+  unsigned low_below;  // keys of lower-ranked CTAs in the bins below `bin`
+  unsigned low_at;     // keys of lower-ranked CTAs in `bin`
+  unsigned total;      // keys of the cluster in `bin`
+};
+
+/// Static shared memory of one CTA.
+struct alignas(16) SelectShared {
+  unsigned fine[kFineBins];                   // 12-bit histogram of the keys (read by peers)
+  unsigned coarse[kCoarseBins];               // its top 8 bits (read by peers)
+  unsigned digit[2][kDigitBins];              // the later digits' histograms (DigitIndex)
+  uint32_t list[kMaxCandidates];              // this CTA's keys that match the prefix
+  long long warp_base[kWarps];                // per warp: clamped counts of earlier heads
+  unsigned warp_total[kWarps];                // FindBin: per-warp sums of the bins
+  unsigned warp_low[kWarps];                  //   and of their lower-CTA parts
+  unsigned warp_less[kWarps];                 // compaction: per warp, keys < K
+  unsigned warp_equal[kWarps];                //   keys == K
+  unsigned warp_list_less[kWarps];            //   list keys of lower CTAs < K
+  unsigned warp_list_equal[kWarps];           //   list keys of lower CTAs == K
+  unsigned cta_count[kMaxClusterSize];        // keys per CTA in the last bin found
+  unsigned list_count;                        // entries of `list`
+  uint32_t small[32];                         // ResolveSmallSet: the last matching keys
+  unsigned small_count;                       //   and how many
+  Found found;                                // FindBin's answer
+};
+
+/// One warp's tokens: CTA positions [first, first + len); lane l holds first + 32 s + l at
+/// step s. Token j = begin + position.
+struct WarpSlice {
+  const float* row;       // the head's raw scores [n]
+  const uint32_t* cache;  // the CTA's keys by position (when cached)
+  int begin;              // the CTA's first token
+  int first;              // the warp's first position
+  int len;                // the warp's positions
+};
 
 /// A count clamped to [0, n], as PrepareTopKKernel and SelectTopK clamp it.
-__device__ __forceinline__ int64_t ClampCount(int64_t count, int64_t n) {
-  return count < 0 ? 0 : (count > n ? n : count);
+__device__ __forceinline__ int ClampCount(int64_t count, int n) {
+  return count < 0 ? 0 : (count > n ? n : static_cast<int>(count));
 }
 
 /// True for the sink and recent tokens, which count as +inf.
-__device__ __forceinline__ bool IsProtected(const FusedArgs& a, int64_t j) {
+__device__ __forceinline__ bool IsProtected(const FusedArgs& a, int j) {
   return j < a.sink || j >= a.recent_begin;
 }
 
-/// The key of token j of `row` [n] with protection applied, read from global memory.
-__device__ __forceinline__ uint32_t GlobalKey(const FusedArgs& a, const float* row, int64_t j) {
+/// The key of token j of `row` with protection applied, read from global memory.
+__device__ __forceinline__ uint32_t GlobalKey(const FusedArgs& a, const float* row, int j) {
   return DescendingScoreKey(IsProtected(a, j) ? INFINITY : __ldg(row + j));
 }
 
-/// Adds 1 to hist[bin] for every lane with `match`: lanes with the same bin add once, by their
-/// lowest member. Every lane of the warp calls it.
-__device__ __forceinline__ void WarpHistAdd(unsigned* hist, bool match, unsigned bin) {
-  const unsigned peers = __match_any_sync(0xFFFFFFFFu, match ? bin : 0xFFFFFFFFu);
-  if (match && (threadIdx.x & 31u) == static_cast<unsigned>(__ffs(peers) - 1)) {
-    atomicAdd(&hist[bin], static_cast<unsigned>(__popc(peers)));
+/// This lane's position at step `step` of its warp's segment.
+__device__ __forceinline__ int StepPosition(int step) {
+  return 32 * step + static_cast<int>(threadIdx.x & 31u);
+}
+
+/// Lanes below this one.
+__device__ __forceinline__ unsigned LanesBelow() {
+  return (1u << (threadIdx.x & 31u)) - 1u;
+}
+
+/// The indices before this head: the sum over the CTA of each thread's share `earlier` of the
+/// clamped counts of the earlier heads (below 2^38 per thread: 128 counts below 2^31). Ends
+/// with a __syncthreads. Every thread of the CTA calls it.
+__device__ __forceinline__ long long HeadBase(long long earlier, SelectShared& s) {
+  const unsigned lo = __reduce_add_sync(kFullMask, static_cast<unsigned>(earlier & 0xFFFFFF));
+  const unsigned hi = __reduce_add_sync(kFullMask, static_cast<unsigned>(earlier >> 24));
+  if ((threadIdx.x & 31u) == 0) {
+    s.warp_base[threadIdx.x >> 5] = (static_cast<long long>(hi) << 24) + lo;
+  }
+  __syncthreads();
+  long long base = 0;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) base += s.warp_base[i];
+  return base;
+}
+
+/// Loads the raw scores of steps [step, step + kBatch) of this lane (0 past the segment).
+template <int kBatch>
+__device__ __forceinline__ void LoadRaw(const WarpSlice& w, int step, float (&raw)[kBatch]) {
+#pragma unroll
+  for (int u = 0; u < kBatch; ++u) {
+    const int pos = StepPosition(step + u);
+    raw[u] = pos < w.len ? __ldg(w.row + w.begin + w.first + pos) : 0.0f;
   }
 }
 
-/// Histograms digit kDigit (1 to 3) of the CTA's keys whose bits above it equal `prefix`'s,
-/// into hist [kBins]. cache: [chunk] keys when a.cached.
-template <int kDigit>
-__device__ __forceinline__ void HistogramDigit(const FusedArgs& a, const float* row,
-                                               const uint32_t* cache, int64_t begin,
-                                               int64_t len, uint32_t prefix, unsigned* hist) {
-  constexpr int kShift = Shift(kDigit);
-  constexpr int kHigh = kShift + 8;  // the bits above the digit, resolved before it
-  const uint32_t want = prefix >> kHigh;
-  for (int64_t step = 0; step < len; step += int64_t{kThreads} * kPassItems) {
-    uint32_t key[kPassItems];
+/// Reads the keys of steps [step, step + kBatch) of this lane (from the cache or, with
+/// protection, from global memory); bit u of the result: step + u lies in the segment.
+template <int kBatch>
+__device__ __forceinline__ unsigned ReadKeys(const FusedArgs& a, const WarpSlice& w, int step,
+                                             uint32_t (&key)[kBatch]) {
+  unsigned valid = 0;
 #pragma unroll
-    for (int u = 0; u < kPassItems; ++u) {
-      const int64_t idx = step + u * kThreads + threadIdx.x;
-      key[u] = idx >= len ? 0u : (a.cached ? cache[idx] : GlobalKey(a, row, begin + idx));
+  for (int u = 0; u < kBatch; ++u) {
+    const int pos = StepPosition(step + u);
+    key[u] = 0;
+    if (pos < w.len) {
+      valid |= 1u << u;
+      key[u] = a.cached ? w.cache[w.first + pos] : GlobalKey(a, w.row, w.begin + w.first + pos);
     }
+  }
+  return valid;
+}
+
+/// Adds 1 to hist[bin[u]] for every u with bit u of `valid`. When the valid keys of the whole
+/// warp fall in one bin (a run of ties), one atomic adds them all. Every lane calls it.
+template <int N>
+__device__ __forceinline__ void AddBatch(unsigned* hist, const unsigned (&bin)[N],
+                                         unsigned valid) {
+  unsigned lo = 0xFFFFFFFFu, hi = 0;
 #pragma unroll
-    for (int u = 0; u < kPassItems; ++u) {
-      const int64_t idx = step + u * kThreads + threadIdx.x;
-      const bool match = idx < len && (key[u] >> kHigh) == want;
-      if (__any_sync(0xFFFFFFFFu, match)) {
-        WarpHistAdd(hist, match, (key[u] >> kShift) & (kBins - 1));
+  for (int u = 0; u < N; ++u) {
+    if ((valid >> u) & 1u) {
+      lo = min(lo, bin[u]);
+      hi = max(hi, bin[u]);
+    }
+  }
+  const unsigned warp_lo = __reduce_min_sync(kFullMask, lo);
+  const unsigned warp_hi = __reduce_max_sync(kFullMask, hi);
+  if (warp_lo == warp_hi) {
+    const unsigned count = __reduce_add_sync(kFullMask, static_cast<unsigned>(__popc(valid)));
+    if ((threadIdx.x & 31u) == 0) atomicAdd(&hist[warp_lo], count);
+  } else if (warp_lo < warp_hi) {
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+      if ((valid >> u) & 1u) atomicAdd(&hist[bin[u]], 1u);
+    }
+  }
+}
+
+/// Finds the bin b of a kBins-bin histogram with before(b) < need <= before(b) + count(b),
+/// where the histogram is the sum of the C CTAs' copies at `hist` (read through DSMEM; kLocal:
+/// this CTA's copy alone). Also sums the lower-ranked CTAs' part of the bins below b and of b,
+/// and (kPerCta) stores each CTA's count of b in s.cta_count. Thread t reads bins
+/// [t / kSplit * kPer, + kPer) of the CTAs t % kSplit + kSplit i; per-warp sums meet after one
+/// __syncthreads, the warp that holds the boundary scans its lanes, and a second
+/// __syncthreads publishes the answer. Every thread of the CTA calls it.
+template <int kBins, bool kLocal, bool kPerCta>
+__device__ __forceinline__ Found FindBin(const cg::cluster_group& cluster, unsigned rank,
+                                         unsigned size, const unsigned* hist, unsigned need,
+                                         SelectShared& s) {
+  constexpr int kSplit = kBins >= kThreads ? 1 : kThreads / kBins;  // threads per bin
+  constexpr int kPer = kBins >= kThreads ? kBins / kThreads : 1;    // bins per thread
+  static_assert(kSplit <= 32 && (kSplit & (kSplit - 1)) == 0, "a bin's threads share a warp");
+  static_assert(!kLocal || kSplit == 1, "a local search reads each bin once");
+  static_assert(!kPerCta || kLocal || kSplit == 1 || kSplit >= kMaxClusterSize,
+                "per-CTA counts come from one lane per CTA or from a re-read");
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
+  const unsigned sub = threadIdx.x % kSplit;
+  const unsigned first = threadIdx.x / kSplit * kPer;
+  unsigned tot[kPer], low[kPer];
+  unsigned own = 0;  // kSplit >= C: CTA `sub`'s count of this thread's bin
+#pragma unroll
+  for (int p = 0; p < kPer; ++p) tot[p] = low[p] = 0;
+  if constexpr (kLocal) {
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) tot[p] = hist[first + p];
+  } else {
+#pragma unroll
+    for (int i = 0; i < (kMaxClusterSize + kSplit - 1) / kSplit; ++i) {
+      const unsigned q = sub + static_cast<unsigned>(i * kSplit);
+      if (q < size) {
+        const unsigned* peer = cluster.map_shared_rank(hist, static_cast<int>(q));
+#pragma unroll
+        for (int p = 0; p < kPer; ++p) {
+          const unsigned v = peer[first + p];
+          tot[p] += v;
+          if (q < rank) low[p] += v;
+          own = v;
+        }
+      }
+    }
+    if constexpr (kSplit == 32) {
+      tot[0] = __reduce_add_sync(kFullMask, tot[0]);
+      low[0] = __reduce_add_sync(kFullMask, low[0]);
+    } else {
+#pragma unroll
+      for (int m = 1; m < kSplit; m <<= 1) {
+        tot[0] += __shfl_xor_sync(kFullMask, tot[0], m);
+        low[0] += __shfl_xor_sync(kFullMask, low[0], m);
+      }
+    }
+  }
+  unsigned mine = 0, mine_low = 0;  // this thread's bins (one thread per bin counts them)
+  if (sub == 0) {
+#pragma unroll
+    for (int p = 0; p < kPer; ++p) {
+      mine += tot[p];
+      mine_low += low[p];
+    }
+  }
+  const unsigned warp_tot = __reduce_add_sync(kFullMask, mine);
+  const unsigned warp_low = __reduce_add_sync(kFullMask, mine_low);
+  if (lane == 0) {
+    s.warp_total[warp] = warp_tot;
+    s.warp_low[warp] = warp_low;
+  }
+  __syncthreads();
+  const unsigned xt = lane < kWarps ? s.warp_total[lane] : 0u;
+  const unsigned xl = lane < kWarps ? s.warp_low[lane] : 0u;
+  unsigned before = __reduce_add_sync(kFullMask, lane < warp ? xt : 0u);
+  unsigned before_low = __reduce_add_sync(kFullMask, lane < warp ? xl : 0u);
+  if (before < need && need <= before + warp_tot) {  // the same in every lane of the warp
+    if constexpr (kSplit < 32) {
+      unsigned inc = mine, inc_low = mine_low;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const unsigned x = __shfl_up_sync(kFullMask, inc, d);
+        const unsigned y = __shfl_up_sync(kFullMask, inc_low, d);
+        if (lane >= static_cast<unsigned>(d)) {
+          inc += x;
+          inc_low += y;
+        }
+      }
+      before += inc - mine;
+      before_low += inc_low - mine_low;
+    }
+    if (sub == 0 && before < need && need <= before + mine) {
+      unsigned bin = first, at = tot[0], at_low = low[0];
+#pragma unroll
+      for (int p = 1; p < kPer; ++p) {
+        if (need > before + at) {  // not in the bins so far: move on (false once found)
+          before += at;
+          before_low += at_low;
+          bin = first + p;
+          at = tot[p];
+          at_low = low[p];
+        }
+      }
+      s.found = Found{bin, need - before, before_low, at_low, at};
+      if constexpr (kPerCta && !kLocal && kSplit == 1) {
+        for (unsigned q = 0; q < size; ++q) {
+          s.cta_count[q] = *cluster.map_shared_rank(hist + bin, static_cast<int>(q));
+        }
+      }
+    }
+    if constexpr (kPerCta && !kLocal && kSplit >= kMaxClusterSize) {
+      if (sub < size) s.cta_count[sub] = own;  // the warp holds exactly the found bin
+    }
+  }
+  __syncthreads();
+  return s.found;
+}
+
+/// Histograms the 10-bit digit below bit `shift` of the keys of this warp's segment whose bits
+/// from `shift` up equal `prefix`'s, into `hist`.
+template <int kBatch>
+__device__ __forceinline__ void HistogramDigit(const FusedArgs& a, const WarpSlice& w, int steps,
+                                               int shift, uint32_t prefix, unsigned* hist) {
+  const uint32_t want = prefix >> shift;
+  for (int step = 0; step < steps; step += kBatch) {
+    uint32_t key[kBatch];
+    unsigned valid = ReadKeys<kBatch>(a, w, step, key);
+    unsigned bin[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if ((key[u] >> shift) != want) valid &= ~(1u << u);
+      bin[u] = (key[u] >> (shift - kDigitBits)) & (kDigitBins - 1);
+    }
+    AddBatch(hist, bin, valid);
+  }
+}
+
+/// Appends the keys of this warp's segment whose bits from `shift` up equal `prefix`'s to
+/// s.list (in no particular order: the list is used as a multiset; the CTA holds at most
+/// kMaxCandidates of them).
+template <int kBatch>
+__device__ __forceinline__ void CollectMatches(const FusedArgs& a, const WarpSlice& w, int steps,
+                                               int shift, uint32_t prefix, SelectShared& s) {
+  const uint32_t want = prefix >> shift;
+  for (int step = 0; step < steps; step += kBatch) {
+    uint32_t key[kBatch];
+    unsigned valid = ReadKeys<kBatch>(a, w, step, key);
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if ((key[u] >> shift) != want) valid &= ~(1u << u);
+    }
+    if (valid == 0) continue;
+    unsigned at = atomicAdd(&s.list_count, static_cast<unsigned>(__popc(valid)));
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if ((valid >> u) & 1u) {
+        if (at < static_cast<unsigned>(kMaxCandidates)) s.list[at] = key[u];
+        ++at;
       }
     }
   }
 }
 
-/// Shared memory of one CTA's digit resolution.
-struct DigitShared {
-  unsigned (*hist)[kBins];     // [kDigits][kBins] this CTA's histograms, read by the cluster
-  unsigned (*partial)[kBins];  // [kPeerGroups][kBins] sums over some of the cluster's CTAs
-  BlockScan::TempStorage* scan;
-  unsigned* digit;             // the bin found
-  unsigned* need;              // the rank left within it
-};
-
-/// Resolves digit kDigit after a cluster barrier: sums the histograms of the C CTAs of the
-/// cluster (distributed shared memory: thread t reads bin t % 256 of CTAs t / 256 + 4i), finds
-/// the bin b with before(b) < need <= before(b) + count(b), and updates `prefix` (gains the
-/// digit) and `need` (the rank within the bin). `below` gains the keys of lower-ranked CTAs
-/// that are now known to be < K (bins under the digit: high 32 bits) or, for the last digit,
-/// == K (the digit's bin: low 32 bits), over this thread's (bin, CTAs).
-template <int kDigit>
-__device__ __forceinline__ void ResolveDigit(const cg::cluster_group& cluster, unsigned rank,
-                                             unsigned size, const DigitShared& s,
-                                             uint32_t* prefix, unsigned* need,
-                                             unsigned long long* below) {
-  const unsigned bin = threadIdx.x % kBins;
-  const unsigned group = threadIdx.x / kBins;
-  unsigned part = 0, low = 0;
+/// Converts one batch of raw scores of this lane (steps [step, step + kBatch)) to keys:
+/// protection (kProtect: some token of the batch may be protected or lie past the segment;
+/// otherwise none is and all exist), the cache, the 12-bit bins and the valid mask. Returns
+/// true when a raw score of the batch is NaN.
+template <int kBatch, bool kGeneral>
+__device__ __forceinline__ bool BatchKeys(const FusedArgs& a, const WarpSlice& w, int step,
+                                          const float (&raw)[kBatch], uint32_t* cache,
+                                          unsigned (&bin)[kBatch], unsigned* valid) {
+  bool nan = false;
+  unsigned mask = 0;
 #pragma unroll
-  for (int i = 0; i < kMaxClusterSize / kPeerGroups; ++i) {
-    const unsigned r = group + static_cast<unsigned>(i * kPeerGroups);
-    if (r < size) {
-      const unsigned v = *cluster.map_shared_rank(&s.hist[kDigit][bin], static_cast<int>(r));
-      part += v;
-      if (r < rank) low += v;
+  for (int u = 0; u < kBatch; ++u) {
+    const int pos = StepPosition(step + u);
+    const bool in = !kGeneral || pos < w.len;
+    const bool guard = kGeneral && (!in || IsProtected(a, w.begin + w.first + (in ? pos : 0)));
+    const uint32_t key = DescendingScoreKey(guard ? INFINITY : raw[u]);
+    nan |= in && isnan(raw[u]);
+    if (in) {
+      mask |= 1u << u;
+      if (a.cached) cache[w.first + pos] = key;
+    }
+    bin[u] = key >> (32 - kTopBits);
+  }
+  *valid = mask;
+  return nan;
+}
+
+/// The k-th smallest of the cluster's `count` (<= 32) keys that match `prefix` from bit
+/// `shift` up, `need` the rank sought among them: the matching candidates of all threads go
+/// to s.small, one __syncthreads, and every warp ranks them by itself (no broadcast needed).
+/// Sets *kth and *need (the keys == kth to keep). Every thread of the CTA calls it.
+__device__ __forceinline__ void ResolveSmallSet(const uint32_t (&cand)[kCandidatesPerThread],
+                                                unsigned matching, unsigned count, int shift,
+                                                uint32_t prefix, SelectShared& s,
+                                                uint32_t* kth, unsigned* need) {
+  const uint32_t want = prefix >> shift;
+#pragma unroll
+  for (int i = 0; i < kCandidatesPerThread; ++i) {
+    const unsigned g = threadIdx.x + static_cast<unsigned>(i * kThreads);
+    if (g < matching && (cand[i] >> shift) == want) {
+      s.small[atomicAdd(&s.small_count, 1u)] = cand[i];
     }
   }
-  s.partial[group][bin] = part;
   __syncthreads();
-  unsigned total = 0;
-  if (threadIdx.x < kBins) {
-#pragma unroll
-    for (int g = 0; g < kPeerGroups; ++g) total += s.partial[g][threadIdx.x];
+  const unsigned lane = threadIdx.x & 31u;
+  const uint32_t mine = lane < count ? s.small[lane] : 0xFFFFFFFFu;
+  unsigned lt = 0, le = 0;  // the set's keys < mine and <= mine
+  for (unsigned i = 0; i < count; ++i) {
+    const uint32_t x = s.small[i];
+    lt += x < mine ? 1u : 0u;
+    le += x <= mine ? 1u : 0u;
   }
-  unsigned before = 0;
-  BlockScan(*s.scan).ExclusiveSum(total, before);
-  const unsigned want = *need;
-  if (threadIdx.x < kBins && before < want && want <= before + total) {
-    *s.digit = threadIdx.x;
-    *s.need = want - before;
-  }
-  __syncthreads();
-  const unsigned d = *s.digit;
-  *need = *s.need;
-  *prefix |= d << Shift(kDigit);
-  if (bin < d) *below += static_cast<unsigned long long>(low) << 32;
-  if (kDigit == kDigits - 1 && bin == d) *below += low;
+  const unsigned hit = __ballot_sync(kFullMask, lane < count && lt < *need && *need <= le);
+  const int src = __ffs(hit) - 1;  // lanes that hit hold equal keys: take the lowest
+  *kth = __shfl_sync(kFullMask, mine, src);
+  *need -= __shfl_sync(kFullMask, lt, src);
 }
 
 /// Grid (C, H), clusters of (C, 1, 1), kThreads threads; dynamic shared memory: chunk keys
 /// when a.cached. CTA r of cluster h selects the kept tokens of head h among
 /// [r * chunk, r * chunk + chunk) (see the file comment); CTA 0 writes offsets[h + 1] (and
-/// offsets[0] for h = 0).
+/// offsets[0] for h = 0). kBatch: keys per lane and batch (kSmallBatch when the chunk is at
+/// most kSmallChunk tokens, so that its one batch carries no empty steps).
+template <int kBatch>
 __global__ void __launch_bounds__(kThreads, 1) ProtectSelectTopKKernel(FusedArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // thread-block clusters: the backend is built for sm_90 and newer
 #else
   extern __shared__ uint4 dynamic_shared[];
-  __shared__ unsigned hist[kDigits][kBins];
-  __shared__ unsigned partial[kPeerGroups][kBins];
-  __shared__ union {
-    BlockScan::TempStorage scan;
-    BlockSum64::TempStorage sum64;
-    BlockSumCount::TempStorage count;
-  } tmp;
-  __shared__ long long s_base;                // indices before this head
-  __shared__ unsigned long long s_before;     // (keys < K) << 32 | (keys == K) of lower CTAs
-  __shared__ unsigned s_digit, s_need;
+  __shared__ SelectShared sh;
 
-  uint32_t* cache = reinterpret_cast<uint32_t*>(dynamic_shared);
   const cg::cluster_group cluster = cg::this_cluster();
   const unsigned rank = cluster.block_rank();
   const unsigned size = cluster.num_blocks();
   const int head = static_cast<int>(blockIdx.y);
-  const int64_t n = a.n;
-  const float* row = a.scores + head * n;
-  const int64_t first = static_cast<int64_t>(rank) * a.chunk;
-  const int64_t begin = first < n ? first : n;
-  const int64_t len = (n - begin < a.chunk ? n - begin : a.chunk);
-  const int64_t padded = (len + 3) / 4 * 4;  // cached keys, the tail zero
-  const int64_t k = ClampCount(a.counts[head], n);
+  const int n = a.n;
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned warp = threadIdx.x >> 5;
 
-  for (int i = threadIdx.x; i < kDigits * kBins; i += kThreads) hist[i / kBins][i % kBins] = 0;
-  long long earlier = 0;  // the clamped counts of heads before this one
-  for (int i = threadIdx.x; i < head; i += kThreads) earlier += ClampCount(a.counts[i], n);
-  const long long base = BlockSumCount(tmp.count).Sum(earlier);
+  WarpSlice w;
+  w.row = a.scores + static_cast<int64_t>(head) * n;
+  w.cache = reinterpret_cast<const uint32_t*>(dynamic_shared);
+  const int64_t cta_first = static_cast<int64_t>(rank) * a.chunk;
+  w.begin = cta_first < n ? static_cast<int>(cta_first) : n;
+  const int len = min(n - w.begin, a.chunk);
+  const int segment = a.chunk / kWarps;
+  w.first = static_cast<int>(warp) * segment;
+  w.len = max(0, min(len - w.first, segment));
+  const int steps = (w.len + 31) / 32;
+  uint32_t* cache = reinterpret_cast<uint32_t*>(dynamic_shared);
+
+  // Prologue: the first batch of scores and the counts in flight together; the counts of the
+  // earlier heads are summed only where the index base is needed (compaction, early exits).
+  float raw[kBatch];
+  LoadRaw<kBatch>(w, 0, raw);
+  const int k = ClampCount(__ldg(a.counts + head), n);
+  long long earlier = 0;  // the clamped counts of heads before this one (this thread's share)
+  for (int i = threadIdx.x; i < head; i += kThreads) earlier += ClampCount(__ldg(a.counts + i), n);
+  for (int i = threadIdx.x; i < kFineBins / 4; i += kThreads) {
+    reinterpret_cast<uint4*>(sh.fine)[i] = make_uint4(0, 0, 0, 0);
+  }
+  for (int i = threadIdx.x; i < 2 * kDigitBins / 4; i += kThreads) {
+    reinterpret_cast<uint4*>(&sh.digit[0][0])[i] = make_uint4(0, 0, 0, 0);
+  }
   if (threadIdx.x == 0) {
-    s_base = base;
-    if (rank == 0) {
+    sh.list_count = 0;
+    sh.small_count = 0;
+  }
+  __syncthreads();
+  // Every CTA of a cluster sees the same k: the early exits are uniform over the cluster.
+  const bool trivial = k == 0 || k == n;
+
+  // Load: NaN probe, protection, keys, the 12-bit histogram.
+  int nan_at = INT_MAX;  // this thread's lowest NaN token
+  for (int step = 0; step < steps; step += kBatch) {
+    float next[kBatch];
+    const bool more = step + kBatch < steps;
+    if (more) LoadRaw<kBatch>(w, step + kBatch, next);
+    const int j0 = w.begin + w.first + StepPosition(step);  // this lane's first token
+    // Most batches lie inside the segment and outside the sink and recent windows.
+    const bool plain = StepPosition(step + kBatch - 1) < w.len && j0 >= a.sink &&
+                       j0 + 32 * (kBatch - 1) < a.recent_begin;
+    unsigned valid = 0;
+    unsigned bin[kBatch];
+    const bool nan = plain ? BatchKeys<kBatch, false>(a, w, step, raw, cache, bin, &valid)
+                           : BatchKeys<kBatch, true>(a, w, step, raw, cache, bin, &valid);
+    if (nan) {  // rare: the lowest NaN token of the batch
+#pragma unroll
+      for (int u = kBatch - 1; u >= 0; --u) {
+        if (StepPosition(step + u) < w.len && isnan(raw[u])) nan_at = min(nan_at, j0 + 32 * u);
+      }
+    }
+    if (!trivial) AddBatch(sh.fine, bin, valid);
+    if (more) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) raw[u] = next[u];
+    }
+  }
+  if (nan_at != INT_MAX) {
+    atomicMin(a.first_nan,
+              static_cast<unsigned long long>(head) * static_cast<unsigned long long>(n) +
+                  static_cast<unsigned long long>(nan_at));
+  }
+  if (trivial) {
+    const long long base = HeadBase(earlier, sh);
+    if (rank == 0 && threadIdx.x == 0) {
       a.offsets[head + 1] = base + k;
       if (head == 0) a.offsets[0] = 0;
     }
-  }
-  __syncthreads();
-
-  // Load: NaN probe, protection, keys, histogram of digit 0.
-  unsigned long long nan_at = kNoNaN;  // this thread's lowest NaN token (visited ascending)
-  for (int64_t step = 0; step < len; step += int64_t{kThreads} * kLoadItems) {
-    float raw[kLoadItems];
-#pragma unroll
-    for (int u = 0; u < kLoadItems; ++u) {
-      const int64_t idx = step + u * kThreads + threadIdx.x;
-      raw[u] = idx < len ? __ldg(row + begin + idx) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kLoadItems; ++u) {
-      const int64_t idx = step + u * kThreads + threadIdx.x;
-      const int64_t j = begin + idx;
-      const bool in = idx < len;
-      if (in && nan_at == kNoNaN && isnan(raw[u])) nan_at = static_cast<unsigned long long>(j);
-      const uint32_t key = DescendingScoreKey(IsProtected(a, j) ? INFINITY : raw[u]);
-      if (a.cached && idx < padded) cache[idx] = in ? key : 0u;
-      WarpHistAdd(hist[0], in, key >> Shift(0));
-    }
-  }
-  if (nan_at != kNoNaN) {
-    atomicMin(a.first_nan, static_cast<unsigned long long>(head) * static_cast<unsigned long long>(n) +
-                               nan_at);
-  }
-
-  // Every CTA of a cluster sees the same k: the early exits are uniform over the cluster.
-  int32_t* dst = a.indices + s_base;
-  if (k == 0) return;
-  if (k == n) {
-    for (int64_t idx = threadIdx.x; idx < len; idx += kThreads) {
-      dst[begin + idx] = static_cast<int32_t>(begin + idx);
+    if (k == n) {
+      int32_t* dst = a.indices + base;
+      for (int pos = threadIdx.x; pos < len; pos += kThreads) dst[w.begin + pos] = w.begin + pos;
     }
     return;
   }
 
-  // Digits.
-  const DigitShared shared{hist, partial, &tmp.scan, &s_digit, &s_need};
-  uint32_t prefix = 0;
+  // The 8-bit histogram from the 12-bit one: thread t sums fine bins [8t, 8t + 8).
+  __syncthreads();
+  {
+    const uint4* f = reinterpret_cast<const uint4*>(sh.fine) + 2 * threadIdx.x;
+    const uint4 x = f[0], y = f[1];
+    unsigned v = x.x + x.y + x.z + x.w + y.x + y.y + y.z + y.w;
+    v += __shfl_xor_sync(kFullMask, v, 1);
+    if ((threadIdx.x & 1u) == 0) sh.coarse[threadIdx.x >> 1] = v;
+  }
+  static_assert(kThreads * 8 == kFineBins, "the 8-bit sums take every thread once");
+
+  // Round 1: the top 12 bits of K.
+  cluster.sync();
   unsigned need = static_cast<unsigned>(k);
-  unsigned long long below = 0;
-  cluster.sync();
-  ResolveDigit<0>(cluster, rank, size, shared, &prefix, &need, &below);
-  HistogramDigit<1>(a, row, cache, begin, len, prefix, hist[1]);
-  cluster.sync();
-  ResolveDigit<1>(cluster, rank, size, shared, &prefix, &need, &below);
-  HistogramDigit<2>(a, row, cache, begin, len, prefix, hist[2]);
-  cluster.sync();
-  ResolveDigit<2>(cluster, rank, size, shared, &prefix, &need, &below);
-  HistogramDigit<3>(a, row, cache, begin, len, prefix, hist[3]);
-  cluster.sync();
-  ResolveDigit<3>(cluster, rank, size, shared, &prefix, &need, &below);
-  // The last read of the peers' histograms is done; they must not exit before ours are read.
+  unsigned less_low = 0;   // keys < K of lower-ranked CTAs, found so far
+  unsigned equal_low = 0;  // keys == K of lower-ranked CTAs (when the rounds end the search)
+  Found f = FindBin<kCoarseBins, false, false>(cluster, rank, size, sh.coarse, need, sh);
+  const unsigned coarse_bin = f.bin;
+  need = f.need;
+  less_low += f.low_below;
+  f = FindBin<kFinePerCoarse, false, true>(cluster, rank, size,
+                                          sh.fine + coarse_bin * kFinePerCoarse, need, sh);
+  int shift = 32 - kTopBits;  // bits of K still unknown
+  uint32_t prefix = (coarse_bin * kFinePerCoarse + f.bin) << shift;
+  need = f.need;
+  less_low += f.low_below;
+  unsigned matching = f.total;  // M: keys of the cluster that share the prefix
+
+  // Rounds across the cluster while the prefix's bin is large.
+  while (shift > 0 && matching > static_cast<unsigned>(kMaxCandidates)) {
+    unsigned* hist = sh.digit[DigitIndex(shift)];
+    HistogramDigit<kBatch>(a, w, steps, shift, prefix, hist);
+    cluster.sync();
+    f = FindBin<kDigitBins, false, true>(cluster, rank, size, hist, need, sh);
+    shift -= kDigitBits;
+    prefix |= f.bin << shift;
+    need = f.need;
+    less_low += f.low_below;
+    matching = f.total;
+    if (shift == 0) equal_low = f.low_at;
+  }
+
+  // List exchange: every CTA reads the cluster's M matching keys.
+  uint32_t cand[kCandidatesPerThread];
+  unsigned origins = 0;  // 4 bits per candidate: its CTA
+  const bool local = shift > 0;
+  if (local) {
+    CollectMatches<kBatch>(a, w, steps, shift, prefix, sh);
+    cluster.sync();
+    unsigned start[kMaxClusterSize];
+    unsigned acc = 0;
+#pragma unroll
+    for (int q = 0; q < kMaxClusterSize; ++q) {
+      start[q] = acc;
+      if (q < static_cast<int>(size)) acc += sh.cta_count[q];
+    }
+#pragma unroll
+    for (int i = 0; i < kCandidatesPerThread; ++i) {
+      const unsigned g = threadIdx.x + static_cast<unsigned>(i * kThreads);
+      cand[i] = 0;
+      if (g < matching) {
+        unsigned q = 0, q_start = 0;  // the CTA whose list holds g, and its first g
+#pragma unroll
+        for (int r = 1; r < kMaxClusterSize; ++r) {
+          if (r < static_cast<int>(size) && start[r] <= g) {
+            q = r;
+            q_start = start[r];
+          }
+        }
+        cand[i] = *cluster.map_shared_rank(&sh.list[g - q_start], static_cast<int>(q));
+        origins |= q << (4 * i);
+      }
+    }
+  }
+  // The last read of the peers' shared memory is done; they must not exit before ours are read.
   auto arrived = cluster.barrier_arrive();
 
-  // Compaction: (keys < K, keys == K) before this CTA, then a block scan per tile.
-  const unsigned long long before = BlockSum64(tmp.sum64).Sum(below);
-  if (threadIdx.x == 0) s_before = before;
-  __syncthreads();
-  unsigned long long less = s_before >> 32;
-  unsigned long long equal = s_before & 0xFFFFFFFFull;
+  // Local resolution of the remaining bits over the candidates: 1024-bin rounds while more
+  // than 32 keys match, then the small set ranked by every warp.
+  unsigned list_less = 0, list_equal = 0;  // this thread's candidates of lower CTAs < K, == K
+  if (local) {
+    unsigned remaining = matching;  // keys of the cluster that match the prefix
+    while (shift > 0) {
+      if (remaining <= 32u) {
+        ResolveSmallSet(cand, matching, remaining, shift, prefix, sh, &prefix, &need);
+        shift = 0;
+        break;
+      }
+      unsigned* hist = sh.digit[DigitIndex(shift)];
+      const uint32_t want = prefix >> shift;
+      unsigned bin[kCandidatesPerThread];
+      unsigned valid = 0;
+#pragma unroll
+      for (int i = 0; i < kCandidatesPerThread; ++i) {
+        const unsigned g = threadIdx.x + static_cast<unsigned>(i * kThreads);
+        if (g < matching && (cand[i] >> shift) == want) valid |= 1u << i;
+        bin[i] = (cand[i] >> (shift - kDigitBits)) & (kDigitBins - 1);
+      }
+      AddBatch(hist, bin, valid);
+      __syncthreads();
+      f = FindBin<kDigitBins, true, false>(cluster, 0, 1, hist, need, sh);
+      shift -= kDigitBits;
+      prefix |= f.bin << shift;
+      need = f.need;
+      remaining = f.total;
+    }
+#pragma unroll
+    for (int i = 0; i < kCandidatesPerThread; ++i) {
+      const unsigned g = threadIdx.x + static_cast<unsigned>(i * kThreads);
+      if (g < matching && ((origins >> (4 * i)) & 15u) < rank) {
+        list_less += cand[i] < prefix ? 1u : 0u;
+        list_equal += cand[i] == prefix ? 1u : 0u;
+      }
+    }
+  }
+
+  // Compaction: per-warp counts, one __syncthreads, then ballots in index order.
   const uint32_t kth = prefix;
-  const unsigned long long take = need;
-  for (int64_t tile = 0; tile < len; tile += kCompactTile) {
-    const int64_t idx0 = tile + int64_t{kCompactItems} * threadIdx.x;
-    uint32_t key[kCompactItems] = {0u, 0u, 0u, 0u};
-    if (a.cached) {
-      if (idx0 < len) {
-        const uint4 v = *reinterpret_cast<const uint4*>(cache + idx0);
-        key[0] = v.x;
-        key[1] = v.y;
-        key[2] = v.z;
-        key[3] = v.w;
-      }
-    } else {
+  const unsigned take = need;  // keys == K kept, counted over the whole head
+  unsigned less = 0, equal = 0;
+  for (int step = 0; step < steps; step += kBatch) {
+    uint32_t key[kBatch];
+    const unsigned valid = ReadKeys<kBatch>(a, w, step, key);
 #pragma unroll
-      for (int i = 0; i < kCompactItems; ++i) {
-        if (idx0 + i < len) key[i] = GlobalKey(a, row, begin + idx0 + i);
+    for (int u = 0; u < kBatch; ++u) {
+      if ((valid >> u) & 1u) {
+        less += key[u] < kth ? 1u : 0u;
+        equal += key[u] == kth ? 1u : 0u;
       }
     }
-    unsigned flags = 0;  // bit 2i: key < K; bit 2i + 1: key == K
-    unsigned mine = 0;   // (keys < K) << 16 | (keys == K); a tile holds 4096 keys
-#pragma unroll
-    for (int i = 0; i < kCompactItems; ++i) {
-      if (idx0 + i >= len) continue;
-      if (key[i] < kth) {
-        flags |= 1u << (2 * i);
-        mine += 1u << 16;
-      } else if (key[i] == kth) {
-        flags |= 2u << (2 * i);
-        mine += 1u;
-      }
+  }
+  {
+    const unsigned wl = __reduce_add_sync(kFullMask, less);
+    const unsigned we = __reduce_add_sync(kFullMask, equal);
+    const unsigned pl = __reduce_add_sync(kFullMask, list_less);
+    const unsigned pe = __reduce_add_sync(kFullMask, list_equal);
+    if (lane == 0) {
+      sh.warp_less[warp] = wl;
+      sh.warp_equal[warp] = we;
+      sh.warp_list_less[warp] = pl;
+      sh.warp_list_equal[warp] = pe;
     }
-    unsigned excl = 0, tile_total = 0;
-    BlockScan(tmp.scan).ExclusiveSum(mine, excl, tile_total);
-    unsigned long long l = less + (excl >> 16);
-    unsigned long long e = equal + (excl & 0xFFFFu);
+  }
+  const long long base = HeadBase(earlier, sh);  // its __syncthreads publishes the counts too
+  if (rank == 0 && threadIdx.x == 0) {
+    a.offsets[head + 1] = base + k;
+    if (head == 0) a.offsets[0] = 0;
+  }
+  int32_t* dst = a.indices + base;
+  {
+    const bool in = lane < static_cast<unsigned>(kWarps);
+    const bool lower = lane < warp;
+    const unsigned xl = in ? sh.warp_less[lane] : 0u;
+    const unsigned xe = in ? sh.warp_equal[lane] : 0u;
+    const unsigned pl = in ? sh.warp_list_less[lane] : 0u;
+    const unsigned pe = in ? sh.warp_list_equal[lane] : 0u;
+    less = less_low + __reduce_add_sync(kFullMask, pl) +
+           __reduce_add_sync(kFullMask, lower ? xl : 0u);
+    equal = equal_low + __reduce_add_sync(kFullMask, pe) +
+            __reduce_add_sync(kFullMask, lower ? xe : 0u);
+  }
+  const unsigned below = LanesBelow();
+  for (int step = 0; step < steps; step += kBatch) {
+    uint32_t key[kBatch];
+    const unsigned valid = ReadKeys<kBatch>(a, w, step, key);
 #pragma unroll
-    for (int i = 0; i < kCompactItems; ++i) {
-      const unsigned f = (flags >> (2 * i)) & 3u;
-      const int32_t j = static_cast<int32_t>(begin + idx0 + i);
-      if (f == 1u) {
-        dst[l + (e < take ? e : take)] = j;
-        ++l;
-      } else if (f == 2u) {
-        if (e < take) dst[l + e] = j;
-        ++e;
+    for (int u = 0; u < kBatch; ++u) {
+      const bool in = (valid >> u) & 1u;
+      const bool is_less = in && key[u] < kth;
+      const bool is_equal = in && key[u] == kth;
+      const unsigned bl = __ballot_sync(kFullMask, is_less);
+      const unsigned be = __ballot_sync(kFullMask, is_equal);
+      const int32_t j = w.begin + w.first + (in ? StepPosition(step + u) : 0);
+      if (be == 0) {  // the common step: no tie with K, the kept ties before it are fixed
+        if (is_less) dst[less + min(equal, take) + static_cast<unsigned>(__popc(bl & below))] = j;
+      } else {
+        const unsigned l = less + static_cast<unsigned>(__popc(bl & below));
+        const unsigned e = equal + static_cast<unsigned>(__popc(be & below));
+        if (is_less) {
+          dst[l + min(e, take)] = j;
+        } else if (is_equal && e < take) {
+          dst[l + e] = j;
+        }
+        equal += static_cast<unsigned>(__popc(be));
       }
+      less += static_cast<unsigned>(__popc(bl));
     }
-    less += tile_total >> 16;
-    equal += tile_total & 0xFFFFu;
-    __syncthreads();  // the scan's storage is reused by the next tile
   }
   cluster.barrier_wait(std::move(arrived));
 #endif
@@ -348,9 +751,17 @@ __global__ void __launch_bounds__(kThreads, 1) ProtectSelectTopKKernel(FusedArgs
 /// CTA; 0 until the kernel's limit has been raised on that device.
 std::atomic<size_t> g_cache_limit[kMaxDevices];
 
+/// Raises the dynamic shared memory limit of `kernel` to `bytes` (none when 0).
+cudaError_t RaiseLimit(void (*kernel)(FusedArgs), size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
+}
+
 /// The dynamic shared memory (bytes) the kernel may take per CTA on the current device: at
-/// most kMaxCacheBytes and what the device grants beside the kernel's static shared memory.
-/// Raises the kernel's limit to it the first time per device.
+/// most kMaxCacheBytes and what the device grants beside the kernel's static shared memory
+/// (the same for both batch sizes). Raises both instantiations' limit to it the first time
+/// per device.
 cudaError_t CacheLimit(size_t* bytes) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
@@ -369,20 +780,20 @@ cudaError_t CacheLimit(size_t* bytes) {
     return e;
   }
   cudaFuncAttributes attr{};
-  if (const cudaError_t e = cudaFuncGetAttributes(&attr, ProtectSelectTopKKernel);
+  if (const cudaError_t e = cudaFuncGetAttributes(&attr, ProtectSelectTopKKernel<kLargeBatch>);
       e != cudaSuccess) {
     return e;
   }
   const size_t granted = static_cast<size_t>(std::max(optin, 0));
   size_t limit = granted > attr.sharedSizeBytes ? granted - attr.sharedSizeBytes : 0;
   limit = std::min(limit, kMaxCacheBytes) / 16 * 16;
-  if (limit > 0) {
-    if (const cudaError_t e = cudaFuncSetAttribute(
-            ProtectSelectTopKKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-            static_cast<int>(limit));
-        e != cudaSuccess) {
-      return e;
-    }
+  if (const cudaError_t e = RaiseLimit(ProtectSelectTopKKernel<kSmallBatch>, limit);
+      e != cudaSuccess) {
+    return e;
+  }
+  if (const cudaError_t e = RaiseLimit(ProtectSelectTopKKernel<kLargeBatch>, limit);
+      e != cudaSuccess) {
+    return e;
   }
   // Every caller computes the same value: a concurrent first call stores it again.
   if (remembered) g_cache_limit[device].store(limit + 1, std::memory_order_release);
@@ -421,16 +832,17 @@ cudaError_t LaunchProtectSelectTopK(const float* raw_scores, int32_t num_heads, 
 
   const int64_t ctas = std::clamp<int64_t>((n + kTokensPerCta - 1) / kTokensPerCta, 1,
                                            kMaxClusterSize);
+  const int64_t per_cta = (n + ctas - 1) / ctas;
   FusedArgs args;
   args.scores = raw_scores;
-  args.n = n;
-  args.sink = std::clamp<int64_t>(sink, 0, n);
-  args.recent_begin = n - std::clamp<int64_t>(recent, 0, n);
+  args.n = static_cast<int>(n);
+  args.sink = static_cast<int>(std::clamp<int64_t>(sink, 0, n));
+  args.recent_begin = static_cast<int>(n - std::clamp<int64_t>(recent, 0, n));
+  args.chunk = static_cast<int>((per_cta + kChunkAlign - 1) / kChunkAlign * kChunkAlign);
   args.counts = counts;
   args.offsets = offsets;
   args.indices = indices;
   args.first_nan = first_nan;
-  args.chunk = ((n + ctas - 1) / ctas + 3) / 4 * 4;
   const size_t cache_bytes = static_cast<size_t>(args.chunk) * sizeof(uint32_t);
   args.cached = cache_bytes <= cache_limit;
 
@@ -446,7 +858,10 @@ cudaError_t LaunchProtectSelectTopK(const float* raw_scores, int32_t num_heads, 
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, ProtectSelectTopKKernel, args);
+  if (args.chunk <= kSmallChunk) {
+    return cudaLaunchKernelEx(&config, ProtectSelectTopKKernel<kSmallBatch>, args);
+  }
+  return cudaLaunchKernelEx(&config, ProtectSelectTopKKernel<kLargeBatch>, args);
 }
 
 }  // namespace kvtrim::gpu

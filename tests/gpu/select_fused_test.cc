@@ -1,16 +1,23 @@
 // LaunchProtectSelectTopK (kernels/gpu/select_fused.cu) against the CPU, bit for bit: the
 // first NaN of the raw scores (flat index, as CpuBackend checks them), then ApplyProtection
-// and SelectTopK per head (offsets and every kept index). Sizes n in {1, 2, 7, 99, 1000, 8193,
-// 20000, 40000, 131073} (one, two, three, five and eight CTAs per head), H in {1, 3, 8}; scores with many exact
-// ties (a handful of values, -0.0 and +0.0, subnormals, +inf and -inf), smooth ones, ones a
-// few ULPs apart (the low digits decide) and constant ones; counts 0, 1, k, n and out of
-// range; protection none, clamped by rule 3 (also larger than the requested k) and unclamped.
-// Rows beyond the shared memory (n = 2^20 + 3) take the global-memory passes. Outputs are
-// poisoned before every launch. A failure prints the case.
+// and SelectTopK per head (offsets and every kept index). Sizes n in {1, 2, 7, 99, 1000, 5000,
+// 8193, 20000, 40000, 131073} (one, two, three, five and eight CTAs per head; one batch of 8
+// keys per lane up to 4096 tokens per CTA, batches of 16 above), H in {1, 3, 8}; scores with
+// many exact ties (a handful of values, -0.0 and +0.0, subnormals, +inf and -inf), smooth
+// ones, ones a few ULPs apart (the low digits decide) and constant ones; counts 0, 1, k, n and
+// out of range; protection none, clamped by rule 3 (also larger than the requested k) and
+// unclamped. Rows beyond the shared memory (n = 2^20 + 3) take the global-memory passes. Rows built
+// around one 12-bit key bin take each way the kernel resolves the low 20 bits: the list of
+// matching keys exchanged across the cluster (up to 4096 of them, at the limit and one past
+// it, spread over the CTAs or in one), cluster rounds first when the bin holds most of the
+// row (one round then the list, two rounds, two rounds of ties), and the last <= 32 keys
+// ranked by every warp (exactly 32, 33 with two values, 20 ties). Outputs are poisoned before
+// every launch. A failure prints the case.
 //
-// Sanitizer cases: SelectFusedErrors.* and SelectFusedSanitizer.* (small shapes, one to three
-// CTAs per head, a NaN); SelectFusedSanitizer.ClusterOfThreeWithNaN alone is racecheck's. SelectFusedTiming prints the fused launch against the three
-// launchers it replaces at n = 32768 and 131072, H = 8.
+// Sanitizer cases: SelectFusedErrors.* and SelectFusedSanitizer.* (small shapes, one to five
+// CTAs per head, a NaN, each resolution path); SelectFusedSanitizer.ClusterOfThreeWithNaN
+// alone is racecheck's. SelectFusedTiming prints the fused launch against the three launchers
+// it replaces at n = 32768 and 131072, H = 8.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -88,6 +95,34 @@ std::vector<float> MakeRaw(Scores kind, int64_t heads, int64_t n, uint64_t seed)
     }
   }
   return out;
+}
+
+/// One row of n scores whose 12-bit key bin of 1.0f holds `m` tokens, placed at random among
+/// the tokens [lo, hi): 1.0f plus fewer than `spread` ULPs (below 2^20: the keys share their
+/// top 12 bits, and more of their low bits the smaller `spread`). `above` other tokens score
+/// 4 and more (ranked before the bin), the rest -1 and less.
+std::vector<float> MakeBinRow(int64_t n, int64_t m, int64_t above, uint32_t spread, int64_t lo,
+                              int64_t hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> pos;
+  for (int64_t j = lo; j < hi; ++j) pos.push_back(j);
+  std::shuffle(pos.begin(), pos.end(), rng);
+  std::vector<float> row(static_cast<size_t>(n));
+  std::vector<char> in_bin(static_cast<size_t>(n), 0);
+  for (int64_t i = 0; i < m; ++i) {
+    row[pos[i]] = FromBits(0x3F800000u + static_cast<uint32_t>(rng() % spread));
+    in_bin[pos[i]] = 1;
+  }
+  std::vector<int64_t> rest;
+  for (int64_t j = 0; j < n; ++j) {
+    if (!in_bin[j]) rest.push_back(j);
+  }
+  std::shuffle(rest.begin(), rest.end(), rng);
+  for (size_t i = 0; i < rest.size(); ++i) {
+    const float offset = static_cast<float>(rng() % 1000);
+    row[rest[i]] = static_cast<int64_t>(i) < above ? 4.0f + offset : -1.0f - offset;
+  }
+  return row;
 }
 
 /// Per-head counts: 0, 1, k, n, n + 5 (clamped to n), -3 (clamped to 0), a random one and
@@ -270,7 +305,7 @@ Protection RoundProtection(int round, int64_t k, int64_t n) {
 
 TEST(SelectFusedParity, EqualsCpuProtectionAndTopK) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  for (int64_t n : {1, 2, 7, 99, 1000, 8193, 20000, 40000, 131073}) {
+  for (int64_t n : {1, 2, 7, 99, 1000, 5000, 8193, 20000, 40000, 131073}) {
     for (int64_t heads : {1, 3, 8}) {
       for (Scores kind : {Scores::kTied, Scores::kSmooth, Scores::kUlps, Scores::kConstant}) {
         const uint64_t seed = static_cast<uint64_t>(n * 131 + heads * 7) + static_cast<int>(kind);
@@ -300,6 +335,54 @@ TEST(SelectFusedParity, LargeRowsReadTheScoresFromGlobalMemory) {
       ExpectSameAnswer(raw, kind, s.heads, s.n, Protection{4, 64}, counts);
       if (HasFatalFailure()) return;
     }
+  }
+}
+
+/// A row of MakeBinRow: n tokens, m of them in the bin among [lo, hi), `above` above it.
+struct BinCase {
+  const char* what;
+  int64_t n, m, above;
+  uint32_t spread;
+  int64_t lo, hi;
+};
+
+/// Checks `c` with k just above, inside (first, middle, last but one, last) the bin, or (not
+/// every_k) in its middle only.
+void ExpectBinCase(const BinCase& c, bool every_k = true) {
+  const std::vector<float> raw = MakeBinRow(c.n, c.m, c.above, c.spread, c.lo, c.hi, c.n + 3 * c.m);
+  for (int64_t k : {c.above, c.above + 1, c.above + c.m / 2, c.above + c.m - 1, c.above + c.m}) {
+    if (k < 1 || k > c.n || (!every_k && k != c.above + c.m / 2)) continue;
+    const Answer cpu = CpuAnswer(raw, 1, c.n, Protection{0, 0}, {k});
+    Answer gpu;
+    GpuAnswer(raw, 1, c.n, Protection{0, 0}, {k}, cpu.offsets.back(), &gpu);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::string diff = Difference(cpu, gpu);
+    ASSERT_TRUE(diff.empty()) << c.what << " n=" << c.n << " k=" << k << ": " << diff;
+  }
+}
+
+TEST(SelectFusedParity, EveryResolutionOfTheLowBits) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  const BinCase cases[] = {
+      {"4095 in the bin", 32768, 4095, 2000, 1u << 20, 0, 32768},
+      {"4096 in the bin (the list's capacity)", 32768, 4096, 2000, 1u << 20, 0, 32768},
+      {"4097 in the bin (a cluster round first)", 32768, 4097, 2000, 1u << 20, 0, 32768},
+      {"4096 in the third CTA", 32768, 4096, 100, 1u << 20, 16384, 24576},
+      {"4096 in the first CTA, 64 values", 32768, 4096, 100, 64, 0, 8192},
+      {"4097 in the last CTA", 32768, 4097, 10, 1u << 20, 24576, 32768},
+      {"most of the row, 2^20 values (a round, then the list)", 40000, 36000, 1000, 1u << 20, 0,
+       40000},
+      {"most of the row, 1024 values (two rounds)", 40000, 36000, 1000, 1024, 0, 40000},
+      {"most of the row, 3 values (two rounds of ties)", 40000, 36000, 1000, 3, 0, 40000},
+      {"the whole row, 5000 values", 9000, 9000, 0, 5000, 0, 9000},
+      {"32 in the bin (ranked by every warp)", 20000, 32, 700, 1u << 20, 0, 20000},
+      {"33 in the bin, 2 values", 20000, 33, 700, 2, 0, 20000},
+      {"20 ties in the bin", 20000, 20, 5000, 1, 0, 20000},
+      {"40 in the bin, 8 values, 131072 tokens", 131072, 40, 13000, 8, 0, 131072},
+  };
+  for (const BinCase& c : cases) {
+    ExpectBinCase(c);
+    if (HasFatalFailure()) return;
   }
 }
 
@@ -437,13 +520,22 @@ TEST(SelectFusedSanitizer, SmallShapesMatchTheCpu) {
 
 TEST(SelectFusedSanitizer, ClusterOfThreeWithNaN) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  // Three CTAs per head, every digit resolved across the cluster; then a NaN in head 1.
-  std::vector<float> raw = MakeRaw(Scores::kTied, 3, 17000, 9);
+  // Three CTAs per head, the low bits resolved from the exchanged list; then a NaN in head 1.
+  std::vector<float> raw = MakeRaw(Scores::kTied, 3, 12000, 9);
   const std::vector<int64_t> counts = {1700, 8500, 0};
-  ExpectSameAnswer(raw, Scores::kTied, 3, 17000, Protection{4, 16}, counts);
+  ExpectSameAnswer(raw, Scores::kTied, 3, 12000, Protection{4, 16}, counts);
   if (HasFatalFailure()) return;
-  PutNaN(&raw, 17000, 1, 12000, false);
-  ExpectFirstNaN(raw, 3, 17000, Protection{4, 16}, counts, "sanitizer NaN");
+  PutNaN(&raw, 12000, 1, 9000, false);
+  ExpectFirstNaN(raw, 3, 12000, Protection{4, 16}, counts, "sanitizer NaN");
+  if (HasFatalFailure()) return;
+  // The other resolutions of the low bits: a cluster round then the list, two cluster
+  // rounds, and a small set ranked by every warp.
+  for (const BinCase& c : {BinCase{"round, then list", 12000, 6000, 500, 1u << 20, 0, 12000},
+                           BinCase{"two rounds", 12000, 9000, 500, 4, 0, 12000},
+                           BinCase{"small set", 12000, 25, 3000, 6, 0, 12000}}) {
+    ExpectBinCase(c, /*every_k=*/false);
+    if (HasFatalFailure()) return;
+  }
 }
 
 // ---- Timing -------------------------------------------------------------------------------
