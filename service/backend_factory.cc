@@ -6,8 +6,8 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #if KVTRIM_HAVE_CUDA
-#include "kernels/gpu/device_probe.h"
-#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/runtime/device_probe.h"
+#include "kernels/gpu/runtime/gpu_backend.h"
 #endif
 
 namespace kvtrim::service {

@@ -1,6 +1,6 @@
 // DeviceMapper over kernels/gpu/ipc_region (built with CUDA only; see
 // service/no_cuda_device_mapper.cc for the other build).
-#include "kernels/gpu/ipc_region.h"
+#include "kernels/gpu/runtime/ipc_region.h"
 #include "service/device_mapper.h"
 
 namespace kvtrim::service {

@@ -14,7 +14,7 @@
 #include "service/test_util.h"
 
 #if KVTRIM_HAVE_CUDA
-#include "kernels/gpu/device_probe.h"
+#include "kernels/gpu/runtime/device_probe.h"
 #endif
 
 namespace kvtrim::service::testing {

@@ -9,9 +9,9 @@
 #include "absl/status/statusor.h"
 #include "kernels/bench/gpu_bench_fill.h"
 #include "kernels/bench/gpu_bench_timing.h"
-#include "kernels/gpu/device_error.h"
-#include "kernels/gpu/device_pipeline.h"
-#include "kernels/gpu/layer_run.h"
+#include "kernels/gpu/runtime/device_error.h"
+#include "kernels/gpu/runtime/device_pipeline.h"
+#include "kernels/gpu/runtime/layer_run.h"
 
 namespace kvtrim::gpu::bench {
 namespace {

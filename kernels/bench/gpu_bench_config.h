@@ -13,9 +13,9 @@
 #include "kernels/bench/gpu_bench_options.h"
 #include "kernels/bench/gpu_bench_row.h"
 #include "kernels/bench/gpu_bench_stages.h"
-#include "kernels/gpu/device_model_cache.h"
-#include "kernels/gpu/device_pool.h"
-#include "kernels/gpu/device_score_buffer.h"
+#include "kernels/gpu/runtime/device_model_cache.h"
+#include "kernels/gpu/runtime/device_pool.h"
+#include "kernels/gpu/runtime/device_score_buffer.h"
 #include "kernels/registry.h"
 
 namespace kvtrim::gpu::bench {

@@ -12,7 +12,7 @@
 #include "kernels/bench/gpu_bench_options.h"
 #include "kernels/bench/gpu_bench_row.h"
 #include "kernels/bench/gpu_bench_timing.h"
-#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/model.h"
 #include "kernels/registry.h"
 

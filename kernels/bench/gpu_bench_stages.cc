@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "kernels/bench/gpu_bench_timing.h"
-#include "kernels/gpu/device_error.h"
+#include "kernels/gpu/runtime/device_error.h"
 
 namespace kvtrim::gpu::bench {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/gpu/device_error.h"
+#include "kernels/gpu/runtime/device_error.h"
 
 namespace kvtrim::gpu::bench {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/gpu/device_pipeline.h"
+#include "kernels/gpu/runtime/device_pipeline.h"
 
 namespace kvtrim::gpu::bench {
 

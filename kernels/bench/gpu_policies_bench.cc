@@ -59,8 +59,8 @@
 #include "kernels/bench/gpu_bench_row.h"
 #include "kernels/bench/gpu_bench_stages.h"
 #include "kernels/bench/gpu_bench_timing.h"
-#include "kernels/gpu/device_error.h"
-#include "kernels/gpu/device_probe.h"
+#include "kernels/gpu/runtime/device_error.h"
+#include "kernels/gpu/runtime/device_probe.h"
 #include "kernels/registry.h"
 
 namespace kvtrim::gpu::bench {

@@ -18,7 +18,7 @@ absl::StatusOr<KeyDiffAnchor> ParseKeyDiffAnchor(std::string_view text) {
 }
 
 // The canonical KeyDiff definition (keydiff.md §2.2), bit for bit; the GPU backend
-// (kernels/gpu/key_scorers.cu) computes exactly these IEEE-754 operations, only spread
+// (kernels/gpu/kernels/key_scorers.cu) computes exactly these IEEE-754 operations, only spread
 // over threads. Every operation is a canonical_math.h one (never fused), in this order:
 //   1. nrm_i = CmSqrt(CmDot(k_i, k_i, d))                       for every row i in [0, n)
 //   2. u_i[c] = k_i[c]                                            (raw_mean)

@@ -21,11 +21,11 @@
 #include "kernels/cpu/perturbation.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/dtype.h"
-#include "kernels/gpu/attention_plan.cuh"
-#include "kernels/gpu/attention_score.cuh"
-#include "kernels/gpu/attention_stats.cuh"
-#include "kernels/gpu/launchers.h"
-#include "kernels/gpu/pooling.cuh"
+#include "kernels/gpu/kernels/attention_plan.cuh"
+#include "kernels/gpu/kernels/attention_score.cuh"
+#include "kernels/gpu/kernels/attention_stats.cuh"
+#include "kernels/gpu/kernels/launchers.h"
+#include "kernels/gpu/kernels/pooling.cuh"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu {

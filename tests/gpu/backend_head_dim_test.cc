@@ -3,7 +3,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/engine.h"
-#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/random_layer_test_util.h"
 #include "kernels/registry.h"
 #include "tests/gpu/test_device.h"

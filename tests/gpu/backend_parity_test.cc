@@ -34,7 +34,7 @@
 #include "kernels/cpu/select.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
-#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
 #include "tests/gpu/parity_rule.h"
 #include "tests/gpu/shared_backends.h"

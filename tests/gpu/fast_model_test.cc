@@ -1,4 +1,4 @@
-// Fast vs exact numerics of the model-aware scorers (kernels/gpu/fast_model.cuh): CriticalKV
+// Fast vs exact numerics of the model-aware scorers (kernels/gpu/kernels/fast_model.cuh): CriticalKV
 // (l1, l2: the attention and critical arrays), LaProx (gqa mean, head_bound, summed_wo) and
 // Expected Attention (with and without ||v||), through GpuBackend::ScoreLayer with the raw
 // scores of each mode:
@@ -33,9 +33,9 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/engine.h"
-#include "kernels/gpu/device_pipeline.h"
-#include "kernels/gpu/fast_model.cuh"
-#include "kernels/gpu/launchers.h"
+#include "kernels/gpu/runtime/device_pipeline.h"
+#include "kernels/gpu/kernels/fast_model.cuh"
+#include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"

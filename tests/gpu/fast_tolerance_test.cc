@@ -28,7 +28,7 @@
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "kernels/engine.h"
-#include "kernels/gpu/device_pipeline.h"
+#include "kernels/gpu/runtime/device_pipeline.h"
 #include "kernels/registry.h"
 #include "tests/gpu/criticalkv_ranking.h"
 #include "tests/gpu/model_test_data.h"

@@ -1,5 +1,5 @@
-// GPU vs CPU parity of the key-only scorers (kernels/gpu/key_scorers.h), protection and the
-// selectors / AdaKV allocator (kernels/gpu/launchers.h), launcher by launcher:
+// GPU vs CPU parity of the key-only scorers (kernels/gpu/kernels/key_scorers.h), protection and the
+// selectors / AdaKV allocator (kernels/gpu/kernels/launchers.h), launcher by launcher:
 //  * scores: bit-identical (memcmp) to ScoreStreamingLlm / ScoreRandom / ScoreKnorm /
 //    ScoreKeyDiff (both anchors) for f32, f16 and bf16 keys;
 //  * protection: bit-identical to ApplyProtection;
@@ -28,8 +28,8 @@
 #include "kernels/cpu/select.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/dtype.h"
-#include "kernels/gpu/key_scorers.h"
-#include "kernels/gpu/launchers.h"
+#include "kernels/gpu/kernels/key_scorers.h"
+#include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"
 #include "tests/gpu/test_device.h"
 
@@ -796,7 +796,7 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
   EXPECT_GT(topk, 0.0f);
 
   // For scale only, never a failure: the DropKV scorer of the same layer (G = 4, w = 8,
-  // kernel 11), from LaunchScore (kernels/gpu/score_dispatch.cu).
+  // kernel 11), from LaunchScore (kernels/gpu/kernels/score_dispatch.cu).
   std::vector<float> qf;
   const std::vector<uint8_t> qbytes = MakeKeys(4 * heads, 8, 128, DType::kBF16, 8, &qf);
   DeviceArray<uint8_t> queries(qbytes.size());

@@ -1,4 +1,4 @@
-// LaunchProtectSelectTopK (kernels/gpu/select_fused.cu) against the CPU, bit for bit: the
+// LaunchProtectSelectTopK (kernels/gpu/kernels/select_fused.cu) against the CPU, bit for bit: the
 // first NaN of the raw scores (flat index, as CpuBackend checks them), then ApplyProtection
 // and SelectTopK per head (offsets and every kept index). Sizes n in {1, 2, 7, 99, 1000, 5000,
 // 8193, 20000, 40000, 131073} (one, two, three, five and eight CTAs per head; one batch of 8
@@ -33,9 +33,9 @@
 #include "kernels/budget.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/select.h"
-#include "kernels/gpu/device_arena.h"
-#include "kernels/gpu/device_nan_probe.h"
-#include "kernels/gpu/launchers.h"
+#include "kernels/gpu/runtime/device_arena.h"
+#include "kernels/gpu/kernels/device_nan_probe.h"
+#include "kernels/gpu/kernels/launchers.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {

@@ -16,7 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/gpu/gpu_backend.h"
+#include "kernels/gpu/runtime/gpu_backend.h"
 
 namespace kvtrim::gpu::testing {
 

@@ -1,0 +1,99 @@
+// AttentionPlan construction: validation of the layer and parameters, row selection per
+// scorer, and the scratch layout (attention_plan.cuh).
+#include "kernels/gpu/kernels/attention_plan.cuh"
+
+namespace kvtrim::gpu::attn {
+
+namespace {
+
+// Rounds `bytes` up to a multiple of 256 (every scratch region starts 256-byte aligned).
+size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+}  // namespace
+
+bool IsAttentionScorer(ScorerKind kind) {
+  return kind == ScorerKind::kSnapKV || kind == ScorerKind::kH2O || kind == ScorerKind::kTova ||
+         kind == ScorerKind::kDropKV;
+}
+
+bool ScoredWindowRows(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
+                      int32_t* rows_per_qhead, int32_t* first_row) {
+  switch (kind) {
+    case ScorerKind::kSnapKV:
+    case ScorerKind::kDropKV:
+      if (params.window < 1 || params.window > layer.window_rows) return false;
+      if (params.kernel < 1 || params.kernel % 2 == 0) return false;
+      *rows_per_qhead = params.window;
+      *first_row = layer.window_rows - params.window;
+      return true;
+    case ScorerKind::kH2O:
+      *rows_per_qhead = layer.window_rows;
+      *first_row = 0;
+      return true;
+    default:  // TOVA: the last row
+      *rows_per_qhead = 1;
+      *first_row = layer.window_rows - 1;
+      return true;
+  }
+}
+
+Finish FinishOf(ScorerKind kind, const ScorerParams& params) {
+  switch (kind) {
+    case ScorerKind::kSnapKV: return Finish::kSnapKV;
+    case ScorerKind::kH2O: return params.causal_normalize ? Finish::kH2ONormalized : Finish::kH2O;
+    case ScorerKind::kTova: return Finish::kTova;
+    default: return Finish::kDropKV;
+  }
+}
+
+cudaError_t MakeAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
+                              const ScorerParams& params, AttentionPlan* plan) {
+  if (!IsAttentionScorer(kind) || plan == nullptr) return cudaErrorInvalidValue;
+  if (layer.num_kv_heads < 0 || layer.num_tokens < 0 || layer.head_dim < 1 ||
+      layer.head_dim > kMaxHeadDim || layer.window_rows < 1 || layer.num_kv_heads == 0 ||
+      layer.num_query_heads < layer.num_kv_heads ||
+      layer.num_query_heads % layer.num_kv_heads != 0 || layer.queries == nullptr ||
+      layer.keys == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  AttentionPlan p;
+  p.kind = kind;
+  p.num_kv_heads = layer.num_kv_heads;
+  p.group = layer.num_query_heads / layer.num_kv_heads;
+  p.head_dim = layer.head_dim;
+  p.window_rows = layer.window_rows;
+  p.num_tokens = layer.num_tokens;
+  if (!ScoredWindowRows(kind, layer, params, &p.rows_per_qhead, &p.first_row)) {
+    return cudaErrorInvalidValue;
+  }
+  p.pooled = (kind == ScorerKind::kSnapKV || kind == ScorerKind::kDropKV) && params.kernel > 1;
+  p.with_output = kind == ScorerKind::kDropKV;
+  if (p.with_output && layer.values == nullptr) return cudaErrorInvalidValue;
+  p.rows_per_head = p.group * p.rows_per_qhead;
+  p.padded_rows = (p.rows_per_head + 7) / 8 * 8;
+  p.num_segments = (p.num_tokens + kAttnSegment - 1) / kAttnSegment;
+  p.lane_elems = p.head_dim <= 64 ? 8 : (p.head_dim <= 128 ? 16 : 32);
+
+  const size_t rows = static_cast<size_t>(p.num_kv_heads) * p.rows_per_head;
+  const size_t seg_cells = rows * static_cast<size_t>(p.num_segments);
+  size_t offset = 0;
+  p.seg_max_offset = offset;
+  offset += Align256(seg_cells * sizeof(float));
+  p.seg_sum_offset = offset;
+  offset += Align256(seg_cells * sizeof(float));
+  p.seg_out_offset = offset;
+  if (p.with_output) offset += Align256(seg_cells * p.head_dim * sizeof(float));
+  p.row_stats_offset = offset;
+  offset += Align256(rows * sizeof(RowStats));
+  p.row_out_offset = offset;
+  if (p.with_output) offset += Align256(rows * p.head_dim * sizeof(float));
+  p.pre_pool_offset = offset;
+  if (p.pooled) {
+    offset += Align256(static_cast<size_t>(p.num_kv_heads) * p.num_tokens * sizeof(float));
+  }
+  p.scratch_bytes = offset;
+  *plan = p;
+  return cudaSuccess;
+}
+
+}  // namespace kvtrim::gpu::attn

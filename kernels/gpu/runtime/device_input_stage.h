@@ -1,0 +1,61 @@
+// Staging of one layer's input tensors into device memory the kernels read: host tensors
+// are uploaded into the worker's arena; device tensors (CUDA IPC regions) are read in place
+// when dense, or gathered into the arena when strided / paged, after the worker's ready
+// event; device tensors are probed for NaN / Inf on the device.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/gpu/runtime/device_arena.h"
+#include "kernels/gpu/runtime/device_pool.h"
+#include "kernels/layer.h"
+
+namespace kvtrim::gpu {
+
+/// Where one input tensor of a layer is read from on the device.
+struct StagedInput {
+  const TensorView* view = nullptr;  // the layer's tensor (null when not read)
+  const char* name = "";             // "keys", "values", "queries" (messages)
+  size_t dense_at = 0;               // arena offset of its dense copy (when it needs one)
+  size_t table_at = 0;               // arena offset of its block table (paged only)
+  size_t table_bytes = 0;
+  bool in_place = false;             // dense device tensor: read where it is
+  const void* device_data = nullptr; // set by Stage(): what the kernels read
+};
+
+/// The inputs of one layer: arena slots are added while the layout is built (AddSlots),
+/// the data is moved once the arena's base is known (Stage).
+class DeviceInputStage {
+ public:
+  /// Adds arena slots for keys / values / queries that the plan reads (`reads_*`), plus
+  /// the probe words. Must be called before the pipeline's own regions are added.
+  void AddSlots(const ValidatedLayer& layer, bool reads_keys, bool reads_values,
+                bool reads_queries, ArenaLayout* layout);
+
+  /// Device pointer the kernels read for input `i` (0 keys, 1 values, 2 queries), given the
+  /// arena base; a placeholder (never dereferenced) for inputs not read.
+  const void* DevicePointer(int i, char* base) const;
+
+  /// Moves the inputs: waits on the layer's ready event when a device tensor is read,
+  /// uploads host tensors, uploads block tables and gathers strided device tensors, and
+  /// probes every device tensor for NaN / Inf (one stream synchronisation). Errors:
+  /// INVALID_ARGUMENT "<name>: contains NaN at [a, b, c]" (the engine's host message), or
+  /// the CUDA status of a failed call.
+  absl::Status Stage(WorkerContext& context, char* base);
+
+ private:
+  StagedInput inputs_[3];
+  size_t probe_at_ = 0;  // three unsigned long long words
+  void* ready_event_ = nullptr;
+};
+
+/// A dense host copy of a device tensor (for host-side preparation that reads it, e.g.
+/// Expected Attention's window statistics): waits on `ready_event` (may be null), gathers
+/// when strided, copies back. `out` receives nbytes() bytes (uint32 words, aligned).
+absl::Status DownloadDense(WorkerContext& context, const TensorView& view, void* ready_event,
+                           std::vector<uint32_t>* out);
+
+}  // namespace kvtrim::gpu

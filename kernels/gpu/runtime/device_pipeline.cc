@@ -1,0 +1,503 @@
+#include "kernels/gpu/runtime/device_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/budget.h"
+#include "kernels/cpu/allocate.h"
+#include "kernels/cpu/keydiff_block.h"
+#include "kernels/cpu/pooling.h"
+#include "kernels/gpu/runtime/device_error.h"
+#include "kernels/gpu/kernels/device_nan_probe.h"
+#include "kernels/gpu/kernels/fast_attention.cuh"
+#include "kernels/gpu/kernels/fast_keys.cuh"
+
+namespace kvtrim::gpu {
+
+namespace {
+
+/// Reads the pooling parameters ("pooling", "kernel") like the CPU's ResolvePooling.
+absl::Status ReadPooling(const char* scorer, const ResolvedParams& p, ScorerParams* out) {
+  const int64_t kernel = p.Int("kernel");
+  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, p.Text("pooling"), kernel);
+  if (!kind.ok()) return kind.status();
+  out->kernel = static_cast<int32_t>(kernel);
+  out->pool_max = *kind == PoolKind::kMax;
+  out->window = static_cast<int32_t>(p.Int("window"));
+  return absl::OkStatus();
+}
+
+/// ScorerParams of `kind` from the resolved parameters (only the ones the scorer declares).
+absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedParams& p,
+                                              DType dtype) {
+  ScorerParams out;
+  switch (kind) {
+    case ScorerKind::kStreamingLlm:
+    case ScorerKind::kRandom:
+    case ScorerKind::kKnorm:
+    case ScorerKind::kTova:
+      break;
+    case ScorerKind::kKeyDiff: {
+      absl::StatusOr<KeyDiffAnchor> anchor = ParseKeyDiffAnchor(p.Text("anchor"));
+      if (!anchor.ok()) return anchor.status();
+      out.anchor_raw_mean = *anchor == KeyDiffAnchor::kRawMean;
+      out.eps = static_cast<float>(p.Number("eps"));
+      break;
+    }
+    case ScorerKind::kSnapKV:
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("snapkv", p, &out));
+      break;
+    case ScorerKind::kH2O:
+      out.causal_normalize = p.Bool("causal_normalize");
+      break;
+    case ScorerKind::kCriticalKV: {
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("criticalkv", p, &out));
+      out.eps = static_cast<float>(p.Number("eps"));
+      const std::string& norm = p.Text("norm");
+      if (norm != "l1" && norm != "l2") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("criticalkv: norm '", norm, "' is not one of {l1, l2}"));
+      }
+      out.norm_l2 = norm == "l2";
+      break;
+    }
+    case ScorerKind::kLaProx: {
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("laprox", p, &out));
+      const std::string& gqa = p.Text("gqa");
+      if (gqa == "mean") {
+        out.gqa = LaProxGqa::kMean;
+      } else if (gqa == "head_bound") {
+        out.gqa = LaProxGqa::kHeadBound;
+      } else if (gqa == "summed_wo") {
+        out.gqa = LaProxGqa::kSummedWo;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "laprox: gqa '", gqa, "' is not one of {mean, head_bound, summed_wo}"));
+      }
+      break;
+    }
+    case ScorerKind::kExpectedAttention:
+      out.eps = static_cast<float>(p.Number("eps"));
+      out.use_vnorm = p.Bool("use_vnorm");
+      break;
+    case ScorerKind::kDropKV: {
+      KVTRIM_RETURN_IF_ERROR(ReadPooling("dropkv", p, &out));
+      out.eps = static_cast<float>(p.Number("eps"));
+      const std::string& round = p.Text("bf16_prob_round");
+      if (round == "on") {
+        out.bf16_prob_round = true;
+      } else if (round == "off") {
+        out.bf16_prob_round = false;
+      } else if (round == "auto") {
+        out.bf16_prob_round = dtype == DType::kBF16;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dropkv: bf16_prob_round '", round, "' is not one of {auto, on, off}"));
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim) {
+  if (head_dim > 256) return false;
+  const int32_t d = static_cast<int32_t>(head_dim);
+  return fast::FastAttentionSupported(kind, dtype, d) ||
+         fast::FastKeyScorerSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
+}
+
+absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
+                                    DType dtype, int32_t layer_id, int32_t num_layers,
+                                    const LayerBudget& budget) {
+  LayerPlan plan;
+  plan.scorer_name = policy.scorer->name;
+  plan.scorer = policy.scorer->kind;
+  absl::StatusOr<ScorerParams> params = ReadScorerParams(plan.scorer, policy.params, dtype);
+  if (!params.ok()) return params.status();
+  plan.params = *params;
+  if (policy.settings.numerics == Numerics::kFast &&
+      HasFastPath(plan.scorer, dtype, shape.head_dim)) {
+    plan.numerics = Numerics::kFast;
+    plan.params.fast = true;
+  }
+  plan.protection = budget.protection;
+  plan.num_heads = static_cast<int32_t>(shape.num_kv_heads);
+  plan.num_tokens = shape.num_tokens;
+  const int64_t heads = shape.num_kv_heads;
+  const int64_t n = shape.num_tokens;
+  const int64_t k = budget.kept_per_head;
+
+  // Model-aware scorers and host-decided layers.
+  const AllocatorKind allocator = policy.allocator->kind;
+  const OutputShape output = policy.settings.output_shape;
+  plan.model_scorer = IsModelScorer(plan.scorer);
+  plan.critical = plan.scorer == ScorerKind::kCriticalKV;
+  plan.host_decide = plan.scorer == ScorerKind::kCriticalKV || plan.scorer == ScorerKind::kLaProx ||
+                     allocator == AllocatorKind::kLukv || output == OutputShape::kBlockAligned ||
+                     output == OutputShape::kEqualCount;
+  const bool l1 = plan.scorer == ScorerKind::kCriticalKV && !plan.params.norm_l2;
+  plan.needs_w_o = l1 && !plan.params.fast;
+  plan.needs_w_o16 = l1 && plan.params.fast;  // the f16 image of the fast kernel
+  plan.needs_head_gram = (plan.scorer == ScorerKind::kCriticalKV && plan.params.norm_l2) ||
+                         (plan.scorer == ScorerKind::kLaProx && plan.params.gqa != LaProxGqa::kSummedWo);
+  plan.needs_group_gram =
+      plan.scorer == ScorerKind::kLaProx && plan.params.gqa == LaProxGqa::kSummedWo;
+  plan.needs_ea_stats = plan.scorer == ScorerKind::kExpectedAttention;
+  plan.model_query_heads = policy.model != nullptr
+                               ? policy.model->layout.num_query_heads
+                               : static_cast<int32_t>(shape.num_query_heads);
+
+  // Allocation (CpuBackend::CompressLayer): tokens kept per head.
+  int64_t total = 0;
+  if (plan.host_decide) {
+    total = 0;  // decided on the host; see the perturbation below
+  } else if (allocator == AllocatorKind::kPyramid) {
+    const int64_t protected_tokens = budget.protection.sink + budget.protection.recent;
+    const int64_t layer_k = PyramidLayerBudget(k, n, layer_id, num_layers,
+                                               policy.params.Number("beta"), protected_tokens);
+    plan.counts = AllocateUniform(heads, layer_k);
+    total = heads * layer_k;
+  } else if (allocator == AllocatorKind::kAdaKV) {
+    plan.adakv = true;
+    plan.adakv_k = k;
+    plan.adakv_safeguard = std::min<int64_t>(
+        n, static_cast<int64_t>(std::floor(policy.params.Number("safeguard_alpha") *
+                                           static_cast<double>(k))));
+    // AllocateAdaKV always hands out the whole layer total H_kv * k: the safeguard
+    // floor(alpha*k) <= k, and the H_kv*(k - safeguard) extra tokens fit in the
+    // H_kv*(n - safeguard) candidates because k <= n.
+    total = heads * k;
+  } else if (allocator == AllocatorKind::kUniform) {
+    plan.counts = AllocateUniform(heads, k);
+    total = heads * k;
+  } else {
+    return absl::UnimplementedError(
+        absl::StrCat("allocator '", policy.allocator->name, "' has no GPU implementation"));
+  }
+
+  // Output shape.
+  plan.shared = !plan.host_decide && output == OutputShape::kShared;
+  if (plan.shared) {
+    plan.adakv = false;  // only the total matters for a shared list, and it is known
+    plan.counts.assign(static_cast<size_t>(heads), 0);
+    plan.shared_count = std::clamp<int64_t>(
+        RoundHalfUp(static_cast<double>(total) / static_cast<double>(heads)), 1, n);
+    plan.total_indices = plan.shared_count;
+  } else {
+    if (plan.adakv || plan.host_decide) plan.counts.assign(static_cast<size_t>(heads), 0);
+    plan.total_indices = total;
+  }
+
+  // Inputs read on the device (the CPU scorers read only their required inputs).
+  const uint32_t inputs = policy.scorer->required_inputs;
+  plan.perturbation = shape.has_values && shape.has_queries && policy.settings.perturbation;
+  plan.reads_keys = plan.perturbation || (plan.scorer != ScorerKind::kStreamingLlm &&
+                                          plan.scorer != ScorerKind::kRandom);
+  plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
+  plan.reads_queries = shape.has_queries && (plan.perturbation || (inputs & kInputQueries));
+  // Host-decided lists are uploaded for the perturbation: room for any decision's indices.
+  if (plan.host_decide && plan.perturbation) plan.total_indices = heads * n;
+  plan.output_shape = output;
+  // Host-decided layers are decided on the device when their counts are known here.
+  if (plan.host_decide) PlanDeviceDecision(policy, shape, layer_id, num_layers, budget, &plan);
+  return plan;
+}
+
+void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan) {
+  const uint32_t inputs = policy.scorer->required_inputs;
+  plan->perturbation = false;
+  plan->reads_keys = plan->scorer != ScorerKind::kStreamingLlm && plan->scorer != ScorerKind::kRandom;
+  plan->reads_values = shape.has_values && (inputs & kInputValues);
+  plan->reads_queries = shape.has_queries && (inputs & kInputQueries);
+  plan->total_indices = 0;
+}
+
+DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DType dtype,
+                            float softmax_scale, int32_t layer_id, uint64_t seed,
+                            const void* keys, const void* values, const void* queries) {
+  DeviceLayer layer;
+  layer.keys = keys;
+  layer.values = plan.reads_values ? values : nullptr;
+  layer.queries = plan.reads_queries ? queries : nullptr;
+  layer.dtype = dtype;
+  layer.num_kv_heads = static_cast<int32_t>(shape.num_kv_heads);
+  layer.num_query_heads = plan.reads_queries ? static_cast<int32_t>(shape.num_query_heads) : 0;
+  layer.window_rows = plan.reads_queries ? static_cast<int32_t>(shape.window_rows) : 0;
+  layer.head_dim = static_cast<int32_t>(shape.head_dim);
+  layer.num_tokens = shape.num_tokens;
+  layer.softmax_scale = softmax_scale;
+  layer.layer_id = layer_id;
+  layer.seed = seed;
+  return layer;
+}
+
+PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& layer,
+                                   ArenaLayout* layout) {
+  PipelineRegions r;
+  const size_t heads = static_cast<size_t>(plan.num_heads);
+  const size_t n = static_cast<size_t>(plan.num_tokens);
+  size_t score_scratch = 0;
+  if (plan.model_scorer) {
+    // Sizing reads shapes only: placeholder model inputs (never dereferenced).
+    static const float kPlaceholder = 0;
+    DeviceModelInputs sizing;
+    sizing.w_o = sizing.head_gram = sizing.group_gram = &kPlaceholder;
+    sizing.ea_mean = sizing.ea_cov = &kPlaceholder;
+    sizing.hidden = 1;
+    sizing.num_query_heads = plan.model_query_heads;
+    if (plan.params.fast) {
+      FastModelInputs fast_sizing;
+      fast_sizing.w_o16 = &kPlaceholder;
+      score_scratch =
+          FastModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing, fast_sizing);
+    } else {
+      score_scratch = ModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing);
+    }
+  } else {
+    score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
+  }
+  r.scratch_bytes = std::max(score_scratch, SelectScratchBytes(plan.num_heads, plan.num_tokens));
+  r.scratch_bytes = std::max(r.scratch_bytes,
+                             ProtectSelectTopKScratchBytes(plan.num_heads, plan.num_tokens));
+  if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationScratchBytes(layer));
+  r.scores = layout->Add(heads * n * sizeof(float));
+  // Meta: counts, offsets, then the first-NaN slot (uploaded with them, see MetaInit).
+  const size_t meta_values = heads + static_cast<size_t>(plan.num_lists()) + 1;
+  r.meta = layout->Add((meta_values + 1) * sizeof(int64_t));
+  r.first_nan = r.meta + meta_values * sizeof(int64_t);
+  r.indices = layout->Add(static_cast<size_t>(std::max<int64_t>(plan.total_indices, 1)) *
+                          sizeof(int32_t));
+  r.perturbation = layout->Add(heads * sizeof(double));
+  r.critical = layout->Add(plan.critical ? heads * n * sizeof(float) : 0);
+  const size_t vf = static_cast<size_t>(LaneMajorFloats(layer.head_dim));
+  const size_t hq = static_cast<size_t>(std::max(plan.model_query_heads, 0));
+  r.ea_mean = layout->Add(plan.needs_ea_stats ? hq * vf * sizeof(float) : 0);
+  r.ea_cov = layout->Add(plan.needs_ea_stats
+                             ? hq * static_cast<size_t>(layer.head_dim) * vf * sizeof(float)
+                             : 0);
+  r.scratch = layout->Add(r.scratch_bytes);
+  return r;
+}
+
+PipelineBuffers ResolveBuffers(const LayerPlan& plan, const PipelineRegions& regions, void* base) {
+  char* b = static_cast<char*>(base);
+  PipelineBuffers out;
+  out.scores = reinterpret_cast<float*>(b + regions.scores);
+  out.counts = reinterpret_cast<int64_t*>(b + regions.meta);
+  out.offsets = out.counts + plan.num_heads;
+  out.indices = reinterpret_cast<int32_t*>(b + regions.indices);
+  out.perturbation = reinterpret_cast<double*>(b + regions.perturbation);
+  out.first_nan = reinterpret_cast<unsigned long long*>(b + regions.first_nan);
+  out.critical = plan.critical ? reinterpret_cast<float*>(b + regions.critical) : nullptr;
+  out.scratch = regions.scratch_bytes ? b + regions.scratch : nullptr;
+  out.scratch_bytes = regions.scratch_bytes;
+  if (plan.needs_ea_stats) {
+    out.model.ea_mean = reinterpret_cast<const float*>(b + regions.ea_mean);
+    out.model.ea_cov = reinterpret_cast<const float*>(b + regions.ea_cov);
+  }
+  out.model.num_query_heads = plan.model_query_heads;
+  return out;
+}
+
+std::vector<int64_t> MetaInit(const LayerPlan& plan) {
+  std::vector<int64_t> meta(plan.counts);
+  meta.resize(static_cast<size_t>(plan.num_heads), 0);
+  meta.resize(meta.size() + static_cast<size_t>(plan.num_lists()) + 1, 0);
+  if (plan.shared) meta.back() = plan.shared_count;
+  meta.push_back(static_cast<int64_t>(kNoNaN));  // the first-NaN slot: all bits set
+  return meta;
+}
+
+namespace {
+
+/// Enqueues the scorer alone (LaunchScore, or LaunchModelScore / LaunchFastModelScore with
+/// buffers.model and buffers.fast_model): raw scores
+/// [H_kv, n] in buffers.scores (and CriticalKV's stage-2 scores in buffers.critical).
+absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
+                           const PipelineBuffers& b, cudaStream_t stream) {
+  if (plan.model_scorer && plan.params.fast) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchFastModelScore(plan.scorer, layer, plan.params, b.model, b.fast_model, b.scores,
+                             b.critical, b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchFastModelScore(", plan.scorer_name, ")"));
+  } else if (plan.model_scorer) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchModelScore(plan.scorer, layer, plan.params, b.model, b.scores, b.critical,
+                         b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchModelScore(", plan.scorer_name, ")"));
+  } else {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
+  }
+  return absl::OkStatus();
+}
+
+/// True when EnqueueLayer selects with LaunchProtectSelectTopK: per-head lists with host
+/// counts (uniform, pyramid). AdaKV and shared lists read the protected buffers.scores.
+bool FusedSelection(const LayerPlan& plan) {
+  return !plan.shared && !plan.adakv && !plan.host_decide;
+}
+
+/// Records `event` on `stream` unless it is null.
+absl::Status RecordEvent(cudaEvent_t event, cudaStream_t stream) {
+  if (event == nullptr) return absl::OkStatus();
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream), "cudaEventRecord");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EnqueueRawScores(const LayerPlan& plan, const DeviceLayer& layer,
+                              const PipelineBuffers& b, cudaStream_t stream) {
+  KVTRIM_RETURN_IF_ERROR(EnqueueScorer(plan, layer, b, stream));
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      LaunchFindFirstNaN(b.scores, static_cast<int64_t>(plan.num_heads) * plan.num_tokens,
+                         b.first_nan, stream),
+      "LaunchFindFirstNaN");
+  return absl::OkStatus();
+}
+
+absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
+                           const PipelineBuffers& b, cudaStream_t stream) {
+  const int32_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  KVTRIM_RETURN_IF_ERROR(EnqueueRawScores(plan, layer, b, stream));
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchApplyProtection(b.scores, heads, n, plan.protection.sink,
+                                                    plan.protection.recent, stream),
+                              "LaunchApplyProtection");
+  return absl::OkStatus();
+}
+
+absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
+                          const PipelineBuffers& b, cudaStream_t stream,
+                          const PipelineEvents* events) {
+  const int32_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  const bool fused = FusedSelection(plan);
+  if (fused) {
+    KVTRIM_RETURN_IF_ERROR(EnqueueScorer(plan, layer, b, stream));
+  } else {
+    KVTRIM_RETURN_IF_ERROR(EnqueueScores(plan, layer, b, stream));
+  }
+  KVTRIM_RETURN_IF_ERROR(RecordEvent(events != nullptr ? events->after_score : nullptr, stream));
+  if (fused) {
+    // NaN probe, protection and top-k in one launch; b.first_nan holds kNoNaN (MetaInit).
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchProtectSelectTopK(b.scores, heads, n, plan.protection.sink, plan.protection.recent,
+                                b.counts, b.offsets, b.indices, b.first_nan, b.scratch,
+                                b.scratch_bytes, stream),
+        "LaunchProtectSelectTopK");
+  } else if (plan.shared) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchSelectShared(b.scores, heads, n, plan.shared_count,
+                                                   b.indices, b.scratch, b.scratch_bytes, stream),
+                                "LaunchSelectShared");
+  } else {
+    if (plan.adakv) {
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          LaunchAdaKVCounts(b.scores, heads, n, plan.adakv_k, plan.adakv_safeguard, b.counts,
+                            b.scratch, b.scratch_bytes, stream),
+          "LaunchAdaKVCounts");
+    }
+    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchSelectTopK(b.scores, heads, n, b.counts, b.offsets,
+                                                 b.indices, b.scratch, b.scratch_bytes, stream),
+                                "LaunchSelectTopK");
+  }
+  KVTRIM_RETURN_IF_ERROR(RecordEvent(events != nullptr ? events->after_select : nullptr, stream));
+  if (plan.perturbation) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchPerturbation(layer, b.offsets, plan.num_lists(), b.indices, b.perturbation,
+                           b.scratch, b.scratch_bytes, stream),
+        "LaunchPerturbation");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan) {
+  if (first_nan == kNoNaN) return absl::OkStatus();
+  const int64_t n = plan.num_tokens;
+  const int64_t i = static_cast<int64_t>(first_nan);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "keys: scorer '", plan.scorer_name, "' produced NaN for head ", i / n, " token ", i % n,
+      "; the input magnitudes overflow fp32 arithmetic"));
+}
+
+absl::Status HostNaNStatus(const LayerPlan& plan, const std::vector<float>& scores,
+                           const std::vector<float>& critical) {
+  for (const std::vector<float>* values : {&scores, &critical}) {
+    for (size_t i = 0; i < values->size(); ++i) {
+      if (std::isnan((*values)[i])) return NaNStatus(plan, static_cast<unsigned long long>(i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DecideOnHost(const ResolvedPolicy& policy, const LayerPlan& plan, int32_t layer_id,
+                          int32_t num_layers, const LayerBudget& budget, std::vector<float> scores,
+                          std::vector<float> critical, LayerDecision* out) {
+  KVTRIM_RETURN_IF_ERROR(HostNaNStatus(plan, scores, critical));
+  LayerScores layer;
+  layer.layer_id = layer_id;
+  layer.num_layers = num_layers;
+  layer.num_heads = plan.num_heads;
+  layer.num_tokens = plan.num_tokens;
+  layer.scores = std::move(scores);
+  layer.critical = std::move(critical);
+  layer.budget = budget;
+  if (plan.scorer == ScorerKind::kLaProx) {
+    // One layer alone (CpuBackend::CompressLayer): local / layer modes decide here.
+    std::vector<LayerScores> layers;
+    layers.push_back(std::move(layer));
+    auto decisions = DecideLaProx(policy, layers);
+    if (!decisions.ok()) return decisions.status();
+    *out = std::move((*decisions)[0]);
+    out->numerics = plan.numerics;
+    return absl::OkStatus();
+  }
+  KVTRIM_RETURN_IF_ERROR(DecideLayer(policy, layer, out));
+  out->numerics = plan.numerics;
+  return absl::OkStatus();
+}
+
+absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults results,
+                            LayerDecision* out) {
+  const int64_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  KVTRIM_RETURN_IF_ERROR(NaNStatus(plan, results.first_nan));
+  const std::vector<int64_t>& offsets = results.offsets;
+  // A block-aligned list ends early when its last block is partial.
+  bool consistent = offsets.size() == static_cast<size_t>(plan.num_lists()) + 1 &&
+                    offsets.front() == 0 &&
+                    (plan.block ? offsets.back() <= plan.total_indices
+                                : offsets.back() == plan.total_indices);
+  for (size_t i = 1; consistent && i < offsets.size(); ++i) {
+    consistent = offsets[i] >= offsets[i - 1] && offsets[i] - offsets[i - 1] <= n;
+  }
+  if (!consistent) {
+    return absl::InternalError(absl::StrCat(
+        "GPU selection returned inconsistent offsets for scorer '", plan.scorer_name,
+        "' (expected ", plan.total_indices, " indices in ", plan.num_lists(), " lists)"));
+  }
+  out->layer_id = layer_id;
+  out->num_tokens = n;
+  out->output_shape = plan.output_shape;
+  out->offsets = offsets;
+  out->indices = std::move(results.indices);
+  out->indices.resize(static_cast<size_t>(offsets.back()));
+  out->kept_per_head.assign(static_cast<size_t>(heads), 0);
+  for (int64_t h = 0; h < heads; ++h) {
+    const size_t list = plan.num_lists() == 1 ? 0 : static_cast<size_t>(h);
+    out->kept_per_head[static_cast<size_t>(h)] =
+        static_cast<int32_t>(offsets[list + 1] - offsets[list]);
+  }
+  out->perturbation = plan.perturbation ? std::move(results.perturbation) : std::vector<double>();
+  out->numerics = plan.numerics;
+  return absl::OkStatus();
+}
+
+}  // namespace kvtrim::gpu

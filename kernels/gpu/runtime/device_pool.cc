@@ -1,0 +1,119 @@
+#include "kernels/gpu/runtime/device_pool.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gpu/runtime/device_error.h"
+
+namespace kvtrim::gpu {
+
+WorkerContext::WorkerContext(int device, const WorkerOptions& options)
+    : device_(device), options_(options), arena_(options.arena_limit_bytes) {}
+
+absl::StatusOr<std::unique_ptr<WorkerContext>> WorkerContext::Create(
+    int device, const WorkerOptions& options) {
+  if (options.staging_chunk_bytes == 0) {
+    return absl::InvalidArgumentError("WorkerOptions.staging_chunk_bytes must be > 0");
+  }
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  std::unique_ptr<WorkerContext> context(new WorkerContext(device, options));
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&context->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (cudaEvent_t& event : context->chunk_free_) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                                "cudaEventCreate");
+  }
+  return context;
+}
+
+WorkerContext::~WorkerContext() {
+  // Destructors cannot report; every call is best effort on the way out.
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (cudaEvent_t event : chunk_free_) {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status WorkerContext::Upload(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  const size_t chunk = options_.staging_chunk_bytes;
+  if (staging_.capacity() < 2 * chunk) {
+    // Growing frees the old chunks: wait for copies that may still read them.
+    for (cudaEvent_t event : chunk_free_) {
+      KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event), "cudaEventSynchronize(staging)");
+    }
+    KVTRIM_RETURN_IF_ERROR(staging_.Reserve(2 * chunk));
+  }
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(src);
+  for (size_t done = 0; done < bytes;) {
+    const size_t len = std::min(chunk, bytes - done);
+    const int slot = next_chunk_;
+    next_chunk_ ^= 1;
+    char* pinned = staging_.data() + static_cast<size_t>(slot) * chunk;
+    // The previous copy out of this chunk must have finished before it is overwritten.
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(chunk_free_[slot]),
+                                "cudaEventSynchronize(staging)");
+    std::memcpy(pinned, in + done, len);
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out + done, pinned, len, cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync(host to device)");
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(chunk_free_[slot], stream_), "cudaEventRecord");
+    done += len;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerContext::Synchronize() {
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  return absl::OkStatus();
+}
+
+void WorkerContext::Quiesce() {
+  cudaSetDevice(device_);
+  cudaStreamSynchronize(stream_);  // a sticky error is re-reported by the next request
+  cudaGetLastError();
+}
+
+absl::StatusOr<std::unique_ptr<DevicePool>> DevicePool::Create(int device, int workers,
+                                                               const WorkerOptions& options) {
+  if (workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DevicePool needs at least one worker, got ", workers));
+  }
+  std::unique_ptr<DevicePool> pool(new DevicePool());
+  for (int i = 0; i < workers; ++i) {
+    auto context = WorkerContext::Create(device, options);
+    if (!context.ok()) return context.status();
+    pool->free_.push_back(context->get());
+    pool->contexts_.push_back(*std::move(context));
+  }
+  return pool;
+}
+
+DevicePool::Lease DevicePool::Acquire() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  available_.wait(lock, [this] { return !free_.empty(); });
+  WorkerContext* context = free_.back();
+  free_.pop_back();
+  return Lease(*this, context);
+}
+
+void DevicePool::Release(WorkerContext* context) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(context);
+  }
+  available_.notify_one();
+}
+
+DevicePool::Lease::~Lease() {
+  if (context_ == nullptr) return;
+  context_->Quiesce();
+  pool_->Release(context_);
+}
+
+}  // namespace kvtrim::gpu

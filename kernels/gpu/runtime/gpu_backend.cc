@@ -1,0 +1,227 @@
+#include "kernels/gpu/runtime/gpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/gpu/runtime/device_decision.h"
+#include "kernels/gpu/runtime/device_error.h"
+#include "kernels/gpu/runtime/device_probe.h"
+#include "kernels/gpu/runtime/layer_run.h"
+
+namespace kvtrim::gpu {
+
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendOptions& options) {
+  const DeviceCensus census = CountCudaDevices();
+  if (census.count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device is visible (", census.reason, ")"));
+  }
+  if (options.device < 0 || options.device >= census.count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", options.device, " does not exist; ", census.count, " visible"));
+  }
+  if (options.workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the GPU backend needs at least one worker, got ", options.workers));
+  }
+  std::unique_ptr<GpuBackend> backend(new GpuBackend(options));
+  backend->cpu_fallback_ = std::make_unique<CpuBackend>(std::max(
+      1, std::min(options.workers, static_cast<int>(std::thread::hardware_concurrency()))));
+  backend->description_ = DescribeCudaDevice(options.device);
+  WorkerOptions worker;
+  worker.arena_limit_bytes = options.arena_limit_bytes;
+  worker.staging_chunk_bytes = options.staging_chunk_bytes;
+  auto pool = DevicePool::Create(options.device, options.workers, worker);
+  if (!pool.ok()) return pool.status();
+  backend->pool_ = *std::move(pool);
+  const size_t cache_bytes =
+      options.model_cache_bytes != 0 ? options.model_cache_bytes : options.arena_limit_bytes;
+  backend->model_cache_ = std::make_unique<DeviceModelCache>(options.device, cache_bytes);
+  const size_t score_bytes = options.score_buffer_bytes != 0
+                                 ? options.score_buffer_bytes
+                                 : options.arena_limit_bytes * static_cast<size_t>(options.workers);
+  auto store = DeviceScoreStore::Create(options.device, score_bytes);
+  if (!store.ok()) return store.status();
+  backend->score_store_ = *std::move(store);
+  return backend;
+}
+
+std::vector<Numerics> GpuBackend::NumericsModes(const ScorerSpec& scorer,
+                                                const AllocatorSpec& allocator) const {
+  (void)allocator;
+  if (HasFastPath(scorer.kind, DType::kBF16, 128)) return {Numerics::kFast, Numerics::kExact};
+  return {Numerics::kExact};
+}
+
+std::string GpuBackend::failure() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_;
+}
+
+namespace {
+
+/// Layers with d > kMaxGpuHeadDim run on the CPU fallback, which cannot read device tensors.
+absl::Status CheckHostOnly(const ValidatedLayer& layer) {
+  if (!layer.has_device_tensors()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "keys.shape[2]: d=", layer.shape.head_dim, " is above the GPU kernels' limit of ",
+      GpuBackend::kMaxGpuHeadDim, "; such layers run on the CPU, which cannot read cuda_ipc "
+      "tensors (send host_shm or inline_data)"));
+}
+
+}  // namespace
+
+absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                       const LayerBudget& budget, LayerDecision* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim) {
+    KVTRIM_RETURN_IF_ERROR(CheckHostOnly(layer));
+    return cpu_fallback_->CompressLayer(policy, layer, budget, out);
+  }
+  Outputs outputs;
+  outputs.decision = out;
+  return Run(policy, layer, budget, outputs);
+}
+
+absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                    const LayerBudget& budget, LayerScores* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim) {
+    KVTRIM_RETURN_IF_ERROR(CheckHostOnly(layer));
+    return cpu_fallback_->ScoreLayer(policy, layer, budget, out);
+  }
+  Outputs outputs;
+  outputs.raw = out;
+  return Run(policy, layer, budget, outputs);
+}
+
+absl::Status GpuBackend::ScoreLayerForModelWide(const ResolvedPolicy& policy,
+                                                const ValidatedLayer& layer,
+                                                const LayerBudget& budget, LayerScores* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim || policy.scorer->kind != ScorerKind::kLaProx) {
+    return ScoreLayer(policy, layer, budget, out);
+  }
+  absl::StatusOr<LaProxPlan> laprox = PlanLaProx(policy);
+  if (!laprox.ok()) return ScoreLayer(policy, layer, budget, out);  // the decision reports it
+  Outputs outputs;
+  outputs.resident = out;
+  outputs.normalize = laprox->normalize;
+  return Run(policy, layer, budget, outputs);
+}
+
+absl::StatusOr<std::vector<LayerDecision>> GpuBackend::DecideModelWide(
+    const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) {
+  if (layers.empty()) return std::vector<LayerDecision>();
+  std::vector<LayerDecision> decisions;
+  KVTRIM_RETURN_IF_ERROR(OnWorker([&](WorkerContext& context) {
+    return DecideModelWideOnDevice(context, *score_store_, policy, layers, &decisions);
+  }));
+  return decisions;
+}
+
+absl::Status GpuBackend::KeepScoresOnDevice(const ResolvedPolicy& policy, LayerScores* layer) {
+  absl::StatusOr<LaProxPlan> laprox = PlanLaProx(policy);
+  if (!laprox.ok()) return laprox.status();
+  const Protection& p = layer->budget.protection;
+  const int64_t heads = layer->num_heads;
+  const int64_t n = layer->num_tokens;
+  const int64_t width = n - p.sink - p.recent;
+  if (heads < 0 || heads > 65535 || width < 0 ||
+      layer->scores.size() != static_cast<size_t>(heads * n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scores: ", layer->scores.size(), " values do not make a layer of H_kv=", heads,
+        ", n=", n, " with sink=", p.sink, ", recent=", p.recent));
+  }
+  std::vector<float> candidates(static_cast<size_t>(heads * width));
+  for (int64_t h = 0; h < heads; ++h) {
+    std::copy_n(layer->scores.begin() + h * n + p.sink, width, candidates.begin() + h * width);
+  }
+  absl::StatusOr<std::shared_ptr<DeviceScoreBuffer>> buffer;
+  KVTRIM_RETURN_IF_ERROR(OnWorker([&](WorkerContext& context) -> absl::Status {
+    buffer = score_store_->Allocate(candidates.size(), context.stream());
+    if (!buffer.ok()) return buffer.status();
+    if (candidates.empty()) return absl::OkStatus();
+    KVTRIM_RETURN_IF_ERROR(
+        context.Upload((*buffer)->data(), candidates.data(), candidates.size() * sizeof(float)));
+    if (laprox->normalize) {
+      const size_t scratch = NormalizeCandidatesScratchBytes(heads * width);
+      KVTRIM_RETURN_IF_ERROR(context.arena().Reserve(scratch));
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          LaunchNormalizeCandidates((*buffer)->data(), static_cast<int32_t>(heads), width, width,
+                                    context.arena().data(), scratch, context.stream()),
+          "LaunchNormalizeCandidates");
+    }
+    return context.Synchronize();
+  }));
+  (*buffer)->set_layout(ScoreBufferLayout{heads, n, p.sink, p.recent, laprox->normalize});
+  layer->resident = *std::move(buffer);
+  layer->scores.clear();
+  layer->critical.clear();
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                    const LayerBudget& budget, std::vector<float>* scores) {
+  Outputs outputs;
+  outputs.protected_scores = scores;
+  return Run(policy, layer, budget, outputs);
+}
+
+absl::Status GpuBackend::CheckHealthy() const {
+  if (healthy()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(
+      "the GPU backend is out of service after a sticky CUDA error (", failure(),
+      "); kvtrimd must be restarted"));
+}
+
+absl::Status GpuBackend::Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                             const LayerBudget& budget, const Outputs& outputs) {
+  return OnWorker([&](WorkerContext& context) {
+    return RunLayer(context, policy, layer, budget, outputs);
+  });
+}
+
+absl::Status GpuBackend::OnWorker(const std::function<absl::Status(WorkerContext&)>& work) {
+  KVTRIM_RETURN_IF_ERROR(CheckHealthy());
+  DevicePool::Lease lease = pool_->Acquire();
+  absl::Status status = [&]() -> absl::Status {
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device), "cudaSetDevice");
+    cudaGetLastError();  // a stale non-sticky error of this thread is not ours
+    return work(*lease);
+  }();
+  if (!status.ok()) HandleFailure(*lease, status);
+  return status;
+}
+
+absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
+                                  const ValidatedLayer& layer, const LayerBudget& budget,
+                                  const Outputs& outputs) {
+  LayerRun run(context, *model_cache_, score_store_.get(), policy, layer, budget, outputs);
+  KVTRIM_RETURN_IF_ERROR(run.Plan());
+  KVTRIM_RETURN_IF_ERROR(run.Stage());
+  KVTRIM_RETURN_IF_ERROR(run.Enqueue());
+  KVTRIM_RETURN_IF_ERROR(run.Fetch());
+  last_request_bytes_.store(run.arena_bytes());
+  return absl::OkStatus();
+}
+
+void GpuBackend::HandleFailure(WorkerContext& context, const absl::Status& status) {
+  if (status.code() != absl::StatusCode::kInternal) return;
+  const std::optional<cudaError_t> code = CudaErrorOf(status);
+  if (!code.has_value()) return;  // a consistency check, not a device fault
+  bool sticky = IsStickyCudaError(*code);
+  if (!sticky) {
+    // Not known to be sticky: it is if the stream stays broken once the error is cleared.
+    cudaGetLastError();
+    const cudaError_t probe = cudaStreamSynchronize(context.stream());
+    sticky = probe != cudaSuccess && probe != cudaErrorNotReady;
+  }
+  if (!sticky) return;
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (failure_.empty()) failure_ = std::string(status.message());
+  }
+  healthy_.store(false);
+}
+
+}  // namespace kvtrim::gpu
