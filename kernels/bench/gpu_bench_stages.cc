@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
+#include <string_view>
 
 #include "kernels/bench/gpu_bench_timing.h"
 #include "kernels/gpu/runtime/device_error.h"
@@ -27,12 +29,19 @@ void* RealSymbol(const char* symbol) {
   return fn;
 }
 
-/// `mangled` demangled, without its parameter list.
+/// `mangled` demangled, without its return type, "(anonymous namespace)::" qualifiers and
+/// parameter list: "void kvtrim::gpu::fast::(anonymous namespace)::PassA<8>(...)" becomes
+/// "kvtrim::gpu::fast::PassA<8>".
 std::string Demangled(const char* mangled) {
   int status = 0;
   std::unique_ptr<char, decltype(&std::free)> demangled(
       abi::__cxa_demangle(mangled, nullptr, nullptr, &status), &std::free);
   std::string name = status == 0 && demangled ? demangled.get() : mangled;
+  static constexpr std::string_view kAnonymous = "(anonymous namespace)::";
+  for (size_t at = name.find(kAnonymous); at != std::string::npos; at = name.find(kAnonymous)) {
+    name.erase(at, kAnonymous.size());
+  }
+  if (name.rfind("void ", 0) == 0) name.erase(0, 5);
   if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
   return name;
 }
