@@ -109,8 +109,9 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
                            LukvEvictedRatio(policy.settings.budget, n),
                            policy.params.Bool("interpolate"));
   }
-  return absl::UnimplementedError(
-      absl::StrCat("allocator '", policy.allocator->name, "' is not implemented"));
+  // Every AllocatorKind is handled above; a new kind must add its rule here.
+  return absl::InternalError(
+      absl::StrCat("allocator '", policy.allocator->name, "' has no allocation rule"));
 }
 
 absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,

@@ -37,6 +37,7 @@
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
 #include "tests/gpu/parity_rule.h"
+#include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/shared_backends.h"
 #include "tests/gpu/test_device.h"
 #include "tests/oracle/attention_oracle.h"
@@ -70,21 +71,12 @@ struct ParityParam {
   int64_t n = 0;
 };
 
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
-
 std::vector<PolicyCase> PolicyCases() {
   std::vector<PolicyCase> cases;
-  for (const PolicyPreset& preset : Registry().presets()) {
+  for (const PolicyPreset& preset : BuiltinRegistry().presets()) {
     // Presets that read a registered model run in model_parity_test.cc.
-    const uint32_t needs = Registry().FindScorer(preset.scorer)->required_inputs |
-                           Registry().FindAllocator(preset.allocator)->required_inputs;
+    const uint32_t needs = BuiltinRegistry().FindScorer(preset.scorer)->required_inputs |
+                           BuiltinRegistry().FindAllocator(preset.allocator)->required_inputs;
     if (needs & kInputModel) continue;
     cases.push_back({preset.name});
   }
@@ -192,7 +184,7 @@ CpuBackend& SharedCpu(int64_t n) {
 /// selection differs)" or where they first differ.
 std::string DiagnoseScores(const ResolvedPolicy& policy, const LayerRequest& layer,
                            const std::vector<float>& cpu) {
-  PolicyEngine engine(Registry(), SharedGpu());
+  PolicyEngine engine(BuiltinRegistry(), SharedGpu());
   auto validated = engine.Validate(policy, layer, "layer");
   if (!validated.ok()) return "scores not compared: " + validated.status().ToString();
   const int64_t n = validated->shape.num_tokens;
@@ -216,7 +208,7 @@ std::string DiagnoseScores(const ResolvedPolicy& policy, const LayerRequest& lay
 
 /// Runs one case on both backends and applies the rule. Thread-safe.
 Outcome RunCase(const CaseSpec& c) {
-  const PolicyRegistry& registry = Registry();
+  const PolicyRegistry& registry = BuiltinRegistry();
   PolicyEngine cpu_engine(registry, SharedCpu(c.n));
   PolicyEngine gpu_engine(registry, SharedGpu());
   CompressionSettings settings;
@@ -227,15 +219,7 @@ Outcome RunCase(const CaseSpec& c) {
   settings.num_layers = kNumLayers;
   settings.seed = kSeed;
   settings.numerics = Numerics::kExact;  // the parity rule is about the exact arithmetic
-  // Lower window parameters to the rows sent.
-  {
-    auto probe = registry.Resolve(settings, "settings");
-    if (!probe.ok()) return {false, absl::StrCat(c.Describe(), ": ", probe.status().ToString())};
-    if (probe->params.Has("window") && probe->params.Int("window") > c.window) {
-      settings.params["window"] = ParamValue::Number(static_cast<double>(c.window));
-    }
-  }
-  auto policy = cpu_engine.Prepare(settings, "settings");
+  auto policy = PrepareForRows(cpu_engine, settings, c.window);
   if (!policy.ok()) return {false, absl::StrCat(c.Describe(), ": Prepare: ", policy.status().ToString())};
 
   const std::shared_ptr<const LayerData> held = Data(c);
@@ -358,8 +342,8 @@ TEST(BackendParitySpikeTest, SnapKVFamilyPoolsThePrefixOnly) {
       settings.budget.by_fraction = false;
       settings.budget.keep_tokens = 15;
       settings.num_layers = 1;
-      PolicyEngine cpu_engine(Registry(), SharedCpu(n));
-      PolicyEngine gpu_engine(Registry(), SharedGpu());
+      PolicyEngine cpu_engine(BuiltinRegistry(), SharedCpu(n));
+      PolicyEngine gpu_engine(BuiltinRegistry(), SharedGpu());
       auto policy = cpu_engine.Prepare(settings, "settings");
       ASSERT_TRUE(policy.ok()) << policy.status();
       auto cpu = cpu_engine.CompressLayer(*policy, layer, "layer");

@@ -35,21 +35,13 @@
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
 #include "tests/gpu/model_test_data.h"
+#include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
 
 constexpr double kKeepFraction = 0.3;
-
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
 
 /// A laprox policy in `mode` with `shape`, exact numerics (resolved without a model: the
 /// decisions read only the mode and the shape).
@@ -61,7 +53,7 @@ ResolvedPolicy LaProxPolicy(const std::string& mode, OutputShape shape, double k
   settings.budget.by_fraction = true;
   settings.budget.keep_fraction = keep_fraction;
   settings.numerics = Numerics::kExact;
-  auto policy = Registry().Resolve(settings, "settings");
+  auto policy = BuiltinRegistry().Resolve(settings, "settings");
   EXPECT_TRUE(policy.ok()) << policy.status();
   return *std::move(policy);
 }
@@ -336,8 +328,8 @@ TEST(DeviceModelWide, EngineMatchesCpu) {
     }
   }
   auto run = [](const EngineCase& c) -> std::string {
-    PolicyEngine cpu(Registry(), SharedCpu(false, 1));
-    PolicyEngine gpu(Registry(), SharedGpu());
+    PolicyEngine cpu(BuiltinRegistry(), SharedCpu(false, 1));
+    PolicyEngine gpu(BuiltinRegistry(), SharedGpu());
     auto want = EngineSession(cpu, c, false);
     if (!want.ok()) return absl::StrCat(c.Describe(), ": CPU: ", want.status().ToString());
     auto got = EngineSession(gpu, c, true);
@@ -481,8 +473,8 @@ struct LayerCase {
 std::string RunLayerCase(const LayerCase& c, int64_t n) {
   constexpr int64_t kHeads = 3;
   const int64_t w = std::min<int64_t>(32, n);
-  PolicyEngine cpu(Registry(), SharedCpu(false, 1));
-  PolicyEngine gpu(Registry(), SharedGpu());
+  PolicyEngine cpu(BuiltinRegistry(), SharedCpu(false, 1));
+  PolicyEngine gpu(BuiltinRegistry(), SharedGpu());
   CompressionSettings settings;
   settings.policy = c.policy;
   settings.params = c.params;
@@ -491,12 +483,7 @@ std::string RunLayerCase(const LayerCase& c, int64_t n) {
   settings.budget.keep_fraction = kKeepFraction;
   settings.num_layers = 2;
   settings.numerics = Numerics::kExact;
-  auto probe = Registry().Resolve(settings, "settings");
-  if (!probe.ok()) return absl::StrCat(c.label, ": ", probe.status().ToString());
-  if (probe->params.Has("window") && probe->params.Int("window") > w) {
-    settings.params["window"] = ParamValue::Number(static_cast<double>(w));
-  }
-  auto policy = cpu.Prepare(settings, "settings");
+  auto policy = PrepareForRows(cpu, settings, w);
   if (!policy.ok()) return absl::StrCat(c.label, ": ", policy.status().ToString());
   TestModelKey key;
   key.kv_heads = kHeads;

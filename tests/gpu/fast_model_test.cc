@@ -39,6 +39,7 @@
 #include "kernels/registry.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
+#include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -51,15 +52,6 @@ constexpr int32_t kNumLayers = 2;
 constexpr double kKeepFraction = 0.3;
 /// The band of docs/numerics.md.
 constexpr double kTau = 1.0 / 2048.0;
-
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
 
 ParamValue Text(const char* v) { return ParamValue::Text(v); }
 ParamValue Flag(bool v) { return ParamValue::Number(v ? 1 : 0); }
@@ -118,12 +110,7 @@ absl::StatusOr<ResolvedPolicy> Prepare(const PolicyEngine& engine, const ModelCa
   settings.num_layers = kNumLayers;
   settings.seed = 5;
   settings.numerics = mode;
-  auto probe = Registry().Resolve(settings, "settings");
-  if (!probe.ok()) return probe.status();
-  if (probe->params.Has("window") && probe->params.Int("window") > c.window()) {
-    settings.params["window"] = ParamValue::Number(static_cast<double>(c.window()));
-  }
-  auto policy = engine.Prepare(settings, "settings");
+  auto policy = PrepareForRows(engine, settings, c.window());
   if (!policy.ok()) return policy.status();
   TestModelKey key;
   key.kv_heads = static_cast<int32_t>(kKvHeads);
@@ -171,7 +158,7 @@ LayerBudget BudgetOf(const ResolvedPolicy& policy, int64_t n) {
 
 /// The raw scores of a case in `mode` (GpuBackend::ScoreLayer); "" or what went wrong.
 std::string RawScores(const ModelCase& c, Numerics mode, LayerScores* out) {
-  PolicyEngine engine(Registry(), SharedGpu());
+  PolicyEngine engine(BuiltinRegistry(), SharedGpu());
   auto policy = Prepare(engine, c, mode);
   if (!policy.ok()) return policy.status().ToString();
   const std::shared_ptr<const ModelLayerData> held = CaseData(c);

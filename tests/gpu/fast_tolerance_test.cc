@@ -33,6 +33,7 @@
 #include "tests/gpu/criticalkv_ranking.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
+#include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -61,26 +62,17 @@ double TauFor(const ResolvedPolicy& policy, DType dtype) {
 /// The swap-rate bound on random normal inputs (design.md).
 constexpr double kMaxSwapRate = 1e-3;
 
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
-
 /// Every listed policy: the presets, then SCORER+ALLOCATOR for every pair no preset names
 /// already (e.g. snapkv+adakv is the preset adakv).
 std::vector<std::string> ListedPolicies() {
   std::vector<std::string> out;
   std::set<std::pair<std::string, std::string>> named;
-  for (const PolicyPreset& preset : Registry().presets()) {
+  for (const PolicyPreset& preset : BuiltinRegistry().presets()) {
     out.push_back(preset.name);
     named.insert({preset.scorer, preset.allocator});
   }
-  for (const ScorerSpec* scorer : Registry().scorers()) {
-    for (const AllocatorSpec* allocator : Registry().allocators()) {
+  for (const ScorerSpec* scorer : BuiltinRegistry().scorers()) {
+    for (const AllocatorSpec* allocator : BuiltinRegistry().allocators()) {
       if (named.count({scorer->name, allocator->name}) != 0) continue;
       out.push_back(absl::StrCat(scorer->name, "+", allocator->name));
     }
@@ -127,12 +119,7 @@ absl::StatusOr<ResolvedPolicy> Prepare(const PolicyEngine& engine, const FastCas
   settings.num_layers = kNumLayers;
   settings.seed = 5;
   settings.numerics = mode;
-  auto probe = Registry().Resolve(settings, "settings");
-  if (!probe.ok()) return probe.status();
-  if (probe->params.Has("window") && probe->params.Int("window") > c.window()) {
-    settings.params["window"] = ParamValue::Number(static_cast<double>(c.window()));
-  }
-  auto policy = engine.Prepare(settings, "settings");
+  auto policy = PrepareForRows(engine, settings, c.window());
   if (!policy.ok()) return policy.status();
   TestModelKey key;
   key.kv_heads = static_cast<int32_t>(kKvHeads);
@@ -182,7 +169,7 @@ bool MovableCounts(const ResolvedPolicy& policy) {
 /// Runs one case: exact, fast twice; checks the band, determinism and the reported mode.
 CaseResult RunCase(const FastCase& c) {
   CaseResult result;
-  PolicyEngine engine(Registry(), SharedGpu());
+  PolicyEngine engine(BuiltinRegistry(), SharedGpu());
   auto exact_policy = Prepare(engine, c, Numerics::kExact);
   auto fast_policy = Prepare(engine, c, Numerics::kFast);
   if (!exact_policy.ok() || !fast_policy.ok()) {
@@ -292,7 +279,7 @@ CaseResult RunCase(const FastCase& c) {
 /// compute (p / (1 - p + eps))^2 * |a - v_j|^2 with a ~ v_j, a cancellation that neither
 /// resolves (those tokens are protected by the policy's own window).
 std::string ScoreError(const FastCase& c, double* error, double* tau) {
-  PolicyEngine engine(Registry(), SharedGpu());
+  PolicyEngine engine(BuiltinRegistry(), SharedGpu());
   auto exact_policy = Prepare(engine, c, Numerics::kExact);
   auto fast_policy = Prepare(engine, c, Numerics::kFast);
   if (!exact_policy.ok() || !fast_policy.ok()) return "refused";

@@ -31,6 +31,7 @@
 #include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"
+#include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -139,18 +140,9 @@ std::string FirstListMismatch(const std::vector<T>& cpu, const std::vector<T>& g
   return out.str();
 }
 
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry;
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
-
 /// The keydiff parameters, resolved as the engine does.
 ResolvedParams KeyDiffParams(bool raw_mean, double eps) {
-  const ScorerSpec* spec = Registry().FindScorer("keydiff");
+  const ScorerSpec* spec = BuiltinRegistry().FindScorer("keydiff");
   EXPECT_NE(spec, nullptr);
   if (spec == nullptr) return ResolvedParams{};
   absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(

@@ -40,6 +40,7 @@
 #include "kernels/registry.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
+#include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -51,15 +52,6 @@ constexpr int32_t kLayerId = 1;
 constexpr int32_t kNumLayers = 2;
 constexpr double kKeepFraction = 0.3;
 constexpr int64_t kLargeN = 40000;
-
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
 
 /// One thread per case for small n (cases run in parallel), one per KV head for n = 40000.
 CpuBackend& SharedCpu(int64_t n) {
@@ -100,12 +92,7 @@ absl::StatusOr<ResolvedPolicy> PreparePolicy(const ModelCase& c, const PolicyEng
   settings.num_layers = kNumLayers;
   settings.seed = 5;
   settings.numerics = Numerics::kExact;  // bit parity with the CPU
-  auto probe = Registry().Resolve(settings, "settings");
-  if (!probe.ok()) return probe.status();
-  if (probe->params.Has("window") && probe->params.Int("window") > c.window()) {
-    settings.params["window"] = ParamValue::Number(static_cast<double>(c.window()));
-  }
-  auto policy = engine.Prepare(settings, "settings");
+  auto policy = PrepareForRows(engine, settings, c.window());
   if (!policy.ok()) return policy.status();
   TestModelKey key;
   key.kv_heads = static_cast<int32_t>(kKvHeads);
@@ -171,7 +158,7 @@ std::string FirstBitDifference(const char* what, const std::vector<float>& cpu,
 
 /// Scores of one case on both backends, compared bit for bit. "" when equal.
 std::string RunScoreCase(const ModelCase& c) {
-  PolicyEngine cpu_engine(Registry(), SharedCpu(c.n));
+  PolicyEngine cpu_engine(BuiltinRegistry(), SharedCpu(c.n));
   auto policy = PreparePolicy(c, cpu_engine);
   if (!policy.ok()) return absl::StrCat(c.Describe(), ": ", policy.status().ToString());
   const std::shared_ptr<const ModelLayerData> data = CaseData(c);
@@ -191,8 +178,8 @@ std::string RunScoreCase(const ModelCase& c) {
 
 /// Decisions of one case on both backends under the exact parity rule. "" when equal.
 std::string RunDecisionCase(const ModelCase& c) {
-  PolicyEngine cpu_engine(Registry(), SharedCpu(c.n));
-  PolicyEngine gpu_engine(Registry(), SharedGpu());
+  PolicyEngine cpu_engine(BuiltinRegistry(), SharedCpu(c.n));
+  PolicyEngine gpu_engine(BuiltinRegistry(), SharedGpu());
   auto policy = PreparePolicy(c, cpu_engine);
   if (!policy.ok()) return absl::StrCat(c.Describe(), ": ", policy.status().ToString());
   const uint32_t needs = policy->scorer->required_inputs;
@@ -437,7 +424,7 @@ OwnModelCase MakeOwnModelCase(const PolicyEngine& engine, uint64_t seed, const c
 TEST(GpuModelCacheTest, EvictsWithTheModelAndUnderTheCap) {
   KVTRIM_SKIP_WITHOUT_GPU();
   CpuBackend cpu(2);
-  PolicyEngine cpu_engine(Registry(), cpu);
+  PolicyEngine cpu_engine(BuiltinRegistry(), cpu);
   // W_O of one layer: H_q * D * 8E floats = 6 * 128 * 64 * 4 bytes = 192 KiB; a Gram: 6 * 64 *
   // 64 * 4 = 96 KiB. A 256 KiB cap holds one W_O, or one W_O and nothing else.
   GpuBackendOptions options;
@@ -445,7 +432,7 @@ TEST(GpuModelCacheTest, EvictsWithTheModelAndUnderTheCap) {
   options.model_cache_bytes = 256 << 10;
   auto backend = GpuBackend::Create(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
-  PolicyEngine gpu_engine(Registry(), **backend);
+  PolicyEngine gpu_engine(BuiltinRegistry(), **backend);
   auto check = [&](const OwnModelCase& o) {
     const LayerRequest request = MakeRequest(o.c, *o.data, true, true);
     auto want = cpu_engine.CompressLayer(o.policy, request, "layer");
@@ -476,7 +463,7 @@ TEST(GpuModelCacheTest, EvictsWithTheModelAndUnderTheCap) {
   options.model_cache_bytes = 64 << 10;
   auto small = GpuBackend::Create(options);
   ASSERT_TRUE(small.ok()) << small.status();
-  PolicyEngine small_engine(Registry(), **small);
+  PolicyEngine small_engine(BuiltinRegistry(), **small);
   const LayerRequest request = MakeRequest(c.c, *c.data, true, true);
   auto refused = small_engine.CompressLayer(c.policy, request, "layer");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/registry.h"
+#include "tests/gpu/policy_test_setup.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
@@ -17,14 +18,9 @@ using ::testing::HasSubstr;
 
 /// A resolved policy (for its allocator name).
 ResolvedPolicy Resolve(const std::string& name) {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
   CompressionSettings settings;
   settings.policy = name;
-  auto policy = registry->Resolve(settings, "settings");
+  auto policy = BuiltinRegistry().Resolve(settings, "settings");
   EXPECT_TRUE(policy.ok()) << policy.status();
   return *policy;
 }

@@ -1,0 +1,37 @@
+// Policy set-up shared by the GPU tests: the built-in registry, and a policy prepared for the
+// few query rows a test sends.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/engine.h"
+#include "kernels/registry.h"
+
+namespace kvtrim::gpu::testing {
+
+/// The registry with every built-in policy, built once and shared by every test.
+inline const PolicyRegistry& BuiltinRegistry() {
+  static const PolicyRegistry* registry = [] {
+    auto* r = new PolicyRegistry();
+    RegisterBuiltinPolicies(r);
+    return r;
+  }();
+  return *registry;
+}
+
+/// `settings` prepared by `engine`, the policy's "window" parameter (its default or the one
+/// sent) lowered to `rows_sent` when larger: the tests send fewer query rows than the default
+/// window. Resolution errors come back as they are.
+inline absl::StatusOr<ResolvedPolicy> PrepareForRows(const PolicyEngine& engine,
+                                                     CompressionSettings settings,
+                                                     int64_t rows_sent) {
+  auto probe = BuiltinRegistry().Resolve(settings, "settings");
+  if (!probe.ok()) return probe.status();
+  if (probe->params.Has("window") && probe->params.Int("window") > rows_sent) {
+    settings.params["window"] = ParamValue::Number(static_cast<double>(rows_sent));
+  }
+  return engine.Prepare(settings, "settings");
+}
+
+}  // namespace kvtrim::gpu::testing
