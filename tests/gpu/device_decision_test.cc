@@ -511,22 +511,25 @@ std::string RunLayerCase(const LayerCase& c, int64_t n) {
 /// and shape, lukv, block-aligned and equal-count outputs, LaProx on one layer.
 std::vector<LayerCase> LayerCases() {
   return {
-      {"criticalkv", "criticalkv"},
-      {"criticalkv_adakv", "criticalkv_adakv"},
-      {"criticalkv_pyramid", "criticalkv+pyramid"},
-      {"criticalkv_shared", "criticalkv", OutputShape::kShared},
-      {"criticalkv_block", "criticalkv", OutputShape::kBlockAligned, 8},
-      {"criticalkv_adakv_block", "criticalkv_adakv", OutputShape::kBlockAligned, 5},
-      {"criticalkv_equal", "criticalkv", OutputShape::kEqualCount},
+      {"criticalkv", "criticalkv", OutputShape::kPerHead, 0, {}, false},
+      {"criticalkv_adakv", "criticalkv_adakv", OutputShape::kPerHead, 0, {}, false},
+      {"criticalkv_pyramid", "criticalkv+pyramid", OutputShape::kPerHead, 0, {}, false},
+      {"criticalkv_shared", "criticalkv", OutputShape::kShared, 0, {}, false},
+      {"criticalkv_block", "criticalkv", OutputShape::kBlockAligned, 8, {}, false},
+      {"criticalkv_adakv_block", "criticalkv_adakv", OutputShape::kBlockAligned, 5, {}, false},
+      {"criticalkv_equal", "criticalkv", OutputShape::kEqualCount, 0, {}, false},
       {"lukv", "lukv", OutputShape::kPerHead, 0, {}, true},
       {"lukv_shared", "lukv", OutputShape::kShared, 0, {}, true},
       {"lukv_block", "lukv", OutputShape::kBlockAligned, 16, {}, true},
-      {"snapkv_block", "snapkv", OutputShape::kBlockAligned, 16},
-      {"adakv_equal", "adakv", OutputShape::kEqualCount},
-      {"laprox_local", "laprox", OutputShape::kPerHead, 0, {{"mode", ParamValue::Text("local")}}},
-      {"laprox_layer", "laprox", OutputShape::kPerHead, 0, {{"mode", ParamValue::Text("layer")}}},
-      {"laprox_model", "laprox", OutputShape::kPerHead, 0, {{"mode", ParamValue::Text("model")}}},
-      {"laprox_equal", "laprox", OutputShape::kEqualCount},
+      {"snapkv_block", "snapkv", OutputShape::kBlockAligned, 16, {}, false},
+      {"adakv_equal", "adakv", OutputShape::kEqualCount, 0, {}, false},
+      {"laprox_local", "laprox", OutputShape::kPerHead, 0,
+       {{"mode", ParamValue::Text("local")}}, false},
+      {"laprox_layer", "laprox", OutputShape::kPerHead, 0,
+       {{"mode", ParamValue::Text("layer")}}, false},
+      {"laprox_model", "laprox", OutputShape::kPerHead, 0,
+       {{"mode", ParamValue::Text("model")}}, false},
+      {"laprox_equal", "laprox", OutputShape::kEqualCount, 0, {}, false},
   };
 }
 
