@@ -17,6 +17,7 @@
 #include "kernels/lukv/greedy_solver.h"
 #include "kernels/lukv/loss_curves.h"
 #include "kernels/lukv/pava.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim::cli {
 namespace {
@@ -122,7 +123,7 @@ TEST(CliProfileTest, GreedyIsNearExactOnCalibrationData) {  // lukv.md §9 item 
 
 TEST(CliProfileTest, RunProfileWritesNpyAndManifest) {
   ProfileCommandOptions options = SampleOptions();
-  options.out = ::testing::TempDir() + "/cli_profile_test.npy";
+  options.out = kvtrim::testing::TestPath("cli_profile_test.npy");
   std::ostringstream out, err;
   ASSERT_EQ(RunProfile(options, out, err), kExitOk) << err.str();
   EXPECT_NE(out.str().find("[99, 5, 4]"), std::string::npos) << out.str();
@@ -145,7 +146,7 @@ TEST(CliProfileTest, UsageErrors) {
   std::ostringstream out, err;
   ProfileCommandOptions options = SampleOptions();
   EXPECT_EQ(RunProfile(options, out, err), kExitUsage);  // no --out
-  options.out = ::testing::TempDir() + "/never_written.npy";
+  options.out = kvtrim::testing::TestPath("never_written.npy");
   options.metric = "expected_attention";
   EXPECT_EQ(RunProfile(options, out, err), kExitUsage);
   EXPECT_NE(err.str().find("needs a registered model"), std::string::npos) << err.str();

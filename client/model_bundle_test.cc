@@ -4,11 +4,10 @@
 #include <gtest/gtest.h>
 
 #include "tests/model_bundle_fixture.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim {
 namespace {
-
-std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
 TEST(ModelBundleTest, WriteReadRoundTrip) {
   ModelInput input = testing::MakeTestModelInput(2, 4, 2, 8, 16, 3, true);
@@ -16,7 +15,7 @@ TEST(ModelBundleTest, WriteReadRoundTrip) {
   input.rope_theta = 500000.123456789;
   input.rope_scaling_json = R"({"rope_type":"llama3","factor":8.0})";
   const ModelBundle bundle = testing::BundleFromModelInput(input);
-  const std::string path = TempPath("bundle_roundtrip.safetensors");
+  const std::string path = kvtrim::testing::TestPath("bundle_roundtrip.safetensors");
   ASSERT_TRUE(WriteModelBundle(path, bundle).ok());
   absl::StatusOr<ModelBundle> read = ReadModelBundle(path);
   ASSERT_TRUE(read.ok()) << read.status();
@@ -50,8 +49,8 @@ TEST(ModelBundleTest, ErrorsNameTheMetadataKey) {
   bad.metadata["profile.x.manifest"] = "{}";
   EXPECT_EQ(ModelBundleFromSafetensors(bad, "m").status().message(),
             "m: __metadata__.profile.x.manifest: the file has no tensor \"profile.x\"");
-  EXPECT_EQ(ReadModelBundle(TempPath("no_such_bundle.safetensors")).status().code(),
-            absl::StatusCode::kNotFound);
+  const std::string absent = kvtrim::testing::TestPath("no_such_bundle.safetensors");
+  EXPECT_EQ(ReadModelBundle(absent).status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim {
 namespace {
@@ -61,7 +62,7 @@ TEST(SafetensorsTest, RoundTripKeepsEveryField) {
 }
 
 TEST(SafetensorsTest, WritesAndReadsAFile) {
-  const std::string path = ::testing::TempDir() + "/roundtrip.safetensors";
+  const std::string path = kvtrim::testing::TestPath("roundtrip.safetensors");
   ASSERT_TRUE(WriteSafetensors(path, SampleFile()).ok());
   absl::StatusOr<SafetensorsFile> back = ReadSafetensors(path);
   ASSERT_TRUE(back.ok()) << back.status();

@@ -27,6 +27,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address: HOST:PORT (PORT 0 picks a free port) or unix:PATH.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus exporter address HOST:PORT serving GET /metrics; empty disables it.");
+ABSL_FLAG(std::string, port_file, "",
+          "Readiness file: once SERVING (warm-up done), kvtrimd writes the addresses it bound "
+          "to this path, atomically, as two lines 'grpc=HOST:PORT' and 'metrics=HOST:PORT' "
+          "(empty when the exporter is off), and removes it when it stops serving. With "
+          "--listen=127.0.0.1:0 this is how a script or test learns the port it got. Empty = "
+          "none.");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{64} << 20,
           "Largest gRPC message accepted, in bytes (1024 .. 2147483647). Larger messages are "
           "rejected by gRPC with RESOURCE_EXHAUSTED.");
@@ -90,7 +96,8 @@ namespace kvtrim::service {
 namespace {
 
 /// Every kvtrimd flag, in --help order.
-constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "max_message_bytes",
+constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_file",
+                                     "max_message_bytes",
                                      "workers",         "max_inflight",   "backend",
                                      "numerics",        "drain_timeout_s",
                                      "gpu_memory_limit_bytes",
@@ -119,6 +126,17 @@ const UsageFlag* FindUsageFlag(absl::string_view name) {
 bool IsHelpArg(absl::string_view arg) {
   return arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpshort" ||
          arg == "-helpshort";
+}
+
+/// INVALID_ARGUMENT "--<flag>: '<path>' contains control characters" when `path` has any.
+absl::Status CheckPrintable(const char* flag, const std::string& path) {
+  for (char c : path) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", path, "' contains control characters"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi) {
@@ -223,11 +241,11 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckRange("session_read_ahead", session_read_ahead, 1, 64); !st.ok()) return st;
-  for (char c : data_dir) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--data_dir: '", data_dir, "' contains control characters"));
-    }
+  if (auto st = CheckPrintable("data_dir", data_dir); !st.ok()) return st;
+  if (auto st = CheckPrintable("port_file", port_file); !st.ok()) return st;
+  if (!port_file.empty() && port_file.back() == '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port_file: '", port_file, "' names a directory, not a file"));
   }
   if (backend == BackendKind::kGpu && !BuiltWithCuda()) {
     return absl::InvalidArgumentError(
@@ -340,6 +358,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   Config config;
   config.listen = absl::GetFlag(FLAGS_listen);
   config.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  config.port_file = absl::GetFlag(FLAGS_port_file);
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   config.workers = absl::GetFlag(FLAGS_workers);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);

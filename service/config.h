@@ -28,6 +28,10 @@ struct Config {
   /// Prometheus /metrics HTTP address "host:port" (port 0 = pick a free port); empty
   /// disables the exporter (metrics are still collected in-process).
   std::string metrics_listen = "127.0.0.1:9464";
+  /// Readiness file: once SERVING, kvtrimd writes the addresses it bound (the ephemeral
+  /// ones for port 0) to this path atomically (service/port_file.h), and removes it when it
+  /// stops serving. Empty = none.
+  std::string port_file;
   /// Largest gRPC message the server accepts, bytes. Larger messages are rejected by gRPC
   /// with RESOURCE_EXHAUSTED before the service sees them.
   int64_t max_message_bytes = int64_t{64} << 20;

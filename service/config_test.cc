@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include "absl/flags/reflection.h"
 #include "service/config.h"
 #include "service/test_util.h"
+#include "tests/support/test_dir.h"
 
 #ifndef KVTRIMD_PATH
 #error "KVTRIMD_PATH must name the kvtrimd binary"
@@ -65,7 +68,7 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {[](Config& c) { c.listen = ":50051"; }, "--listen"},
       {[](Config& c) { c.listen = "unix:"; }, "--listen"},
       {[](Config& c) { c.listen = "::1:50051"; }, "--listen"},
-      {[](Config& c) { c.metrics_listen = "unix:/tmp/x"; }, "--metrics_listen"},
+      {[](Config& c) { c.metrics_listen = "unix:/run/kvtrim/metrics.sock"; }, "--metrics_listen"},
       {[](Config& c) { c.metrics_listen = "localhost:abc"; }, "--metrics_listen"},
       {[](Config& c) { c.max_message_bytes = 10; }, "--max_message_bytes"},
       {[](Config& c) { c.max_message_bytes = int64_t{1} << 40; }, "--max_message_bytes"},
@@ -75,7 +78,9 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {[](Config& c) { c.max_models = 0; }, "--max_models"},
       {[](Config& c) { c.max_models = 5000; }, "--max_models"},
       {[](Config& c) { c.max_model_bytes = 10; }, "--max_model_bytes"},
-      {[](Config& c) { c.data_dir = "/tmp/a\nb"; }, "--data_dir"},
+      {[](Config& c) { c.data_dir = "/srv/kvtrim/a\nb"; }, "--data_dir"},
+      {[](Config& c) { c.port_file = "/run/kvtrim/\tports"; }, "--port_file"},
+      {[](Config& c) { c.port_file = "/run/kvtrim/"; }, "--port_file"},
   };
   for (const auto& c : cases) {
     Config config;
@@ -88,7 +93,7 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
 
 TEST(ConfigTest, GoodAddresses) {
   for (const char* a : {"127.0.0.1:0", "0.0.0.0:50051", "[::1]:9464", "localhost:1",
-                        "unix:/tmp/kvtrim.sock"}) {
+                        "unix:/run/kvtrim/kvtrim.sock"}) {
     EXPECT_TRUE(ValidateListenAddress(a, "--listen", true).ok()) << a;
   }
 }
@@ -124,6 +129,14 @@ TEST(ConfigTest, StrictParserNamesTheFlag) {
 }
 
 /// Runs kvtrimd with `args`; returns its exit status and captures stdout + stderr.
+/// The whole content of the file at `path` ("" when it cannot be read).
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 int RunKvtrimd(const std::string& args, std::string* output) {
   const std::string command = std::string(KVTRIMD_PATH) + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
@@ -140,7 +153,7 @@ TEST(KvtrimdBinaryTest, HelpDocumentsEveryFlag) {
   EXPECT_EQ(RunKvtrimd("--help", &out), 0);
   for (const char* flag : {"--listen", "--metrics_listen", "--max_message_bytes", "--workers",
                            "--max_inflight", "--backend", "--drain_timeout_s", "--data_dir",
-                           "--max_models", "--max_model_bytes", "--numerics"}) {
+                           "--max_models", "--max_model_bytes", "--numerics", "--port_file"}) {
     EXPECT_THAT(out, HasSubstr(flag));
   }
 }
@@ -179,7 +192,19 @@ TEST(KvtrimdBinaryTest, UnusableDataDirExitsOne) {
   EXPECT_THAT(out, HasSubstr("cannot start: --data_dir: cannot create '/dev/null/models'"));
 }
 
+TEST(KvtrimdBinaryTest, UnwritablePortFileExitsOne) {
+  std::string out;
+  EXPECT_EQ(RunKvtrimd("--listen=127.0.0.1:0 --metrics_listen= --backend=cpu --workers=1 "
+                       "--port_file=/dev/null/ports",
+                       &out),
+            1)
+      << out;
+  EXPECT_THAT(out, HasSubstr("cannot start: --port_file: cannot create '/dev/null/ports.tmp."));
+}
+
 TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
+  const std::string port_file = kvtrim::testing::TestPath("kvtrimd.ports");
+  const std::string port_file_flag = "--port_file=" + port_file;
   int out_pipe[2];
   ASSERT_EQ(pipe(out_pipe), 0);
   const pid_t pid = fork();
@@ -188,7 +213,8 @@ TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
     dup2(out_pipe[1], 1);
     close(out_pipe[0]);
     execl(KVTRIMD_PATH, "kvtrimd", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-          "--workers=1", "--drain_timeout_s=5", "--backend=cpu", static_cast<char*>(nullptr));
+          "--workers=1", "--drain_timeout_s=5", "--backend=cpu", port_file_flag.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   close(out_pipe[1]);
@@ -206,6 +232,10 @@ TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
   const std::string address = line.substr(start, line.find(' ', start) - start);
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   EXPECT_EQ(HealthCheck(channel, "kvtrim.v1.Kvtrim"), 1);
+  // The port file, written before the start-up line, names the same addresses.
+  const std::string metrics = line.substr(line.find("http://") + 7);
+  EXPECT_EQ(ReadFile(port_file), "grpc=" + address + "\nmetrics=" +
+                                     metrics.substr(0, metrics.find("/metrics")) + "\n");
   const auto stop_start = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(pid, SIGTERM), 0);
   int status = 0;
@@ -214,6 +244,8 @@ TEST(KvtrimdBinaryTest, ServesThenDrainsOnSigterm) {
   EXPECT_LT(std::chrono::steady_clock::now() - stop_start, std::chrono::seconds(4));
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+  // Removed once kvtrimd stopped serving: nobody waiting for it finds a stopped server.
+  EXPECT_NE(access(port_file.c_str(), F_OK), 0);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "service/test_util.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim::service::testing {
 namespace {
@@ -267,7 +268,7 @@ TEST(ServerStartTest, PortInUseIsUnavailable) {
 
 TEST(ServerStartTest, ListensOnUnixSocket) {
   Config config = TestConfig();
-  config.listen = "unix:/tmp/kvtrim_service_test_" + std::to_string(getpid()) + ".sock";
+  config.listen = "unix:" + kvtrim::testing::TestPath("kvtrimd.sock");
   auto server = StartServer(config);
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(server->address(), config.listen);

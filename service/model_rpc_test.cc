@@ -7,17 +7,12 @@
 #include "service/model_digest.h"
 #include "service/model_test_util.h"
 #include "service/test_util.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim::service::testing {
 namespace {
 
 using grpc::StatusCode;
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/kvtrim_rpc_models_XXXXXX";
-  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
 
 /// Streams `messages` as one RegisterModel call.
 grpc::Status Register(v1::Kvtrim::Stub& stub, const std::vector<v1::RegisterModelRequest>& messages,
@@ -57,7 +52,7 @@ ModelInput TestModel(uint64_t seed = 5) {
 class ModelRpcTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeTempDir();
+    dir_ = kvtrim::testing::MakeTestSubdir("models");
     Start();
   }
   void TearDown() override {

@@ -16,20 +16,13 @@
 #include "service/model_digest.h"
 #include "service/model_file.h"
 #include "service/model_test_util.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim::service::testing {
 namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-
-/// A fresh empty directory under the test temp dir.
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/kvtrim_models_XXXXXX";
-  char* dir = mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
 
 /// Lines of `text` containing `fragment`.
 int CountLines(const std::string& text, const std::string& fragment) {
@@ -60,7 +53,7 @@ void WriteFile(const std::string& path, const std::string& bytes) {
 
 class ModelStoreTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = MakeTempDir(); }
+  void SetUp() override { dir_ = kvtrim::testing::MakeTestSubdir("models"); }
   void TearDown() override { fs::remove_all(dir_); }
 
   ModelStoreOptions Options(int max_models = 16) const {

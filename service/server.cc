@@ -14,6 +14,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "service/backend_factory.h"
+#include "service/port_file.h"
 #include "service/warmup.h"
 
 namespace kvtrim::service {
@@ -181,16 +182,26 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
     log << "kvtrimd: warm-up failed, staying NOT_SERVING: " << st << std::endl;
     return st;
   }
+  const std::string metrics_host_port =
+      config_.metrics_listen.empty()
+          ? std::string()
+          : absl::StrCat(config_.metrics_listen.substr(0, config_.metrics_listen.rfind(':')),
+                         ":", metrics_port_);
   watcher_ = std::thread([this] { WatchForFatalErrors(); });
   health->SetServingStatus("", true);
   health->SetServingStatus(kHealthServiceName, true);
+  // The port file is the readiness signal of scripts and tests: whoever sees it finds the
+  // server SERVING. A failure to write it fails the start-up (the caller drains).
+  if (!config_.port_file.empty()) {
+    if (auto st = WritePortFile(config_.port_file, {address_, metrics_host_port}); !st.ok()) {
+      return st;
+    }
+    port_file_written_ = true;
+  }
 
-  const std::string metrics_address =
-      config_.metrics_listen.empty()
-          ? std::string("disabled")
-          : absl::StrCat("http://",
-                         config_.metrics_listen.substr(0, config_.metrics_listen.rfind(':')), ":",
-                         metrics_port_, "/metrics");
+  const std::string metrics_address = metrics_host_port.empty()
+                                          ? std::string("disabled")
+                                          : absl::StrCat("http://", metrics_host_port, "/metrics");
   log << "kvtrimd " << KvtrimVersion() << " serving on " << address_ << " metrics "
       << metrics_address << " backend " << backend_->name()
       << (backend_detail_.empty() ? std::string() : absl::StrCat(" (", backend_detail_, ")"))
@@ -210,6 +221,8 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
 void Server::Drain() {
   std::call_once(drain_once_, [this] {
     stopping_.store(true);
+    // Whoever waits for the port file must not find a server that stopped serving.
+    if (port_file_written_) RemovePortFile(config_.port_file);
     if (server_ == nullptr) return;
     if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
       health->SetServingStatus(false);

@@ -115,6 +115,7 @@ class Server {
   int metrics_port_ = 0;
   std::string address_;
   std::string backend_detail_;  // e.g. the GPU's name, for the start-up line
+  std::atomic<bool> port_file_written_{false};  // --port_file exists and is ours to remove
   std::ostream* log_ = nullptr;
   std::once_flag drain_once_;
   std::atomic<bool> stopping_{false};

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim::lukv {
 namespace {
@@ -48,7 +49,7 @@ TEST(LukvNpyTest, RoundTrips) {
 }
 
 TEST(LukvNpyTest, FileRoundTrip) {
-  const std::string path = ::testing::TempDir() + "/lukv_npy_test.npy";
+  const std::string path = kvtrim::testing::TestPath("lukv_npy_test.npy");
   NpyArray a{{2, 2}, {1, 2, 3, 4}};
   ASSERT_TRUE(WriteNpy(path, a).ok());
   auto back = ReadNpy(path);

@@ -241,39 +241,30 @@ class KvtrimdEndToEndTest : public ::testing::Test {
     }
   }
 
-  /// Starts kvtrimd on free ports and waits (bounded) for SERVING.
+  /// Starts kvtrimd on ports it picks itself (port 0) and waits (bounded) for SERVING.
   void StartServer() {
-    absl::StatusOr<int> port = testing::PickFreePort();
-    absl::StatusOr<int> metrics_port = testing::PickFreePort();
-    ASSERT_TRUE(port.ok() && metrics_port.ok());
-    metrics_port_ = *metrics_port;
     absl::StatusOr<KvtrimdProcess> process = KvtrimdProcess::Start(
         KVTRIMD_PATH,
-        {absl::StrCat("--listen=127.0.0.1:", *port),
-         absl::StrCat("--metrics_listen=127.0.0.1:", *metrics_port), "--workers=2",
-         "--max_inflight=16", absl::StrCat("--max_message_bytes=", 16 << 20), "--backend=cpu"},
-        ::testing::TempDir() + "/kvtrimd_integration.log");
+        {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--workers=2",
+         "--max_inflight=16", absl::StrCat("--max_message_bytes=", 16 << 20), "--backend=cpu"});
     ASSERT_TRUE(process.ok()) << process.status();
     process_.emplace(*std::move(process));
+    absl::StatusOr<testing::KvtrimdAddresses> addresses =
+        process_->WaitUntilServing(absl::Seconds(60));
+    ASSERT_TRUE(addresses.ok()) << addresses.status();
+    metrics_port_ = addresses->metrics_port();
+    ASSERT_GT(metrics_port_, 0) << addresses->metrics;
+    target_ = addresses->grpc;
 
     ClientOptions options;
     options.max_message_bytes = 16 << 20;
     options.default_deadline = absl::Seconds(30);
-    absl::StatusOr<std::unique_ptr<Client>> client =
-        Client::Connect(absl::StrCat("127.0.0.1:", *port), options);
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target_, options);
     ASSERT_TRUE(client.ok()) << client.status();
     client_ = *std::move(client);
-
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    absl::StatusOr<HealthState> state = absl::UnavailableError("not asked yet");
-    while (absl::Now() < deadline) {
-      ASSERT_TRUE(process_->Running()) << "kvtrimd exited during start-up";
-      state = client_->Health();
-      if (state.ok() && *state == HealthState::kServing) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-    FAIL() << "kvtrimd not SERVING within 60 s; last health answer: "
-           << (state.ok() ? HealthStateName(*state) : state.status().ToString());
+    absl::StatusOr<HealthState> state = client_->Health();
+    ASSERT_TRUE(state.ok()) << state.status();
+    ASSERT_EQ(*state, HealthState::kServing);
   }
 
   /// Scrapes /metrics until no request is in flight (bounded), then parses it.
@@ -296,6 +287,7 @@ class KvtrimdEndToEndTest : public ::testing::Test {
 
   std::optional<KvtrimdProcess> process_;
   std::unique_ptr<Client> client_;
+  std::string target_;  // the address kvtrimd bound
   int metrics_port_ = 0;
 };
 

@@ -112,27 +112,19 @@ class IpcTransportTest : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device";
     }
     const char* binary = std::getenv("KVTRIMD_PATH");
-    auto port = testing::PickFreePort();
-    ASSERT_TRUE(port.ok());
     auto process = KvtrimdProcess::Start(
         binary != nullptr ? binary : KVTRIMD_PATH,
-        {absl::StrCat("--listen=127.0.0.1:", *port), "--metrics_listen=", "--backend=gpu",
-         "--allow_client_shm", "--workers=2", absl::StrCat("--max_message_bytes=", 64 << 20)},
-        ::testing::TempDir() + "/kvtrimd_ipc.log");
+        {"--listen=127.0.0.1:0", "--metrics_listen=", "--backend=gpu", "--allow_client_shm",
+         "--workers=2", absl::StrCat("--max_message_bytes=", 64 << 20)});
     ASSERT_TRUE(process.ok()) << process.status();
     process_.emplace(*std::move(process));
+    auto addresses = process_->WaitUntilServing(absl::Seconds(120));
+    ASSERT_TRUE(addresses.ok()) << addresses.status();
+    address_ = addresses->grpc;
     ClientOptions options;
-    address_ = absl::StrCat("127.0.0.1:", *port);
     auto client = Client::Connect(address_, options);
     ASSERT_TRUE(client.ok());
     client_ = *std::move(client);
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (absl::Now() < deadline) {
-      ASSERT_TRUE(process_->Running()) << process_->Log();
-      auto state = client_->Health();
-      if (state.ok() && *state == HealthState::kServing) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
     // The worker's data: every layer dense, token-major and paged, back to back.
     for (int l = 0; l < kLayers; ++l) {
       HostLayer layer;

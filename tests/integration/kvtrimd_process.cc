@@ -1,10 +1,8 @@
 #include "tests/integration/kvtrimd_process.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,37 +12,31 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/support/test_dir.h"
 
 extern char** environ;
 
 namespace kvtrim::testing {
 
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const std::string error = std::strerror(errno);
-    close(fd);
-    return absl::InternalError(absl::StrCat("bind/getsockname: ", error));
-  }
-  close(fd);
-  return static_cast<int>(ntohs(addr.sin_port));
+int KvtrimdAddresses::metrics_port() const {
+  const size_t colon = metrics.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(metrics.substr(colon + 1), &port)) return 0;
+  return port;
 }
 
 absl::StatusOr<KvtrimdProcess> KvtrimdProcess::Start(const std::string& binary,
-                                                     const std::vector<std::string>& args,
-                                                     const std::string& log_path) {
+                                                     const std::vector<std::string>& args) {
+  const std::string log_path = TestPath("kvtrimd.log");
+  const std::string port_file = TestPath("kvtrimd.ports");
   std::vector<std::string> storage;
   storage.push_back(binary);
   storage.insert(storage.end(), args.begin(), args.end());
+  storage.push_back(absl::StrCat("--port_file=", port_file));
   std::vector<char*> argv;
   for (std::string& arg : storage) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -60,11 +52,43 @@ absl::StatusOr<KvtrimdProcess> KvtrimdProcess::Start(const std::string& binary,
   if (rc != 0) {
     return absl::InternalError(absl::StrCat("posix_spawn ", binary, ": ", std::strerror(rc)));
   }
-  return KvtrimdProcess(pid, log_path);
+  return KvtrimdProcess(pid, log_path, port_file);
+}
+
+absl::StatusOr<KvtrimdAddresses> KvtrimdProcess::WaitUntilServing(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    // kvtrimd renames a complete file into place: whatever is there is whole.
+    std::ifstream in(port_file_);
+    if (in) {
+      KvtrimdAddresses addresses;
+      std::string line;
+      while (std::getline(in, line)) {
+        if (absl::StartsWith(line, "grpc=")) addresses.grpc = line.substr(5);
+        if (absl::StartsWith(line, "metrics=")) addresses.metrics = line.substr(8);
+      }
+      if (addresses.grpc.empty()) {
+        return absl::InternalError(absl::StrCat("port file ", port_file_, " has no grpc= line"));
+      }
+      return addresses;
+    }
+    if (!Running()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("kvtrimd exited during start-up:\n", Log()));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "kvtrimd not SERVING within ", absl::FormatDuration(timeout), ":\n", Log()));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 KvtrimdProcess::KvtrimdProcess(KvtrimdProcess&& other) noexcept
-    : pid_(other.pid_), wait_status_(other.wait_status_), log_path_(std::move(other.log_path_)) {
+    : pid_(other.pid_),
+      wait_status_(other.wait_status_),
+      log_path_(std::move(other.log_path_)),
+      port_file_(std::move(other.port_file_)) {
   other.pid_ = -1;
 }
 

@@ -22,12 +22,15 @@
 #include "client/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
 #include "tests/model_bundle_fixture.h"
+#include "tests/support/test_dir.h"
 
 namespace kvtrim {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::KvtrimdProcess;
+using testing::MakeTestSubdir;
+using testing::TestPath;
 
 /// A model matching the bundled sample's layout: 5 layers, H_q = 8, H_kv = 4, d = 8.
 ModelBundle SampleModel() {
@@ -66,12 +69,10 @@ int CountOccurrences(const std::string& text, const std::string& needle) {
 class ModelRestartTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "/kvtrim_restart_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    absl::StatusOr<int> port = testing::PickFreePort();
-    ASSERT_TRUE(port.ok()) << port.status();
-    target_ = absl::StrCat("127.0.0.1:", *port);
+    dir_ = MakeTestSubdir("models");
+    // A unix socket in this test's own directory: no port to race for, and a restarted
+    // kvtrimd comes back at the same address, as the client's re-registration needs.
+    target_ = absl::StrCat("unix:", TestPath("kvtrimd.sock"));
     client_ = NewClient();
   }
   void TearDown() override {
@@ -80,7 +81,6 @@ class ModelRestartTest : public ::testing::Test {
       logs_.clear();
       process_.reset();
     }
-    fs::remove_all(dir_);
   }
 
   std::unique_ptr<Client> NewClient() {
@@ -94,23 +94,25 @@ class ModelRestartTest : public ::testing::Test {
 
   /// Starts kvtrimd on target_ with `data_dir` ("" = in memory) and waits for SERVING.
   void Start(const std::string& data_dir) {
-    const std::string log = absl::StrCat(::testing::TempDir(), "/kvtrimd_restart_", ++starts_,
-                                         ".log");
     absl::StatusOr<KvtrimdProcess> process = KvtrimdProcess::Start(
         KVTRIMD_PATH,
         {absl::StrCat("--listen=", target_), "--metrics_listen=", "--workers=1",
-         "--backend=cpu", absl::StrCat("--data_dir=", data_dir)},
-        log);
+         "--backend=cpu", absl::StrCat("--data_dir=", data_dir)});
     ASSERT_TRUE(process.ok()) << process.status();
     process_.emplace(*std::move(process));
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    absl::StatusOr<testing::KvtrimdAddresses> addresses =
+        process_->WaitUntilServing(absl::Seconds(60));
+    ASSERT_TRUE(addresses.ok()) << addresses.status();
+    ASSERT_EQ(addresses->grpc, target_);
+    // The client's channel may still be backing off from the previous server: wait until
+    // it reconnects (bounded).
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
     while (absl::Now() < deadline) {
-      ASSERT_TRUE(process_->Running()) << "kvtrimd exited during start-up:\n" << process_->Log();
       absl::StatusOr<HealthState> state = client_->Health();
       if (state.ok() && *state == HealthState::kServing) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    FAIL() << "kvtrimd not SERVING within 60 s:\n" << process_->Log();
+    FAIL() << "client did not reach the SERVING kvtrimd within 30 s:\n" << process_->Log();
   }
 
   /// SIGTERM; kvtrimd must drain and exit 0. Keeps its log for failure reports.
@@ -129,7 +131,6 @@ class ModelRestartTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
   std::optional<KvtrimdProcess> process_;
   std::string logs_;
-  int starts_ = 0;
 };
 
 TEST_F(ModelRestartTest, ModelSurvivesRestartAndACorruptFileIsSkipped) {
@@ -212,7 +213,7 @@ int RunCli(const std::string& args, std::string* output) {
 
 TEST_F(ModelRestartTest, CliRegistersListsDeletesAndCompressesWithAModel) {
   ASSERT_NO_FATAL_FAILURE(Start(dir_));
-  const std::string bundle = dir_ + "/../kvtrim_cli_bundle.safetensors";
+  const std::string bundle = TestPath("cli_bundle.safetensors");
   ASSERT_TRUE(WriteModelBundle(bundle, SampleModel()).ok());
   const std::string target = absl::StrCat("--target=", target_);
 
