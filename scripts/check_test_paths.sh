@@ -2,11 +2,11 @@
 # Fails when a test source names a fixed path under the shared temp dir: tests that run at the
 # same time (ctest -j, --schedule-random, --repeat) would read and overwrite each other's
 # files. Tests write under kvtrim::testing::TestDir() / TestPath() (tests/support/test_dir.h),
-# a directory each test process makes for itself; only that helper may call TempDir().
+# a directory each test process makes for itself; only tests/support/ may call TempDir().
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mapfile -t sources < <(git ls-files -- '*_test.cc' '*_test.cu' '*test_util*.h' '*_fixture.h' \
-  'tests/*.cc' 'tests/*.cu' 'tests/*.h' | grep -v '^tests/support/test_dir\.cc$' || true)
+  'tests/*.cc' 'tests/*.cu' 'tests/*.h' | grep -v '^tests/support/' || true)
 if [ "${#sources[@]}" -eq 0 ]; then
   echo "check_test_paths: no test sources found (not a git checkout?)" >&2
   exit 1
