@@ -131,8 +131,18 @@ cudaError_t LaunchModelScore(ScorerKind kind, const DeviceLayer& layer, const Sc
 cudaError_t LaunchApplyProtection(float* scores, int32_t num_heads, int64_t n, int64_t sink,
                                   int64_t recent, cudaStream_t stream);
 
-/// Device scratch bytes of the selection launchers for [H, n] scores.
+/// Device scratch bytes of every selection launcher below for [H, n] scores: the largest of
+/// SelectTopKScratchBytes and SelectSharedScratchBytes.
 size_t SelectScratchBytes(int32_t num_heads, int64_t n);
+
+/// Device scratch bytes of LaunchSelectTopK and LaunchAdaKVCounts for [H, n] scores (radix
+/// histograms and states: O(H · n / tile)).
+size_t SelectTopKScratchBytes(int32_t num_heads, int64_t n);
+
+/// Device scratch bytes of LaunchSelectShared for [H, n] scores (the sort's keys, values and
+/// temporary storage: O(H · n)); 0 when there is nothing to sort, or when the sort could not be
+/// sized (no device).
+size_t SelectSharedScratchBytes(int32_t num_heads, int64_t n);
 
 /// Per-head top-k. counts [H] (device int64) tokens per head; writes offsets [H+1] (device
 /// int64, CSR) and indices (device int32, capacity sum(counts)), ascending per head. Ties:

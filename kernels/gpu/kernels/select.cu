@@ -275,17 +275,27 @@ bool ValidShape(int32_t heads, int64_t n) {
 
 }  // namespace
 
-size_t SelectScratchBytes(int32_t num_heads, int64_t n) {
+size_t SelectTopKScratchBytes(int32_t num_heads, int64_t n) {
   if (!ValidShape(num_heads, n)) return 0;
-  const int64_t tiles = TilesPerRow(n);
   ScratchCarver topk(nullptr);
-  TakeRadix(topk, num_heads, num_heads, tiles);
+  TakeRadix(topk, num_heads, num_heads, TilesPerRow(n));
   ScratchCarver adakv(nullptr);
   TakeRadix(adakv, num_heads, 0, 0);
   TakeRadix(adakv, 1, 0, 0);
-  size_t bytes = std::max(topk.used(), adakv.used());
+  return std::max(topk.used(), adakv.used());
+}
+
+size_t SelectSharedScratchBytes(int32_t num_heads, int64_t n) {
+  if (!ValidShape(num_heads, n)) return 0;
+  if (num_heads == 0 || n == 0) return 0;
+  return SharedLayout(num_heads, n, nullptr).bytes;  // 0: the sort could not be sized
+}
+
+size_t SelectScratchBytes(int32_t num_heads, int64_t n) {
+  if (!ValidShape(num_heads, n)) return 0;
+  size_t bytes = SelectTopKScratchBytes(num_heads, n);
   if (num_heads > 0 && n > 0) {
-    const size_t shared = SharedLayout(num_heads, n, nullptr).bytes;
+    const size_t shared = SelectSharedScratchBytes(num_heads, n);
     if (shared == 0) return 0;  // the sort's storage could not be sized (no device)
     bytes = std::max(bytes, shared);
   }

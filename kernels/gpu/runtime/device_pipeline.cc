@@ -236,6 +236,37 @@ DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DTyp
   return layer;
 }
 
+namespace {
+
+/// True when EnqueueLayer selects with LaunchProtectSelectTopK: per-head lists with host
+/// counts (uniform, pyramid). AdaKV and shared lists read the protected buffers.scores.
+bool FusedSelection(const LayerPlan& plan) {
+  return !plan.shared && !plan.adakv && !plan.host_decide;
+}
+
+/// Scratch bytes the selection of `plan` takes from the pipeline's scratch region: only the
+/// launchers this plan runs (EnqueueLayer, or EnqueueLayerDecision for host_decide layers),
+/// so a per-head plan on the fused kernel reserves none of the shared lists' sort storage.
+size_t SelectionScratchBytes(const LayerPlan& plan) {
+  const int32_t heads = plan.num_heads;
+  const int64_t n = plan.num_tokens;
+  size_t bytes = ProtectSelectTopKScratchBytes(heads, n);
+  if (plan.host_decide) {
+    // kLaProx and kNone select from the decision's own region or on the host.
+    if (plan.decision.kind != DecisionKind::kLayer) return bytes;
+    if (plan.decision.adakv) bytes = std::max(bytes, SelectTopKScratchBytes(heads, n));
+    if (plan.decision.shape == OutputShape::kShared) {
+      bytes = std::max(bytes, SelectSharedScratchBytes(heads, n));
+    }
+    return bytes;
+  }
+  if (plan.shared) return std::max(bytes, SelectSharedScratchBytes(heads, n));
+  if (plan.adakv) return std::max(bytes, SelectTopKScratchBytes(heads, n));
+  return bytes;
+}
+
+}  // namespace
+
 PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& layer,
                                    ArenaLayout* layout) {
   PipelineRegions r;
@@ -261,9 +292,7 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
   } else {
     score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
   }
-  r.scratch_bytes = std::max(score_scratch, SelectScratchBytes(plan.num_heads, plan.num_tokens));
-  r.scratch_bytes = std::max(r.scratch_bytes,
-                             ProtectSelectTopKScratchBytes(plan.num_heads, plan.num_tokens));
+  r.scratch_bytes = std::max(score_scratch, SelectionScratchBytes(plan));
   if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationScratchBytes(layer));
   r.scores = layout->Add(heads * n * sizeof(float));
   // Meta: counts, offsets, then the first-NaN slot (uploaded with them, see MetaInit).
@@ -336,12 +365,6 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
         absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
   }
   return absl::OkStatus();
-}
-
-/// True when EnqueueLayer selects with LaunchProtectSelectTopK: per-head lists with host
-/// counts (uniform, pyramid). AdaKV and shared lists read the protected buffers.scores.
-bool FusedSelection(const LayerPlan& plan) {
-  return !plan.shared && !plan.adakv && !plan.host_decide;
 }
 
 /// Records `event` on `stream` unless it is null.
