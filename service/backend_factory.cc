@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Config& config, std
   gpu::GpuBackendOptions options;
   options.device = 0;
   options.workers = config.workers;
+  options.launch_graphs = static_cast<size_t>(config.gpu_launch_graphs);
   if (config.gpu_memory_limit_bytes > 0) {
     options.arena_limit_bytes = static_cast<size_t>(
         std::max<int64_t>(1, config.gpu_memory_limit_bytes / std::max(1, config.workers)));

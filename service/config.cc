@@ -63,6 +63,12 @@ ABSL_FLAG(int64_t, gpu_memory_limit_bytes, 0,
           "worker's arena is capped at this / --workers, and a layer needing more is answered "
           "RESOURCE_EXHAUSTED. 0 = no cap but the device's free memory.");
 
+ABSL_FLAG(int32_t, gpu_launch_graphs, 64,
+          "GPU backend: launch sequences each worker keeps as CUDA graphs (0 .. 4096). A layer "
+          "whose launches repeat (same shapes, working memory and input addresses, seen once "
+          "before) is replayed with one cudaGraphLaunch instead of one call per kernel; 0 "
+          "issues every launch one by one.");
+
 ABSL_FLAG(std::string, data_dir, "",
           "Directory where registered models are persisted (one <hex>.kvtmodel file each) and "
           "loaded from at start-up; created when missing. A corrupt or truncated file is "
@@ -100,7 +106,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "max_message_bytes",
                                      "workers",         "max_inflight",   "backend",
                                      "numerics",        "drain_timeout_s",
-                                     "gpu_memory_limit_bytes",
+                                     "gpu_memory_limit_bytes", "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_layer_bytes", "session_read_ahead"};
@@ -227,6 +233,7 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "--gpu_memory_limit_bytes: must be >= 0 (0 = no cap), got ", gpu_memory_limit_bytes));
   }
+  if (auto st = CheckRange("gpu_launch_graphs", gpu_launch_graphs, 0, 4096); !st.ok()) return st;
   if (auto st = CheckRange("max_models", max_models, 1, 4096); !st.ok()) return st;
   if (auto st = CheckRange("max_model_bytes", max_model_bytes, 1024, int64_t{1} << 40);
       !st.ok()) {
@@ -364,6 +371,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
+  config.gpu_launch_graphs = absl::GetFlag(FLAGS_gpu_launch_graphs);
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.max_models = absl::GetFlag(FLAGS_max_models);
   config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);

@@ -75,6 +75,7 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {[](Config& c) { c.workers = 0; }, "--workers"},
       {[](Config& c) { c.max_inflight = 0; }, "--max_inflight"},
       {[](Config& c) { c.drain_timeout_s = -1; }, "--drain_timeout_s"},
+      {[](Config& c) { c.gpu_launch_graphs = -1; }, "--gpu_launch_graphs"},
       {[](Config& c) { c.max_models = 0; }, "--max_models"},
       {[](Config& c) { c.max_models = 5000; }, "--max_models"},
       {[](Config& c) { c.max_model_bytes = 10; }, "--max_model_bytes"},

@@ -139,16 +139,22 @@ absl::Status MeasureRuns(const ResolvedPolicy& policy, const LayerBudget& budget
   row->host_decided = plan.host_decide && plan.decision.kind == DecisionKind::kNone;
   row->scratch_bytes = static_cast<int64_t>(runs.front()->arena_bytes());
   cudaStream_t stream = runtime.context().stream();
+  LaunchGraphCache& graphs = runtime.context().graphs();
   PhaseTimer timer;
   KVTRIM_RETURN_IF_ERROR(timer.Init());
+  // As served: each set's launch sequence is issued directly on its first sight, captured
+  // into a graph on its second and replayed after, so the warm-up covers two rounds of sets.
+  const int warmup = options.warmup + (graphs.capacity() > 0 ? 2 * static_cast<int>(runs.size())
+                                                              : 0);
+  const LaunchGraphStats before = graphs.stats();
   std::vector<double> score_ms, select_ms, total_ms;
-  for (int rep = 0; rep < options.warmup + options.reps; ++rep) {
+  for (int rep = 0; rep < warmup + options.reps; ++rep) {
     LayerRun& run = *runs[static_cast<size_t>(rep) % runs.size()];
     PhaseTimes times;
     KVTRIM_RETURN_IF_ERROR(timer.Time(stream, &times, [&](const PipelineEvents& events) {
       return run.Enqueue(&events, /*copy_back=*/false);
     }));
-    if (rep < options.warmup) continue;
+    if (rep < warmup) continue;
     score_ms.push_back(times.score_ms);
     select_ms.push_back(times.select_ms);
     total_ms.push_back(times.total_ms);
@@ -156,17 +162,49 @@ absl::Status MeasureRuns(const ResolvedPolicy& policy, const LayerBudget& budget
   row->score_us = 1e3 * Median(score_ms);
   row->select_us = 1e3 * Median(select_ms);
   row->total_us = 1e3 * Median(total_ms);
+  row->graph_replays = graphs.stats().replayed - before.replayed;
+  row->graph_direct = graphs.stats().direct - before.direct;
+
+  // The same repetitions with every launch issued one by one (graphs off), for the ratio.
+  const size_t capacity = graphs.capacity();
+  if (capacity > 0 && options.compare_direct && !plan.host_decide &&
+      plan.numerics == Numerics::kFast) {
+    graphs.set_capacity(0);
+    std::vector<double> direct_ms;
+    for (int rep = 0; rep < options.warmup + options.reps; ++rep) {
+      LayerRun& run = *runs[static_cast<size_t>(rep) % runs.size()];
+      PhaseTimes times;
+      KVTRIM_RETURN_IF_ERROR(timer.Time(stream, &times, [&](const PipelineEvents& events) {
+        return run.Enqueue(&events, /*copy_back=*/false);
+      }));
+      if (rep >= options.warmup) direct_ms.push_back(times.total_ms);
+    }
+    graphs.set_capacity(capacity);
+    row->direct_us = 1e3 * Median(direct_ms);
+  }
   row->score_gbps = row->bytes > 0 ? static_cast<double>(row->bytes) / (row->score_us * 1e3) : 0;
   row->total_gbps = row->bytes > 0 ? static_cast<double>(row->bytes) / (row->total_us * 1e3) : 0;
 
   // The answer must be well formed: offsets ending at the planned total, and every list
   // strictly ascending inside [0, n) (a cheap check that catches unwritten slots).
-  KVTRIM_RETURN_IF_ERROR(runs.front()->Enqueue());
-  KVTRIM_RETURN_IF_ERROR(runs.front()->Fetch());
-  row->error = CheckAnswer(decision.offsets, decision.indices, in.shape.num_tokens, -1);
+  // Three times: issued directly, captured, replayed from the graph; all three must agree.
+  LayerDecision first;
+  for (int round = 0; round < 3 && row->error.empty(); ++round) {
+    KVTRIM_RETURN_IF_ERROR(runs.front()->Enqueue());
+    KVTRIM_RETURN_IF_ERROR(runs.front()->Fetch());
+    row->error = CheckAnswer(decision.offsets, decision.indices, in.shape.num_tokens, -1);
+    if (round == 0) {
+      first = decision;
+    } else if (row->error.empty() &&
+               (decision.offsets != first.offsets || decision.indices != first.indices)) {
+      row->error = absl::StrCat("answer ", round + 1, " differs from the first (launch graph)");
+    }
+  }
 
-  // --stages: per-launch events in extra repetitions (the medians above stay free of them).
+  // --stages: per-launch events in extra repetitions (the medians above stay free of them),
+  // launched one by one (the hooks see launches, not graph replays).
   if (recorder != nullptr) {
+    graphs.set_capacity(0);
     for (int rep = 0; rep < options.stage_reps; ++rep) {
       KVTRIM_RETURN_IF_ERROR(recorder->Begin(stream));
       const absl::Status st =
@@ -175,6 +213,7 @@ absl::Status MeasureRuns(const ResolvedPolicy& policy, const LayerBudget& budget
       KVTRIM_RETURN_IF_ERROR(st);
       KVTRIM_RETURN_IF_ERROR(ended);
     }
+    graphs.set_capacity(capacity);
     row->stages = recorder->TakeMedians();
   }
   return absl::OkStatus();

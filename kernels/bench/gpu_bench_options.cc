@@ -104,6 +104,10 @@ bool ParseOptions(int argc, char** argv, Options* o) {
       ok = ParseBool(value, &o->stages);
     } else if (name == "--stage_reps") {
       ok = ok && absl::SimpleAtoi(value, &o->stage_reps) && o->stage_reps >= 1;
+    } else if (name == "--graphs") {
+      ok = ParseBool(value, &o->graphs);
+    } else if (name == "--compare_direct") {
+      ok = ParseBool(value, &o->compare_direct);
     } else {
       ok = false;
     }
@@ -112,7 +116,8 @@ bool ParseOptions(int argc, char** argv, Options* o) {
                 << "' (--out=DIR --reps>=20 --warmup>=1 --n=LIST --w=LIST --policies=LIST "
                    "--copy_mib>=1024 --model_n=LIST --hidden>=1 --host_reps>=1 "
                    "--numerics=fast,exact --dtypes=bf16[,f16,f32] --extra_dtypes=LIST "
-                   "--extra_dtypes_n=LIST --stages[=0|1] --stage_reps>=1)\n";
+                   "--extra_dtypes_n=LIST --stages[=0|1] --stage_reps>=1 --graphs[=0|1] "
+                   "--compare_direct[=0|1])\n";
       return false;
     }
   }

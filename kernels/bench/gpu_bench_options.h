@@ -34,6 +34,11 @@ struct Options {
   /// Per-launch CUDA events in stage_reps extra repetitions after the timed ones.
   bool stages = false;
   int stage_reps = 5;
+  /// Launch graphs as the server runs them (a layer seen before is replayed as one graph).
+  bool graphs = true;
+  /// With graphs on: every fast row run by EnqueueLayer also timed with launches issued one by
+  /// one (Row::direct_us), in the same run.
+  bool compare_direct = true;
 };
 
 /// Parses argv into `options`; returns false (after printing why to stderr) on a bad flag.

@@ -44,6 +44,9 @@ nlohmann::json RowJson(const Row& r, double copy_gbps) {
   j["selection_us"] = r.select_us;
   j["select_us"] = r.select_us;  // the name of earlier runs
   j["total_us"] = r.total_us;
+  j["direct_us"] = r.direct_us > 0 ? nlohmann::json(r.direct_us) : nlohmann::json();
+  j["graph_replays"] = r.graph_replays;
+  j["graph_direct"] = r.graph_direct;
   j["scorer_bytes"] = r.bytes;
   j["bytes_read"] = r.bytes;     // the name of earlier runs
   j["copy_gbps"] = copy_gbps;
@@ -94,12 +97,14 @@ bool WriteResults(const std::string& dir, const RunInfo& info, const std::vector
   if (ec) return false;
   std::ofstream csv(dir + "/gpu_bench.csv");
   csv << "policy,scorer,n,w,dtype,numerics,numerics_planned,scorer_bytes,score_us,selection_us,"
-         "total_us,score_gbps,total_gbps,copy_gbps,select_share,scratch_bytes,error,note\n";
+         "total_us,direct_us,score_gbps,total_gbps,copy_gbps,select_share,scratch_bytes,error,"
+         "note\n";
   for (const Row& r : rows) {
     csv << r.policy << "," << r.scorer << "," << r.n << "," << r.w << "," << DTypeName(r.dtype)
         << "," << (r.numerics ? NumericsName(*r.numerics) : "") << ","
         << (r.planned ? NumericsName(*r.planned) : "") << "," << r.bytes << "," << r.score_us
-        << "," << r.select_us << "," << r.total_us << "," << r.score_gbps << "," << r.total_gbps
+        << "," << r.select_us << "," << r.total_us << "," << r.direct_us << "," << r.score_gbps
+        << "," << r.total_gbps
         << "," << info.copy_gbps << "," << (r.total_us > 0 ? r.select_us / r.total_us : 0) << ","
         << r.scratch_bytes << ",\"" << r.error << "\",\"" << r.note << "\"\n";
   }

@@ -29,6 +29,11 @@ struct Row {
   std::optional<Numerics> planned;   // what the plan says it computes, when it says so
   int64_t bytes = 0;                 // scorer_bytes: K + V (if read) + Q, each once
   double score_us = 0, select_us = 0, total_us = 0;
+  /// total_us again in the same run with every launch issued one by one (the worker's launch
+  /// graphs off); 0 when not measured (host-decided rows, launch graphs off anyway).
+  double direct_us = 0;
+  /// Launch sequences the timed repetitions replayed from a CUDA graph / issued directly.
+  int64_t graph_replays = 0, graph_direct = 0;
   double score_gbps = 0, total_gbps = 0;
   int64_t scratch_bytes = 0;
   int input_sets = 0;

@@ -23,6 +23,12 @@
 // --stages: after the timed repetitions, --stage_reps (default 5) more record a CUDA event
 // after every kernel launch, memset and async copy of the layer sequence (gpu_bench_stages.h);
 // each row then lists every launch with its kernel name and median microseconds.
+// Launch graphs (--graphs, default on, as kvtrimd runs): a layer whose launch sequence was
+// seen before is replayed as one CUDA graph (kernels/gpu/runtime/launch_graph.h); the warm-up
+// covers the first two sights of every input set, and the row counts the replays. With
+// --compare_direct (default on) every fast row of EnqueueLayer is timed again in the same run with
+// the launches issued one by one: direct_us, the reference of the graphs' gain. The answer is
+// checked three times (issued, captured, replayed) and must not change.
 // numerics_planned: LayerPlan::numerics, the mode the plan computes (a policy without a fast
 // path computes exact); detected at compile time, null if the field is absent.
 //
@@ -42,6 +48,7 @@
 //                         [--model_n=32768,131072] [--hidden=4096] [--host_reps=3]
 //                         [--numerics=fast,exact] [--dtypes=bf16] [--extra_dtypes=f16,f32]
 //                         [--extra_dtypes_n=32768] [--stages] [--stage_reps=5]
+//                         [--graphs=1] [--compare_direct=1]
 // Writes DIR/gpu_bench.json and DIR/gpu_bench.csv (DIR default "out"), rewritten after every
 // row ("complete": true once all ran); prints a table.
 // Exit status: 0 when every configuration ran and its answer is well formed (offsets, and
@@ -68,9 +75,9 @@ namespace {
 
 /// Prints the table header.
 void PrintHeader() {
-  std::printf("%-16s %7s %3s %-4s %-5s %10s %10s %10s %9s %6s %6s %10s %s\n", "policy", "n", "w",
-              "type", "mode", "score_us", "select_us", "total_us", "GB/s", "%copy", "%sel",
-              "scratch_MB", "note");
+  std::printf("%-16s %7s %3s %-4s %-5s %10s %10s %10s %10s %9s %6s %6s %10s %s\n", "policy", "n",
+              "w", "type", "mode", "score_us", "select_us", "total_us", "direct_us", "GB/s",
+              "%copy", "%sel", "scratch_MB", "note");
 }
 
 /// Prints one row of the table (its error, else its note, when it has one).
@@ -79,10 +86,11 @@ void PrintRow(const Row& r, double copy_gbps) {
                            : !r.note.empty() ? r.note
                            : r.bytes         ? ""
                                              : "reads no tensor";
-  std::printf("%-16s %7lld %3lld %-4s %-5s %10.1f %10.1f %10.1f %9.1f %6.1f %6.1f %10.2f %s\n",
+  std::printf("%-16s %7lld %3lld %-4s %-5s %10.1f %10.1f %10.1f %10.1f %9.1f %6.1f %6.1f %10.2f "
+              "%s\n",
               r.policy.c_str(), static_cast<long long>(r.n), static_cast<long long>(r.w),
               DTypeName(r.dtype), r.numerics ? NumericsName(*r.numerics) : "-", r.score_us,
-              r.select_us, r.total_us, r.score_gbps,
+              r.select_us, r.total_us, r.direct_us, r.score_gbps,
               copy_gbps > 0 ? 100.0 * r.score_gbps / copy_gbps : 0.0,
               r.total_us > 0 ? 100.0 * r.select_us / r.total_us : 0.0, r.scratch_bytes / 1e6,
               note.c_str());
@@ -141,6 +149,7 @@ int Main(int argc, char** argv) {
   BenchModel model;
   MakeBenchModel(options, &model);
   auto runtime = BenchRuntime::Create(0);
+  if (runtime.ok() && !options.graphs) (*runtime)->context().graphs().set_capacity(0);
   if (!runtime.ok()) {
     std::cerr << "kvtrim_gpu_bench: worker context: " << runtime.status() << "\n";
     return 1;

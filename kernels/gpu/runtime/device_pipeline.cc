@@ -370,7 +370,10 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
 /// Records `event` on `stream` unless it is null.
 absl::Status RecordEvent(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return absl::OkStatus();
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream), "cudaEventRecord");
+  // External: inside a stream capture (launch_graph.h) it becomes an event record node, so a
+  // replayed graph still records the benchmark's phase events.
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal),
+                              "cudaEventRecord");
   return absl::OkStatus();
 }
 
@@ -439,6 +442,44 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
         "LaunchPerturbation");
   }
   return absl::OkStatus();
+}
+
+// A field added to one of these structs must join the key below (then update the size).
+static_assert(sizeof(ScorerParams) == 28, "new ScorerParams field: add it to the launch key");
+static_assert(sizeof(DeviceLayer) == 72, "new DeviceLayer field: add it to the launch key");
+static_assert(sizeof(PipelineBuffers) == 136, "new PipelineBuffers field: add it to the key");
+static_assert(sizeof(DeviceModelInputs) == 56, "new DeviceModelInputs field: add it to the key");
+static_assert(sizeof(FastModelInputs) == 8, "new FastModelInputs field: add it to the key");
+static_assert(sizeof(PipelineEvents) == 16, "new PipelineEvents field: add it to the key");
+
+void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
+                        const PipelineBuffers& buffers, const PipelineEvents* events,
+                        LaunchKey* key) {
+  // The plan: which launches, and their by-value arguments.
+  key->Add(plan.scorer).Add(plan.model_scorer).Add(plan.host_decide).Add(plan.critical);
+  const ScorerParams& p = plan.params;
+  key->Add(p.window).Add(p.kernel).Add(p.pool_max).Add(p.eps).Add(p.bf16_prob_round);
+  key->Add(p.causal_normalize).Add(p.anchor_raw_mean).Add(p.norm_l2).Add(p.gqa);
+  key->Add(p.use_vnorm).Add(p.fast);
+  key->Add(plan.protection.sink).Add(plan.protection.recent);
+  key->Add(plan.num_heads).Add(plan.num_tokens);
+  key->Add(plan.adakv).Add(plan.adakv_k).Add(plan.adakv_safeguard);
+  key->Add(plan.shared).Add(plan.shared_count).Add(plan.block).Add(plan.total_indices);
+  key->Add(plan.perturbation);
+  // The layer, every field.
+  key->Add(layer.keys).Add(layer.values).Add(layer.queries).Add(layer.dtype);
+  key->Add(layer.num_kv_heads).Add(layer.num_query_heads).Add(layer.window_rows);
+  key->Add(layer.head_dim).Add(layer.num_tokens).Add(layer.softmax_scale).Add(layer.layer_id);
+  key->Add(layer.seed);
+  // The buffers, every pointer and size, the model inputs included.
+  const PipelineBuffers& b = buffers;
+  key->Add(b.scores).Add(b.counts).Add(b.offsets).Add(b.indices).Add(b.perturbation);
+  key->Add(b.first_nan).Add(b.critical).Add(b.scratch).Add(b.scratch_bytes);
+  key->Add(b.model.w_o).Add(b.model.head_gram).Add(b.model.group_gram).Add(b.model.ea_mean);
+  key->Add(b.model.ea_cov).Add(b.model.hidden).Add(b.model.num_query_heads);
+  key->Add(b.model.half_scale2).Add(b.fast_model.w_o16);
+  key->Add(events != nullptr ? events->after_score : nullptr);
+  key->Add(events != nullptr ? events->after_select : nullptr);
 }
 
 absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan) {

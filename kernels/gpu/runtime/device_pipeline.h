@@ -22,6 +22,7 @@
 #include "kernels/decide.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/device_decision.h"
+#include "kernels/gpu/runtime/launch_graph.h"
 #include "kernels/gpu/kernels/fast_model.cuh"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/layer.h"
@@ -180,6 +181,14 @@ absl::Status EnqueueScores(const LayerPlan& plan, const DeviceLayer& layer,
 absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
                           const PipelineBuffers& buffers, cudaStream_t stream,
                           const PipelineEvents* events = nullptr);
+
+/// Appends to `key` everything EnqueueLayer passes to its launches for these arguments: the
+/// plan's scorer, parameters, protection, sizes and selection, every field of `layer` and
+/// every pointer and size of `buffers`, and the events. Equal keys: equal launch sequences
+/// (launch_graph.h replays one for the other). Keep it next to EnqueueLayer's reads.
+void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
+                        const PipelineBuffers& buffers, const PipelineEvents* events,
+                        LaunchKey* key);
 
 /// Results copied back from the device, before conversion into a LayerDecision.
 struct HostResults {

@@ -9,7 +9,10 @@
 namespace kvtrim::gpu {
 
 WorkerContext::WorkerContext(int device, const WorkerOptions& options)
-    : device_(device), options_(options), arena_(options.arena_limit_bytes) {}
+    : device_(device),
+      options_(options),
+      arena_(options.arena_limit_bytes),
+      graphs_(options.launch_graphs) {}
 
 absl::StatusOr<std::unique_ptr<WorkerContext>> WorkerContext::Create(
     int device, const WorkerOptions& options) {
@@ -114,6 +117,18 @@ DevicePool::Lease::~Lease() {
   if (context_ == nullptr) return;
   context_->Quiesce();
   pool_->Release(context_);
+}
+
+LaunchGraphStats DevicePool::GraphStats() const {
+  LaunchGraphStats total;
+  for (const auto& context : contexts_) {
+    const LaunchGraphStats stats = context->graphs().stats();
+    total.direct += stats.direct;
+    total.captured += stats.captured;
+    total.replayed += stats.replayed;
+    total.fallbacks += stats.fallbacks;
+  }
+  return total;
 }
 
 }  // namespace kvtrim::gpu

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/gpu/runtime/device_arena.h"
+#include "kernels/gpu/runtime/launch_graph.h"
 
 namespace kvtrim::gpu {
 
@@ -21,6 +22,8 @@ struct WorkerOptions {
   size_t arena_limit_bytes = 0;
   /// Bytes of each of the two pinned chunks that stage host-to-device copies.
   size_t staging_chunk_bytes = size_t{8} << 20;
+  /// Launch sequences kept as CUDA graphs for replay (launch_graph.h); 0 = no graphs.
+  size_t launch_graphs = 64;
 };
 
 /// Everything one in-flight layer request uses on the device: a non-blocking stream, a
@@ -45,6 +48,9 @@ class WorkerContext {
   PinnedBuffer& transfer() { return transfer_; }
   /// The device ordinal the context lives on.
   int device() const { return device_; }
+  /// Launch sequences replayed as CUDA graphs on the worker's stream.
+  LaunchGraphCache& graphs() { return graphs_; }
+  const LaunchGraphCache& graphs() const { return graphs_; }
 
   /// Copies `bytes` from pageable host memory `src` to device memory `dst`, asynchronously
   /// on the stream, through the two pinned staging chunks: chunk i is filled by memcpy
@@ -70,6 +76,7 @@ class WorkerContext {
   DeviceArena arena_;
   PinnedBuffer staging_;   // [2 x staging_chunk_bytes]
   PinnedBuffer transfer_;
+  LaunchGraphCache graphs_;  // the stream's replayable launch sequences
 };
 
 /// N worker contexts handed out one request at a time. Acquire() blocks while all N are
@@ -106,6 +113,8 @@ class DevicePool {
   Lease Acquire();
   /// Number of worker contexts.
   int size() const { return static_cast<int>(contexts_.size()); }
+  /// The launch graphs' counts summed over every worker context.
+  LaunchGraphStats GraphStats() const;
 
  private:
   DevicePool() = default;

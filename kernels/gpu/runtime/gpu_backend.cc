@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
   WorkerOptions worker;
   worker.arena_limit_bytes = options.arena_limit_bytes;
   worker.staging_chunk_bytes = options.staging_chunk_bytes;
+  worker.launch_graphs = options.launch_graphs;
   auto pool = DevicePool::Create(options.device, options.workers, worker);
   if (!pool.ok()) return pool.status();
   backend->pool_ = *std::move(pool);

@@ -26,6 +26,10 @@ struct GpuBackendOptions {
   int workers = 1;                          // worker contexts = layers computed at once
   size_t arena_limit_bytes = 0;             // cap of each worker's device arena (0 = none)
   size_t staging_chunk_bytes = size_t{8} << 20;  // pinned upload chunk (two per worker)
+  /// Launch sequences each worker keeps as CUDA graphs: a layer whose launches repeat (same
+  /// shapes, arena regions and input addresses, seen before) is replayed with one
+  /// cudaGraphLaunch (launch_graph.h). 0 = every launch issued one by one.
+  size_t launch_graphs = 64;
   /// Device bytes of registered models' per-layer tensors kept between requests (W_O and
   /// Gram matrices of the model-aware scorers, lane-major fp32). 0 = automatic: one worker's
   /// arena cap when arenas are capped, else no cap (least-recently-used tensors are then
@@ -85,6 +89,8 @@ class GpuBackend final : public Backend {
   absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(
       const ResolvedPolicy& policy, const std::vector<LayerScores>& layers) override;
   bool healthy() const override { return healthy_.load(); }
+  /// What the workers' launch graphs did so far (GpuBackendOptions::launch_graphs).
+  LaunchGraphStats launch_graph_stats() const { return pool_->GraphStats(); }
   /// {kFast, kExact} for the scorers with fast kernels (device_pipeline.h HasFastPath: the
   /// attention scorers, d a multiple of 8 up to 256), else {kExact}. A layer whose dtype or
   /// d has no fast path is computed exact, and its decision says so.

@@ -205,6 +205,21 @@ absl::Status LayerRun::CopyBack(size_t at, const void* device, size_t bytes) {
 absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
   if (outputs_.resident != nullptr) return EnqueueResident();
   if (download_) return EnqueueDownload();
+  if (device_decision_) return EnqueueLaunches(events, copy_back);
+  // EnqueueLayer's sequence repeats for every layer of a session whose shapes, arena regions
+  // and inputs' addresses repeat: replayed as one graph (launch_graph.h).
+  LaunchKey key;
+  AddEnqueueLayerKey(plan_, device_layer_, buffers_, events, &key);
+  key.Add(copy_back);
+  if (copy_back) {
+    key.Add(context_.transfer().data()).Add(pinned_.offsets).Add(pinned_.indices);
+    key.Add(pinned_.perturbation).Add(pinned_.first_nan);
+  }
+  return context_.graphs().Run(context_.stream(), key,
+                               [&] { return EnqueueLaunches(events, copy_back); });
+}
+
+absl::Status LayerRun::EnqueueLaunches(const PipelineEvents* events, bool copy_back) {
   cudaStream_t stream = context_.stream();
   // The whole layer on the device; only the lists (and the statistic) come back.
   if (device_decision_) {

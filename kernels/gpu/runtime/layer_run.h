@@ -85,6 +85,10 @@ class LayerRun {
 
   /// Model tensors of the plan from the cache, and Expected Attention's statistics.
   absl::Status PlanModelInputs();
+  /// Enqueue's launches (EnqueueDecision or EnqueueLayer, then the copies back when
+  /// `copy_back`), issued one by one: Enqueue runs them directly or through the worker's
+  /// launch graphs.
+  absl::Status EnqueueLaunches(const PipelineEvents* events, bool copy_back);
   /// Enqueues the copy of a device word into the pinned buffer at `at`.
   absl::Status CopyBack(size_t at, const void* device, size_t bytes);
   /// Enqueue / Fetch of the resident LaProx candidates.
