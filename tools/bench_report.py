@@ -52,6 +52,10 @@ def markdown(doc):
         "", "#### Goals (issue 12)", "", tables.goals_table(doc["goals"]),
         "", "#### Host-side steps", "", tables.host_table(doc["host_rows"]),
     ]
+    graphs = tables.graphs_table(rows)
+    if graphs:
+        parts += ["", "#### Launch graphs (fast, bf16: replayed as one graph vs launched one by one)",
+                  "", graphs]
     stages = tables.stages_table(rows, max((r["n"] for r in rows), default=0))
     if stages:
         parts += ["", "#### Per-launch stages (fast, bf16, largest n)", "", stages]

@@ -55,6 +55,8 @@ def join(kvtrim, refs):
             "mode": r["numerics"], "mode_planned": r.get("numerics_planned"),
             "kvtrim_us": r.get("kvtrim_us", r.get("total_us")), "score_us": r.get("score_us"),
             "selection_us": r.get("selection_us", r.get("select_us")),
+            "direct_us": r.get("direct_us"),
+            "graph_replays": r.get("graph_replays"),
             "naive_us": ref_us(index, "naive", key), "best_us": ref_us(index, "best", key),
             "kvpress_us": ref_us(index, "kvpress", key),
             "kvpress_press": kvpress.get("note") if "total_us" in kvpress else None,

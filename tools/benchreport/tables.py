@@ -101,3 +101,18 @@ def stages_table(rows, n, dtype="bf16"):
         parts = [f"{s['kind']} {s['name'] or ''}: {num(s['us'], 1)}".replace("  ", " ") for s in r["stages"]]
         out.append(f"| {r['policy']} | {r['w']} | {'; '.join(parts)} |")
     return "\n".join(out) if len(out) > 2 else ""
+
+
+def graphs_table(rows, dtype="bf16"):
+    """Fast rows timed twice in the same run: as served (a repeated layer replayed as one CUDA
+    graph) and with every launch issued one by one (direct_us); one line per (policy, n, w)."""
+    out = ["| policy | n | w | graph µs | direct µs | direct / graph |", "|---|---|---|---|---|---|"]
+    for policy, n, w, d in _key_order(rows):
+        if d != dtype:
+            continue
+        r = find(rows, policy, n, w, d, "fast")
+        if not r or r.get("error") or not r.get("direct_us") or not r.get("graph_replays"):
+            continue
+        out.append(f"| {policy} | {tokens(n)} | {w} | {num(r['kvtrim_us'])} | {num(r['direct_us'])} "
+                   f"| {times(r['direct_us'] / r['kvtrim_us'])} |")
+    return "\n".join(out) if len(out) > 2 else ""
