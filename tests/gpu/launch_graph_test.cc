@@ -190,9 +190,42 @@ std::unique_ptr<GpuBackend> OneWorkerBackend(size_t launch_graphs) {
   return backend.ok() ? *std::move(backend) : nullptr;
 }
 
+/// Two layers of one shape alternating, four rounds, on a graphs backend and a direct one:
+/// every answer equal. `cases` are (policy, output shape, numerics).
+struct GraphCase {
+  const char* policy;
+  OutputShape shape;
+  Numerics numerics;
+};
+void ExpectReplaysMatchDirect(int64_t kv_heads, int64_t group, int64_t n, int64_t d, int64_t window,
+                              const std::vector<GraphCase>& cases);
+
 TEST(LaunchGraphBackend, ReplaysMatchDirectLaunches) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  constexpr int64_t kKvHeads = 4, kGroup = 2, kN = 3000, kD = 64, kWindow = 16;
+  ExpectReplaysMatchDirect(4, 2, 3000, 64, 16,
+                           {{"knorm", OutputShape::kPerHead, Numerics::kFast},
+                            {"snapkv", OutputShape::kPerHead, Numerics::kFast},
+                            {"snapkv", OutputShape::kPerHead, Numerics::kExact},
+                            {"h2o", OutputShape::kPerHead, Numerics::kFast},
+                            {"tova", OutputShape::kPerHead, Numerics::kFast},
+                            {"keydiff", OutputShape::kPerHead, Numerics::kFast},
+                            {"dropkv", OutputShape::kPerHead, Numerics::kFast},
+                            {"random", OutputShape::kPerHead, Numerics::kFast},
+                            {"streaming_llm", OutputShape::kPerHead, Numerics::kFast},
+                            {"adakv", OutputShape::kPerHead, Numerics::kFast},
+                            {"snapkv", OutputShape::kShared, Numerics::kFast}});
+}
+
+TEST(LaunchGraphBackend, LargeSharedAndAdaKVReplaysMatchDirectLaunches) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  ExpectReplaysMatchDirect(3, 4, 40000, 128, 32,
+                           {{"knorm", OutputShape::kShared, Numerics::kFast},
+                            {"adakv", OutputShape::kPerHead, Numerics::kFast},
+                            {"dropkv", OutputShape::kPerHead, Numerics::kFast}});
+}
+
+void ExpectReplaysMatchDirect(int64_t kv_heads, int64_t group, int64_t n, int64_t d, int64_t window,
+                              const std::vector<GraphCase>& cases) {
   const DType dtype = DType::kBF16;
   std::unique_ptr<GpuBackend> graphs = OneWorkerBackend(64);
   std::unique_ptr<GpuBackend> direct = OneWorkerBackend(0);
@@ -201,34 +234,16 @@ TEST(LaunchGraphBackend, ReplaysMatchDirectLaunches) {
   PolicyEngine with_graphs(BuiltinRegistry(), *graphs);
   PolicyEngine without(BuiltinRegistry(), *direct);
   // Two layers of one shape with different data: staged to the same device addresses.
-  const ModelLayerData a = MakeModelLayerData(dtype, kKvHeads, kN, kD, kGroup, kWindow, 11);
-  const ModelLayerData b = MakeModelLayerData(dtype, kKvHeads, kN, kD, kGroup, kWindow, 12);
+  const ModelLayerData a = MakeModelLayerData(dtype, kv_heads, n, d, group, window, 11);
+  const ModelLayerData b = MakeModelLayerData(dtype, kv_heads, n, d, group, window, 12);
   auto request = [&](const ModelLayerData& data) {
     LayerRequest layer;
-    layer.keys = {data.keys.data(), dtype, {kKvHeads, kN, kD}};
-    layer.values = {data.values.data(), dtype, {kKvHeads, kN, kD}};
-    layer.queries = {data.queries.data(), dtype, {kKvHeads * kGroup, kWindow, kD}};
+    layer.keys = {data.keys.data(), dtype, {kv_heads, n, d}};
+    layer.values = {data.values.data(), dtype, {kv_heads, n, d}};
+    layer.queries = {data.queries.data(), dtype, {kv_heads * group, window, d}};
     return layer;
   };
-  struct Case {
-    const char* policy;
-    OutputShape shape;
-    Numerics numerics;
-  };
-  const Case cases[] = {
-      {"knorm", OutputShape::kPerHead, Numerics::kFast},
-      {"snapkv", OutputShape::kPerHead, Numerics::kFast},
-      {"snapkv", OutputShape::kPerHead, Numerics::kExact},
-      {"h2o", OutputShape::kPerHead, Numerics::kFast},
-      {"tova", OutputShape::kPerHead, Numerics::kFast},
-      {"keydiff", OutputShape::kPerHead, Numerics::kFast},
-      {"dropkv", OutputShape::kPerHead, Numerics::kFast},
-      {"random", OutputShape::kPerHead, Numerics::kFast},
-      {"streaming_llm", OutputShape::kPerHead, Numerics::kFast},
-      {"adakv", OutputShape::kPerHead, Numerics::kFast},
-      {"snapkv", OutputShape::kShared, Numerics::kFast},
-  };
-  for (const Case& c : cases) {
+  for (const GraphCase& c : cases) {
     CompressionSettings settings;
     settings.policy = c.policy;
     settings.output_shape = c.shape;
@@ -236,8 +251,8 @@ TEST(LaunchGraphBackend, ReplaysMatchDirectLaunches) {
     settings.budget.keep_fraction = 0.2;
     settings.numerics = c.numerics;
     settings.seed = 9;
-    auto policy_graphs = PrepareForRows(with_graphs, settings, kWindow);
-    auto policy_direct = PrepareForRows(without, settings, kWindow);
+    auto policy_graphs = PrepareForRows(with_graphs, settings, window);
+    auto policy_direct = PrepareForRows(without, settings, window);
     ASSERT_TRUE(policy_graphs.ok() && policy_direct.ok()) << c.policy;
     const std::string label = absl::StrCat(c.policy, " ", static_cast<int>(c.shape), " ",
                                            NumericsName(c.numerics));

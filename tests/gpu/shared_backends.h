@@ -25,6 +25,10 @@ inline GpuBackend& SharedGpu() {
   static GpuBackend* backend = [] {
     GpuBackendOptions options;
     options.workers = 8;
+    // KVTRIM_TEST_LAUNCH_GRAPHS=N: the workers' launch graphs (0 = off) for this test run.
+    if (const char* graphs = std::getenv("KVTRIM_TEST_LAUNCH_GRAPHS")) {
+      options.launch_graphs = static_cast<size_t>(std::strtoul(graphs, nullptr, 10));
+    }
     auto created = GpuBackend::Create(options);
     if (!created.ok()) {
       ADD_FAILURE() << "GpuBackend::Create: " << created.status();
