@@ -1,5 +1,8 @@
 #include "kernels/gpu/runtime/launch_graph.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "kernels/gpu/runtime/device_error.h"
 
 namespace kvtrim::gpu {
@@ -9,6 +12,11 @@ LaunchGraphCache::~LaunchGraphCache() {
   for (auto& [key, entry] : entries_) {
     if (entry.exec != nullptr) cudaGraphExecDestroy(entry.exec);
   }
+}
+
+bool LaunchGraphCache::Checking() {
+  static const bool check = std::getenv("KVTRIM_LAUNCH_GRAPH_CHECK") != nullptr;
+  return check;
 }
 
 LaunchGraphStats LaunchGraphCache::stats() const {
@@ -86,7 +94,8 @@ absl::Status LaunchGraphCache::Run(cudaStream_t stream, const LaunchKey& key,
   }
   entry.lru = lru_.begin();
   absl::Status status;
-  if (entry.exec != nullptr) {
+  const bool replayed = entry.exec != nullptr;
+  if (replayed) {
     ++replayed_;
     status = CudaStatus(cudaGraphLaunch(entry.exec, stream), "cudaGraphLaunch");
   } else if (inserted || !entry.capturable) {
@@ -106,6 +115,15 @@ absl::Status LaunchGraphCache::Run(cudaStream_t stream, const LaunchKey& key,
     status = enqueue();
   }
   if (graphs_ > capacity_ || entries_.size() > 4 * capacity_) Evict();
+  if (Checking() && status.ok()) {
+    const cudaError_t done = cudaStreamSynchronize(stream);
+    if (done != cudaSuccess) {
+      std::fprintf(stderr, "launch graph check: %s after the %s sequence %s\n",
+                   cudaGetErrorString(done),
+                   entry.exec == nullptr ? "direct" : (replayed ? "replayed" : "captured"),
+                   key.label().c_str());
+    }
+  }
   return status;
 }
 

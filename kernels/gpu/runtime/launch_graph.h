@@ -32,9 +32,13 @@ class LaunchKey {
     return *this;
   }
   const std::string& bytes() const { return bytes_; }
+  /// A readable name of the sequence for diagnostics (not part of the key).
+  void set_label(std::string label) { label_ = std::move(label); }
+  const std::string& label() const { return label_; }
 
  private:
   std::string bytes_;
+  std::string label_;
 };
 
 /// What a LaunchGraphCache did so far (tests, benchmarks, GpuBackend totals).
@@ -62,6 +66,10 @@ class LaunchGraphCache {
   /// capture is abandoned first); a capture CUDA refuses falls back to direct launches.
   absl::Status Run(cudaStream_t stream, const LaunchKey& key,
                    const std::function<absl::Status()>& enqueue);
+
+  /// True when KVTRIM_LAUNCH_GRAPH_CHECK is set: Run waits for each sequence and reports the
+  /// first that fails on the device with its label and how it was issued (diagnostics).
+  static bool Checking();
 
   /// Sets the capacity (0 = off), dropping graphs past it.
   void set_capacity(size_t capacity);

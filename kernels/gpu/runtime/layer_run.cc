@@ -211,6 +211,13 @@ absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
   LaunchKey key;
   AddEnqueueLayerKey(plan_, device_layer_, buffers_, events, &key);
   key.Add(copy_back);
+  if (LaunchGraphCache::Checking()) {
+    key.set_label(absl::StrCat(plan_.scorer_name, " H=", plan_.num_heads, " n=",
+                               plan_.num_tokens, plan_.shared ? " shared" : "",
+                               plan_.adakv ? " adakv" : "", " dtype=",
+                               DTypeName(device_layer_.dtype), " d=", device_layer_.head_dim,
+                               " copy_back=", copy_back));
+  }
   if (copy_back) {
     key.Add(context_.transfer().data()).Add(pinned_.offsets).Add(pinned_.indices);
     key.Add(pinned_.perturbation).Add(pinned_.first_nan);
