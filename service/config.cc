@@ -63,11 +63,11 @@ ABSL_FLAG(int64_t, gpu_memory_limit_bytes, 0,
           "worker's arena is capped at this / --workers, and a layer needing more is answered "
           "RESOURCE_EXHAUSTED. 0 = no cap but the device's free memory.");
 
-ABSL_FLAG(int32_t, gpu_launch_graphs, 64,
-          "GPU backend: launch sequences each worker keeps as CUDA graphs (0 .. 4096). A layer "
-          "whose launches repeat (same shapes, working memory and input addresses, seen once "
-          "before) is replayed with one cudaGraphLaunch instead of one call per kernel; 0 "
-          "issues every launch one by one.");
+ABSL_FLAG(int32_t, gpu_launch_graphs, 0,
+          "GPU backend, experimental: launch sequences each worker keeps as CUDA graphs "
+          "(0 .. 4096; 64 is a good value). A layer whose launches repeat (same shapes, working "
+          "memory and input addresses, seen once before) is replayed with one cudaGraphLaunch "
+          "instead of one call per kernel. 0 (default) issues every launch one by one.");
 
 ABSL_FLAG(std::string, data_dir, "",
           "Directory where registered models are persisted (one <hex>.kvtmodel file each) and "

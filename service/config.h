@@ -49,8 +49,9 @@ struct Config {
   /// A layer that needs more than a worker's cap is answered RESOURCE_EXHAUSTED.
   int64_t gpu_memory_limit_bytes = 0;
   /// GPU backend: launch sequences each worker keeps as CUDA graphs; a layer whose shapes,
-  /// arena regions and input addresses repeat is replayed as one graph. 0 = off.
-  int gpu_launch_graphs = 64;
+  /// arena regions and input addresses repeat is replayed as one graph. 0 = off (default:
+  /// experimental, docs/gpu.md "Launch graphs").
+  int gpu_launch_graphs = 0;
   /// Directory where registered models are persisted, one "<hex>.kvtmodel" file each, and
   /// loaded from at start-up; created when missing. Empty = models live in memory only and
   /// are lost on restart.

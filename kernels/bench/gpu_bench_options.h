@@ -34,8 +34,9 @@ struct Options {
   /// Per-launch CUDA events in stage_reps extra repetitions after the timed ones.
   bool stages = false;
   int stage_reps = 5;
-  /// Launch graphs as the server runs them (a layer seen before is replayed as one graph).
-  bool graphs = true;
+  /// Launch graphs (GpuBackendOptions::launch_graphs = 64: a layer seen before is replayed as
+  /// one graph). Off by default, as kvtrimd runs.
+  bool graphs = false;
   /// With graphs on: every fast row run by EnqueueLayer also timed with launches issued one by
   /// one (Row::direct_us), in the same run.
   bool compare_direct = true;

@@ -23,7 +23,7 @@
 // --stages: after the timed repetitions, --stage_reps (default 5) more record a CUDA event
 // after every kernel launch, memset and async copy of the layer sequence (gpu_bench_stages.h);
 // each row then lists every launch with its kernel name and median microseconds.
-// Launch graphs (--graphs, default on, as kvtrimd runs): a layer whose launch sequence was
+// Launch graphs (--graphs, default off, as kvtrimd runs): a layer whose launch sequence was
 // seen before is replayed as one CUDA graph (kernels/gpu/runtime/launch_graph.h); the warm-up
 // covers the first two sights of every input set, and the row counts the replays. With
 // --compare_direct (default on) every fast row of EnqueueLayer is timed again in the same run with
@@ -48,7 +48,7 @@
 //                         [--model_n=32768,131072] [--hidden=4096] [--host_reps=3]
 //                         [--numerics=fast,exact] [--dtypes=bf16] [--extra_dtypes=f16,f32]
 //                         [--extra_dtypes_n=32768] [--stages] [--stage_reps=5]
-//                         [--graphs=1] [--compare_direct=1]
+//                         [--graphs=0] [--compare_direct=1]
 // Writes DIR/gpu_bench.json and DIR/gpu_bench.csv (DIR default "out"), rewritten after every
 // row ("complete": true once all ran); prints a table.
 // Exit status: 0 when every configuration ran and its answer is well formed (offsets, and
@@ -149,7 +149,7 @@ int Main(int argc, char** argv) {
   BenchModel model;
   MakeBenchModel(options, &model);
   auto runtime = BenchRuntime::Create(0);
-  if (runtime.ok() && !options.graphs) (*runtime)->context().graphs().set_capacity(0);
+  if (runtime.ok()) (*runtime)->context().graphs().set_capacity(options.graphs ? 64 : 0);
   if (!runtime.ok()) {
     std::cerr << "kvtrim_gpu_bench: worker context: " << runtime.status() << "\n";
     return 1;

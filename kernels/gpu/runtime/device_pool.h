@@ -23,7 +23,7 @@ struct WorkerOptions {
   /// Bytes of each of the two pinned chunks that stage host-to-device copies.
   size_t staging_chunk_bytes = size_t{8} << 20;
   /// Launch sequences kept as CUDA graphs for replay (launch_graph.h); 0 = no graphs.
-  size_t launch_graphs = 64;
+  size_t launch_graphs = 0;
 };
 
 /// Everything one in-flight layer request uses on the device: a non-blocking stream, a

@@ -28,8 +28,9 @@ struct GpuBackendOptions {
   size_t staging_chunk_bytes = size_t{8} << 20;  // pinned upload chunk (two per worker)
   /// Launch sequences each worker keeps as CUDA graphs: a layer whose launches repeat (same
   /// shapes, arena regions and input addresses, seen before) is replayed with one
-  /// cudaGraphLaunch (launch_graph.h). 0 = every launch issued one by one.
-  size_t launch_graphs = 64;
+  /// cudaGraphLaunch (launch_graph.h). 0 = every launch issued one by one (the default while
+  /// graphs are experimental: docs/gpu.md "Launch graphs").
+  size_t launch_graphs = 0;
   /// Device bytes of registered models' per-layer tensors kept between requests (W_O and
   /// Gram matrices of the model-aware scorers, lane-major fp32). 0 = automatic: one worker's
   /// arena cap when arenas are capped, else no cap (least-recently-used tensors are then
