@@ -276,7 +276,12 @@ section_smoke() {
   return "$rc"
 }
 
-[ -x "$BIN/kvtrim_gpu_test" ] || { echo "gpu_run: $BIN/kvtrim_gpu_test missing; build it with scripts/gpu_bundle.sh and carry $BUNDLE" >&2; exit 1; }
+# The test binary is needed by the test and sanitizer sections only (a benchmark bundle may
+# leave it out to stay within what one call carries).
+case " $SECTIONS " in
+  *" test "* | *" memcheck "* | *" racecheck "*)
+    [ -x "$BIN/kvtrim_gpu_test" ] || { echo "gpu_run: $BIN/kvtrim_gpu_test missing; build it with scripts/gpu_bundle.sh and carry $BUNDLE" >&2; exit 1; } ;;
+esac
 
 export -f section_info section_test section_sanitizer section_wheels section_bench section_torch \
   section_kvpress section_report section_smoke

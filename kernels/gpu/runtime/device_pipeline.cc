@@ -370,10 +370,14 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
 /// Records `event` on `stream` unless it is null.
 absl::Status RecordEvent(cudaEvent_t event, cudaStream_t stream) {
   if (event == nullptr) return absl::OkStatus();
-  // External: inside a stream capture (launch_graph.h) it becomes an event record node, so a
-  // replayed graph still records the benchmark's phase events.
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal),
-                              "cudaEventRecord");
+  // Inside a stream capture (launch_graph.h) the record must be external to become an event
+  // record node, so that a replayed graph still records the benchmark's phase events; the
+  // flag is refused outside a capture.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
+  const unsigned flags =
+      capture == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault;
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(event, stream, flags), "cudaEventRecord");
   return absl::OkStatus();
 }
 
