@@ -8,6 +8,9 @@ Inputs (scripts/gpu_run.sh writes them to $OUT in one call on the GPU machine):
   --kvtrim   gpu_bench.json      kvtrim_gpu_bench (both numerics modes, every dtype row)
   --torch    torch_bench.json    tools/torch_reference_bench.py --impls naive,best,triton
   --kvpress  kvpress_bench.json  tools/torch_reference_bench.py --impls kvpress (optional)
+  --graphs   gpu_bench.json      kvtrim_gpu_bench --graphs=1 --numerics=fast (optional): its
+                                 rows, timed as launch graphs and launched one by one, go
+                                 into "graph_rows" and the launch-graph table
 Outputs: --out (the joined JSON, e.g. docs/bench/gpu.json) and --md (the Markdown; also
 printed). Needs no GPU and no torch.
 
@@ -52,7 +55,7 @@ def markdown(doc):
         "", "#### Goals (issue 12)", "", tables.goals_table(doc["goals"]),
         "", "#### Host-side steps", "", tables.host_table(doc["host_rows"]),
     ]
-    graphs = tables.graphs_table(rows)
+    graphs = tables.graphs_table(doc.get("graph_rows") or rows)
     if graphs:
         parts += ["", "#### Launch graphs (fast, bf16: replayed as one graph vs launched one by one)",
                   "", graphs]
@@ -68,6 +71,7 @@ def main():
     parser.add_argument("--kvtrim", required=True)
     parser.add_argument("--torch", default="")
     parser.add_argument("--kvpress", default="")
+    parser.add_argument("--graphs", default="")
     parser.add_argument("--out", default="")
     parser.add_argument("--md", default="")
     args = parser.parse_args()
@@ -88,8 +92,12 @@ def main():
             "torch": meta(torch_doc, ("device", "torch", "reps", "warmup", "impls", "dropkv_triton", "complete")),
             "kvpress": meta(kvpress_doc, ("device", "torch", "reps", "warmup", "kvpress", "complete")),
         },
-        "rows": rows, "host_rows": host_rows, "goals": goals_mod.evaluate(rows),
+        "rows": rows, "host_rows": host_rows,
+        "goals": goals_mod.evaluate(rows, keep_fraction=kvtrim.get("keep_fraction", 0.1)),
     }
+    graphs_doc = load(args.graphs) if args.graphs else None
+    if graphs_doc:
+        doc["graph_rows"], _ = join(graphs_doc, [])
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

@@ -42,8 +42,12 @@ def _goal(name, pairs, ok, unit=""):
             "values": {label: v for label, v in pairs}, "result": result}
 
 
-def evaluate(rows):
-    """The list of goal dicts (goal, status, values, result) for docs/bench/gpu.json."""
+HEADS = 8  # H_kv of every kvtrim_gpu_bench row
+
+
+def evaluate(rows, keep_fraction=0.1):
+    """The list of goal dicts (goal, status, values, result) for docs/bench/gpu.json.
+    `keep_fraction` is the bench's budget (the kept indices of the scratch goal)."""
     goals = []
     dropkv = _pick(rows, policy="dropkv", n=N_LARGE, dtype="bf16", mode="fast")
     goals.append(_goal("DropKV ≤ 0.45 ms per layer incl. selection (128K, bf16, fast)",
@@ -73,6 +77,13 @@ def evaluate(rows):
     goals.append(_goal("faster than kvpress on every shared policy (every n, w, dtype; fast)",
                        [(f"{r['policy']} {tokens(r['n'])} w={r['w']} {r['dtype']}", r["x_kvpress"]) for r in shared],
                        lambda v: v > 1, "×"))
+    # The arena of one layer against what it answers: scores [H, n] fp32 + kept indices int32.
+    scratch = [r for r in _pick(rows, n=N_LARGE, dtype="bf16", mode="fast")
+               if r.get("scratch_bytes") and not r.get("host_decided")]
+    answer = lambda n: HEADS * n * 4 * (1 + keep_fraction)  # noqa: E731
+    goals.append(_goal("scratch ≤ 2× scores + kept indices (arena of one layer, 128K, bf16, fast)",
+                       [(f"{r['policy']} w={r['w']}", r["scratch_bytes"] / answer(r["n"])) for r in scratch],
+                       lambda v: v <= 2, "×"))
     triton = [r for r in _pick(rows, policy="dropkv", mode="fast") if r.get("triton_us")]
     goals.append(_goal("DropKV faster than the authors' Triton kernel (scoring + pooling + top-k; fast)",
                        [(f"{tokens(r['n'])} w={r['w']} {r['dtype']}", r["triton_us"] / r["kvtrim_us"]) for r in triton],

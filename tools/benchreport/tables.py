@@ -114,5 +114,5 @@ def graphs_table(rows, dtype="bf16"):
         if not r or r.get("error") or not r.get("direct_us") or not r.get("graph_replays"):
             continue
         out.append(f"| {policy} | {tokens(n)} | {w} | {num(r['kvtrim_us'])} | {num(r['direct_us'])} "
-                   f"| {times(r['direct_us'] / r['kvtrim_us'])} |")
+                   f"| {r['direct_us'] / r['kvtrim_us']:.2f}× |")
     return "\n".join(out) if len(out) > 2 else ""
