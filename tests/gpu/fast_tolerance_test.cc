@@ -1,6 +1,6 @@
 // Fast vs exact numerics on the GPU (design.md "Numerics", docs/numerics.md), through
 // PolicyEngine, for every policy ListPolicies lists (the presets and every composition the
-// registry accepts; lukv compositions over scorers without a profile are skipped), in f32,
+// registry accepts; a lukv composition gets a test profile for its scorer), in f32,
 // f16 and bf16, n in {1, 7, 99, 1000, 40000}, d in {64, 128}, G in {1, 4, 8}, H_kv = 3,
 // w = min(32, n), every output shape the policy takes:
 //   * the tolerance rule: a fast kept list differs from the exact one only in tokens whose
@@ -127,8 +127,12 @@ absl::StatusOr<ResolvedPolicy> Prepare(const PolicyEngine& engine, const FastCas
   key.head_dim = static_cast<int32_t>(c.d);
   key.hidden = kHidden;
   key.layers = kNumLayers;
-  if (policy->allocator->kind == AllocatorKind::kLukv && policy->params.Has("window")) {
-    key.profile_window = policy->params.Int("window");
+  if (policy->allocator->kind == AllocatorKind::kLukv) {
+    // A profile for the policy's own scorer, built with the protection it asks for.
+    const Protection protection = policy->scorer->default_protection(policy->params, 0);
+    key.profile_metric = policy->scorer->name;
+    key.profile_sink = protection.sink;
+    key.profile_window = protection.recent;
   }
   const absl::Status st = engine.AttachModel(&*policy, TestModel(key), "settings");
   if (!st.ok()) return st;

@@ -80,10 +80,14 @@ inline ModelLayerData MakeModelLayerData(DType dtype, int64_t heads, int64_t n, 
 /// What a test model looks like.
 struct TestModelKey {
   int32_t kv_heads = 3, group = 1, head_dim = 64, hidden = 64, layers = 2;
-  int64_t profile_window = -1;  // >= 0: a snapkv profile with sink 0 and this window
+  int64_t profile_window = -1;  // >= 0: a profile.<profile_metric> with this window
+  std::string profile_metric = "snapkv";
+  int64_t profile_sink = 0;
   bool operator<(const TestModelKey& o) const {
-    return std::tie(kv_heads, group, head_dim, hidden, layers, profile_window) <
-           std::tie(o.kv_heads, o.group, o.head_dim, o.hidden, o.layers, o.profile_window);
+    return std::tie(kv_heads, group, head_dim, hidden, layers, profile_window, profile_metric,
+                    profile_sink) < std::tie(o.kv_heads, o.group, o.head_dim, o.hidden,
+                                             o.layers, o.profile_window, o.profile_metric,
+                                             o.profile_sink);
   }
 };
 
@@ -101,8 +105,8 @@ inline std::shared_ptr<const RegisteredModel> TestModel(const TestModelKey& key)
     o.seed = static_cast<uint64_t>(key.head_dim * 131 + key.group * 17 + key.hidden);
     o.query_stats = true;
     if (key.profile_window >= 0) {
-      o.profile_metric = "snapkv";
-      o.profile_sink = 0;
+      o.profile_metric = key.profile_metric;
+      o.profile_sink = key.profile_sink;
       o.profile_window = key.profile_window;
     }
     return RandomModel(o);
