@@ -205,7 +205,9 @@ absl::Status LayerRun::CopyBack(size_t at, const void* device, size_t bytes) {
 absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
   if (outputs_.resident != nullptr) return EnqueueResident();
   if (download_) return EnqueueDownload();
-  if (device_decision_) return EnqueueLaunches(events, copy_back);
+  if (device_decision_ || context_.graphs().capacity() == 0) {
+    return EnqueueLaunches(events, copy_back);
+  }
   // EnqueueLayer's sequence repeats for every layer of a session whose shapes, arena regions
   // and inputs' addresses repeat: replayed as one graph (launch_graph.h).
   LaunchKey key;
