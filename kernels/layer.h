@@ -40,6 +40,9 @@ struct CompressionSettings {
   /// Whether the output perturbation statistic is computed (when values and queries are
   /// present): proto Perturbation FULL / OFF.
   bool perturbation = true;
+  /// Whether answers carry the kept lists as packed little-endian bytes (proto
+  /// answer_encoding PACKED, LayerResult.packed) rather than repeated fields.
+  bool packed_answer = false;
 };
 
 /// The raw tensors of one layer, as received (any dtype, not yet validated).

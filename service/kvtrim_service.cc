@@ -321,7 +321,7 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
   stage_start = Clock::now();
   response->set_backend(std::string(engine_.backend_name()));
   for (const LayerDecision& decision : decisions) {
-    EncodeLayerResult(decision, response->add_layers());
+    EncodeLayerResult(decision, response->add_layers(), settings->packed_answer);
   }
   metrics_.ObserveStage(Stage::kEncode, SecondsSince(stage_start));
   const std::string label = PolicyLabel(settings->policy);
@@ -479,7 +479,8 @@ absl::Status KvtrimService::SessionImpl(
         item.decoded.reset();  // releases the layer's region pins and buffers
         const auto encode_start = Clock::now();
         v1::SessionResponse response;
-        EncodeLayerResult(*decision, response.mutable_layer());
+        EncodeLayerResult(*decision, response.mutable_layer(),
+                          layer_policy.settings.packed_answer);
         metrics_.ObserveStage(Stage::kEncode, SecondsSince(encode_start));
         if (!stream->Write(response)) {
           return absl::CancelledError("layer: the client went away before the answer was sent");
@@ -494,7 +495,8 @@ absl::Status KvtrimService::SessionImpl(
           if (!decided.ok()) return decided.status();
           for (const LayerDecision& decision : *decided) {
             v1::SessionResponse layer_response;
-            EncodeLayerResult(decision, layer_response.mutable_layer());
+            EncodeLayerResult(decision, layer_response.mutable_layer(),
+                              policy->settings.packed_answer);
             if (!stream->Write(layer_response)) {
               return absl::CancelledError(
                   "finish: the client went away before the layer answers were sent");

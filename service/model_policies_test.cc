@@ -1,6 +1,7 @@
 // Model-aware policies through kvtrimd: LaProx answered at `finish` (model-wide), unary and
 // session agreement, sessions abandoned half way, and the bad inputs of issue 4.
 #include "kernels/random_model_test_util.h"
+#include "kvtrim/v1/packed_lists.h"
 #include "service/model_test_util.h"
 #include "service/test_util.h"
 
@@ -143,6 +144,29 @@ TEST_F(ModelPoliciesTest, CancelledSessionsLeaveNoState) {
   ASSERT_EQ(responses.size(), static_cast<size_t>(kLayers + 1));
   for (int l = 0; l < kLayers; ++l) {
     EXPECT_EQ(responses[l].layer().indices_size(), unary.layers(l).indices_size());
+  }
+}
+
+TEST_F(ModelPoliciesTest, ModelWideFinishAnswersPackedWhenAsked) {
+  v1::CompressRequest request = Request("laprox", *digest_);
+  std::vector<v1::SessionResponse> repeated, packed;
+  ASSERT_TRUE(Session(request, true, &repeated).ok());
+  request.mutable_settings()->set_answer_encoding(v1::ANSWER_ENCODING_PACKED);
+  ASSERT_TRUE(Session(request, true, &packed).ok());
+  ASSERT_EQ(packed.size(), static_cast<size_t>(kLayers + 1));
+  ASSERT_EQ(repeated.size(), packed.size());
+  for (int l = 0; l < kLayers; ++l) {
+    const v1::LayerResult& p = packed[l].layer();
+    const v1::LayerResult& r = repeated[l].layer();
+    ASSERT_TRUE(p.has_packed()) << l;
+    EXPECT_EQ(p.indices_size(), 0);
+    const uint32_t width = p.packed().index_bytes();
+    ASSERT_EQ(p.packed().indices().size(), static_cast<size_t>(r.indices_size()) * width);
+    for (int i = 0; i < r.indices_size(); ++i) {
+      EXPECT_EQ(v1::LoadLittleEndian(p.packed().indices().data() + width * i, width),
+                static_cast<uint64_t>(r.indices(i)))
+          << "layer " << l << " index " << i;
+    }
   }
 }
 

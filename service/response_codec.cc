@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kvtrim/v1/packed_lists.h"
 
 namespace kvtrim::service {
 
@@ -89,12 +90,21 @@ v1::Numerics EncodeNumerics(Numerics mode) {
   return mode == Numerics::kFast ? v1::NUMERICS_FAST : v1::NUMERICS_EXACT;
 }
 
-void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out) {
+void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out, bool packed) {
   out->set_layer_id(decision.layer_id);
   out->set_num_tokens(decision.num_tokens);
   out->set_output_shape(EncodeOutputShape(decision.output_shape));
-  out->mutable_offsets()->Add(decision.offsets.begin(), decision.offsets.end());
-  out->mutable_indices()->Add(decision.indices.begin(), decision.indices.end());
+  if (packed) {
+    v1::PackedLists* lists = out->mutable_packed();
+    const uint32_t width = v1::PackedIndexBytes(decision.num_tokens);
+    v1::PackOffsets(decision.offsets.data(), decision.offsets.size(), lists->mutable_offsets());
+    v1::PackIndices(decision.indices.data(), decision.indices.size(), width,
+                    lists->mutable_indices());
+    lists->set_index_bytes(width);
+  } else {
+    out->mutable_offsets()->Add(decision.offsets.begin(), decision.offsets.end());
+    out->mutable_indices()->Add(decision.indices.begin(), decision.indices.end());
+  }
   const bool has_perturbation = decision.perturbation.size() == decision.kept_per_head.size();
   for (size_t h = 0; h < decision.kept_per_head.size(); ++h) {
     v1::HeadStats* head = out->add_heads();

@@ -12,9 +12,11 @@ namespace kvtrim::service {
 v1::Numerics EncodeNumerics(Numerics mode);
 
 /// Copies one layer decision into a LayerResult: layer_id, n, output shape, CSR offsets
-/// ([H_kv + 1] per head or [2] shared) and indices, per-head kept counts and (when the
-/// backend computed it) perturbation, compute_seconds and the numerics mode that computed it.
-void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out);
+/// ([H_kv + 1] per head or [2] shared) and indices (repeated fields, or with `packed` the
+/// little-endian bytes of LayerResult.packed: kvtrim/v1/packed_lists.h), per-head kept counts
+/// and (when the backend computed it) perturbation, compute_seconds and the numerics mode
+/// that computed it.
+void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out, bool packed = false);
 
 /// Describes every policy of `registry` for ListPolicies: the presets first, then every
 /// scorer with every allocator it composes with (PolicyRegistry::CheckComposable) as

@@ -145,6 +145,19 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
           field, ".perturbation: unknown perturbation mode ",
           static_cast<int>(settings.perturbation()), " (FULL or OFF)"));
   }
+  switch (settings.answer_encoding()) {
+    case v1::ANSWER_ENCODING_UNSPECIFIED:
+    case v1::ANSWER_ENCODING_REPEATED:
+      out.packed_answer = false;
+      break;
+    case v1::ANSWER_ENCODING_PACKED:
+      out.packed_answer = true;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".answer_encoding: unknown answer encoding ",
+          static_cast<int>(settings.answer_encoding()), " (REPEATED or PACKED)"));
+  }
   return out;
 }
 

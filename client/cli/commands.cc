@@ -116,6 +116,8 @@ absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& opt
   settings.set_request_id(options.request_id);
   settings.set_numerics(*numerics);
   settings.set_perturbation(options.perturbation ? v1::PERTURBATION_FULL : v1::PERTURBATION_OFF);
+  settings.set_answer_encoding(options.packed_answer ? v1::ANSWER_ENCODING_PACKED
+                                                     : v1::ANSWER_ENCODING_REPEATED);
   return settings;
 }
 

@@ -38,6 +38,7 @@ struct CompressOptions {
                                        // digest goes into settings.model_digest
   std::string numerics;                // "fast" | "exact" | "" (the server's default)
   bool perturbation = true;             // false: PERTURBATION_OFF (skip the statistic)
+  bool packed_answer = true;            // answer_encoding PACKED (false: REPEATED)
 };
 
 /// The request settings of `options`. INVALID_ARGUMENT (a usage error) for a missing

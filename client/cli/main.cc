@@ -54,6 +54,10 @@ ABSL_FLAG(std::string, numerics, "",
 ABSL_FLAG(bool, perturbation, true,
           "compress: compute the output perturbation statistic when values and queries are "
           "sent (--noperturbation skips it: about one attention pass per layer less)");
+ABSL_FLAG(bool, packed_answer, true,
+          "compress: ask for the kept lists as packed little-endian bytes (answer_encoding "
+          "PACKED, read in place by client/kept_lists.h); --nopacked_answer asks for the "
+          "repeated offsets / indices fields");
 // --model (a model bundle .safetensors, client/model_bundle.h) is defined in
 // client/cli_profile.cc and shared by register-model, compress and profile.
 ABSL_DECLARE_FLAG(std::string, model);
@@ -147,5 +151,6 @@ int main(int argc, char** argv) {
   compress.model = absl::GetFlag(FLAGS_model);
   compress.numerics = absl::GetFlag(FLAGS_numerics);
   compress.perturbation = absl::GetFlag(FLAGS_perturbation);
+  compress.packed_answer = absl::GetFlag(FLAGS_packed_answer);
   return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
 }

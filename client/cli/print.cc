@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "client/kept_lists.h"
 #include "client/numerics.h"
 
 namespace kvtrim::cli {
@@ -134,17 +135,15 @@ void PrintLayer(const v1::LayerResult& layer, double round_trip_seconds, bool sh
     out << "  perturbation per head:  " << absl::StrJoin(perturbation, " ") << "\n";
   }
   if (!show_indices) return;
-  for (int list = 0; list + 1 < layer.offsets_size(); ++list) {
-    const int64_t begin = layer.offsets(list), end = layer.offsets(list + 1);
-    if (begin < 0 || begin > end || end > layer.indices_size()) {
-      out << absl::StrFormat("  indices[%d]: malformed offsets [%d, %d]\n", list, begin, end);
-      continue;
-    }
-    std::vector<int32_t> indices(layer.indices().begin() + begin,
-                                 layer.indices().begin() + end);
+  absl::StatusOr<KeptLists> lists = KeptLists::Of(layer, "layer");
+  if (!lists.ok()) {
+    out << "  indices: " << lists.status().message() << "\n";
+    return;
+  }
+  for (int64_t list = 0; list < lists->num_lists(); ++list) {
     out << absl::StrFormat("  indices[%s]: %s\n",
                            layer.output_shape() == v1::SHARED ? "shared" : absl::StrCat(list),
-                           absl::StrJoin(indices, " "));
+                           absl::StrJoin(lists->List(list), " "));
   }
 }
 

@@ -55,6 +55,7 @@ struct LoadgenConfig {
   bool rewrite_per_layer = false;        // host_shm: copy the layer into the segment per layer
   std::string json_out;                  // "" = no JSON file
   v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
+  bool packed_answer = true;             // answer_encoding PACKED (false: REPEATED)
 };
 
 /// OK when every field is in range; INVALID_ARGUMENT naming the flag otherwise.

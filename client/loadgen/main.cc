@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, transport, "inline",
           "cudaMalloc buffer); region transports need kvtrimd --allow_client_shm");
 ABSL_FLAG(std::string, policy, "dropkv", "policy preset or SCORER+ALLOCATOR");
 ABSL_FLAG(double, keep_fraction, 0.2, "budget: fraction of the n tokens kept per head");
+ABSL_FLAG(bool, packed_answer, true,
+          "ask for the kept lists as packed little-endian bytes (answer_encoding PACKED); "
+          "--nopacked_answer asks for the repeated offsets / indices fields");
 ABSL_FLAG(std::string, numerics, "",
           "fast | exact; empty leaves it to the server (kvtrimd --numerics). The report counts "
           "the layers the server computed in each mode");
@@ -124,6 +127,7 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.rewrite_per_layer = absl::GetFlag(FLAGS_rewrite_per_layer);
   config.json_out = absl::GetFlag(FLAGS_json_out);
   config.numerics = *numerics;
+  config.packed_answer = absl::GetFlag(FLAGS_packed_answer);
   if (absl::Status valid = kvtrim::loadgen::ValidateConfig(config); !valid.ok()) return valid;
   return config;
 }

@@ -19,6 +19,8 @@ v1::CompressionSettings Settings(const LoadgenConfig& config, int worker, int pr
   settings.set_seed(config.seed);
   settings.set_request_id(absl::StrCat("loadgen-w", worker, "-p", prefill));
   settings.set_numerics(config.numerics);
+  settings.set_answer_encoding(config.packed_answer ? v1::ANSWER_ENCODING_PACKED
+                                                    : v1::ANSWER_ENCODING_REPEATED);
   return settings;
 }
 
