@@ -1,5 +1,7 @@
 #include "client/kept_lists.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "kvtrim/v1/packed_lists.h"
 
@@ -24,11 +26,13 @@ absl::StatusOr<KeptLists> KeptLists::Of(const v1::LayerResult& result, absl::str
       return Malformed(field, "packed", "sent beside repeated offsets / indices; expected one form");
     }
     if (p.index_bytes() != 2 && p.index_bytes() != 4) {
-      return Malformed(field, "packed.index_bytes", absl::StrCat("must be 2 or 4, got ", p.index_bytes()));
-    }
-    if (p.index_bytes() == 2 && result.num_tokens() > 65536) {
       return Malformed(field, "packed.index_bytes",
-                       absl::StrCat("2 cannot hold the indices of n = ", result.num_tokens()));
+                       absl::StrCat("must be 2 or 4, got ", p.index_bytes()));
+    }
+    if (result.num_tokens() > v1::PackedIndexCapacity(p.index_bytes())) {
+      return Malformed(field, "packed.index_bytes",
+                       absl::StrCat(p.index_bytes(), " cannot hold the indices of n = ",
+                                    result.num_tokens()));
     }
     if (p.offsets().size() % 8 != 0) {
       return Malformed(field, "packed.offsets",
@@ -78,10 +82,21 @@ int32_t KeptLists::index(int64_t i) const {
   return static_cast<int32_t>(v1::LoadLittleEndian(index_bytes_ + width_ * i, width_));
 }
 
+void KeptLists::CopyIndices(int64_t begin, int64_t end, int32_t* out) const {
+  if (end <= begin) return;
+  if (packed_) {
+    v1::UnpackIndices(index_bytes_ + width_ * begin, static_cast<size_t>(end - begin), width_,
+                      out);
+    return;
+  }
+  std::memcpy(out, result_->indices().data() + begin,
+              static_cast<size_t>(end - begin) * sizeof(int32_t));
+}
+
 std::vector<int32_t> KeptLists::List(int64_t list) const {
   const int64_t begin = offset(list), end = offset(list + 1);
   std::vector<int32_t> out(static_cast<size_t>(end - begin));
-  for (int64_t i = begin; i < end; ++i) out[static_cast<size_t>(i - begin)] = index(i);
+  CopyIndices(begin, end, out.data());
   return out;
 }
 

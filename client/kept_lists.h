@@ -16,8 +16,8 @@ namespace kvtrim {
 /// [begin(i), end(i)) of index(). Valid while the LayerResult lives and is not modified.
 class KeptLists {
  public:
-  /// Checks the form of the lists and views them. Packed lists must have index_bytes 2 (n <=
-  /// 65536) or 4, byte lengths that are whole multiples of 8 (offsets) and index_bytes
+  /// Checks the form of the lists and views them. Packed lists must have index_bytes 2 or 4,
+  /// wide enough for n (2: n <= 65536), byte lengths that are whole multiples of 8 (offsets) and index_bytes
   /// (indices), and the repeated fields left empty; either form needs at least two offsets
   /// that start at 0, never decrease and end at the number of indices. Index values are not
   /// read (the server writes them ascending within [0, n)). Errors: DATA_LOSS naming the field
@@ -33,8 +33,12 @@ class KeptLists {
   int64_t num_indices() const { return num_indices_; }
   /// Offset of list `list` (0 <= list <= num_lists()).
   int64_t offset(int64_t list) const;
-  /// The `i`-th kept index over every list (0 <= i < num_indices()).
+  /// The `i`-th kept index over every list (0 <= i < num_indices()); for one at a time (see
+  /// CopyIndices for many).
   int32_t index(int64_t i) const;
+  /// Copies the indices [begin, end) (over every list) into `out` [end - begin]: one tight
+  /// loop per width, the way to move many indices.
+  void CopyIndices(int64_t begin, int64_t end, int32_t* out) const;
   /// The indices of list `list`, copied.
   std::vector<int32_t> List(int64_t list) const;
 

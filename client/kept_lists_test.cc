@@ -45,6 +45,12 @@ TEST(KeptListsTest, RepeatedAndPackedReadTheSameLists) {
     EXPECT_EQ(lists->List(0), (std::vector<int32_t>{1, 7, 65535}));
     EXPECT_TRUE(lists->List(1).empty());
     EXPECT_EQ(lists->List(2), (std::vector<int32_t>{0, 4}));
+    std::vector<int32_t> all(5);
+    lists->CopyIndices(0, 5, all.data());
+    EXPECT_EQ(all, kIndices);
+    std::vector<int32_t> tail(2);
+    lists->CopyIndices(3, 5, tail.data());  // ends at the buffer's last byte
+    EXPECT_EQ(tail, (std::vector<int32_t>{0, 4}));
   }
 }
 

@@ -47,7 +47,7 @@ Lists ListsOf(const v1::LayerResult& result) {
 }
 
 TEST(PackedAnswerCodec, WidthFollowsTheLayerLengthAndBytesAreLittleEndian) {
-  for (int64_t n : {1, 7, 65536, 65537, 131072}) {
+  for (int64_t n : {1, 7, 65536, 65537, 131072, 16777216, 16777217}) {
     LayerDecision d;
     d.layer_id = 3;
     d.num_tokens = n;
