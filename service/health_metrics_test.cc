@@ -276,6 +276,18 @@ TEST(ServerStartTest, ListensOnUnixSocket) {
   EXPECT_TRUE(CallCompress(*stub, MakeRequest("knorm")).ok());
 }
 
+TEST(ServerStartTest, ListensOnUnixSocketUri) {
+  // The URI form unix:///ABSOLUTE/PATH (docs/transports.md, node-local workers).
+  Config config = TestConfig();
+  config.listen = "unix://" + kvtrim::testing::TestPath("kvtrimd_uri.sock");
+  ASSERT_EQ(config.listen.rfind("unix:///", 0), 0u) << config.listen;
+  auto server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->address(), config.listen);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  EXPECT_TRUE(CallCompress(*stub, MakeRequest("knorm")).ok());
+}
+
 TEST(ServerStartTest, InvalidConfigIsRejected) {
   Config config = TestConfig();
   config.workers = 0;
