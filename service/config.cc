@@ -93,6 +93,11 @@ ABSL_FLAG(int32_t, max_regions_per_client, 64,
 ABSL_FLAG(int64_t, max_layer_bytes, int64_t{8} << 30,
           "Largest layer a CompressSession may send as chunked tensors, in bytes: the sum of "
           "the layer's chunked tensors (1024 .. 2^40); more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, host_buffer_pool_bytes, int64_t{1} << 30,
+          "Host memory of finished layers (host shm reads, assembled chunks, misaligned inline "
+          "copies of 1 MiB or more) kept for the next layers, in idle bytes at most (0 .. 2^40; "
+          "0 = every layer allocates afresh). Reused pages are already mapped: a 64 MiB shm "
+          "read no longer page-faults.");
 ABSL_FLAG(int32_t, session_read_ahead, 2,
           "Layers a CompressSession reads, assembles and maps ahead of the layer being "
           "computed (1 .. 64): the pipelining depth, and the bound on buffered layers.");
@@ -109,7 +114,8 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "gpu_memory_limit_bytes", "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
-                                     "max_layer_bytes", "session_read_ahead"};
+                                     "max_layer_bytes", "session_read_ahead",
+                                     "host_buffer_pool_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
 /// the flag takes a value ("--flagfile f" consumes the next argument).
@@ -248,6 +254,11 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckRange("session_read_ahead", session_read_ahead, 1, 64); !st.ok()) return st;
+  if (auto st = CheckRange("host_buffer_pool_bytes", host_buffer_pool_bytes, 0,
+                           int64_t{1} << 40);
+      !st.ok()) {
+    return st;
+  }
   if (auto st = CheckPrintable("data_dir", data_dir); !st.ok()) return st;
   if (auto st = CheckPrintable("port_file", port_file); !st.ok()) return st;
   if (!port_file.empty() && port_file.back() == '/') {
@@ -379,6 +390,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
   config.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   config.session_read_ahead = absl::GetFlag(FLAGS_session_read_ahead);
+  config.host_buffer_pool_bytes = absl::GetFlag(FLAGS_host_buffer_pool_bytes);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {
     config.backend = BackendKind::kAuto;

@@ -70,6 +70,9 @@ struct Config {
   int64_t max_layer_bytes = int64_t{8} << 30;
   /// Layers a session reads and decodes ahead of the one being computed.
   int session_read_ahead = 2;
+  /// Host buffers of finished layers (host shm reads, assembled chunks) kept for reuse by the
+  /// next ones, at most these many idle bytes together; 0 = every layer allocates afresh.
+  int64_t host_buffer_pool_bytes = int64_t{1} << 30;
   /// Numerics of requests that leave CompressionSettings.numerics unspecified: kFast
   /// (tensor cores / FMA where the backend has a fast path, within docs/numerics.md's
   /// tolerance of exact) or kExact (the canonical arithmetic, CPU and GPU bit-identical).

@@ -545,6 +545,7 @@ absl::Status KvtrimService::ComputeFailed(const absl::Status& status, double val
 DecodeContext KvtrimService::MakeDecodeContext(const grpc::ServerContext& context) const {
   DecodeContext decode;
   decode.regions = regions_;
+  decode.buffers = buffers_;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
   if (it != metadata.end()) decode.client_id.assign(it->second.data(), it->second.size());

@@ -50,12 +50,16 @@ class KvtrimService final : public v1::Kvtrim::Service {
   struct TransportOptions {
     int64_t max_layer_bytes = int64_t{8} << 30;  // --max_layer_bytes (chunked tensors)
     int session_read_ahead = 2;                   // --session_read_ahead
+    size_t host_buffer_pool_bytes = size_t{1} << 30;  // --host_buffer_pool_bytes (0 = none)
   };
   /// Serves region tensors and the Regions RPC from `regions` (borrowed; null = none:
   /// Regions and region tensors are FAILED_PRECONDITION). Set before the server starts.
   void SetTransports(RegionRegistry* regions, TransportOptions options) {
     regions_ = regions;
     transport_options_ = options;
+    buffers_ = options.host_buffer_pool_bytes > 0
+                   ? std::make_shared<HostBufferPool>(options.host_buffer_pool_bytes)
+                   : nullptr;
   }
 
   /// Lists every preset and composable SCORER+ALLOCATOR pair with its output shapes and
@@ -199,6 +203,7 @@ class KvtrimService final : public v1::Kvtrim::Service {
   BackendFailureHook backend_failure_hook_;
   RegionRegistry* regions_ = nullptr;
   TransportOptions transport_options_;
+  std::shared_ptr<HostBufferPool> buffers_;  // host shm reads, chunks, misaligned copies
   std::mutex log_mutex_;                     // serialises error_log_ lines
   std::set<std::string> policy_names_;       // presets and SCORER+ALLOCATOR compositions
   v1::ListPoliciesResponse policies_;        // the ListPolicies answer, built once

@@ -76,7 +76,7 @@ SessionItem SessionReader::Next() {
 }
 
 absl::Status SessionReader::AssembleChunks(SessionItem* item,
-                                           std::array<std::unique_ptr<uint32_t[]>, 3>* chunks) {
+                                           std::array<HostBuffer, 3>* chunks) {
   const v1::LayerInput& layer = item->request->layer();
   const v1::Tensor* tensors[3] = {layer.has_keys() ? &layer.keys() : nullptr,
                                   layer.has_values() ? &layer.values() : nullptr,
@@ -102,7 +102,7 @@ absl::Status SessionReader::AssembleChunks(SessionItem* item,
           max_layer_bytes_));
     }
     expected[slot] = *bytes;
-    (*chunks)[slot].reset(new uint32_t[(*bytes + 3) / 4]);
+    (*chunks)[slot] = AcquireHostBuffer(context_.buffers, static_cast<size_t>(*bytes));
     ++open;
   }
   v1::SessionRequest message;
@@ -180,7 +180,7 @@ void SessionReader::Run() {
     item.request = std::move(request);
     if (item.kind == SessionItem::Kind::kLayer) {
       const auto start = std::chrono::steady_clock::now();
-      std::array<std::unique_ptr<uint32_t[]>, 3> chunks;
+      std::array<HostBuffer, 3> chunks;
       if (absl::Status assembled = AssembleChunks(&item, &chunks); !assembled.ok()) {
         item.kind = SessionItem::Kind::kError;
         item.status = assembled;

@@ -77,7 +77,7 @@ class SessionReader {
   /// Thread body.
   void Run();
   /// Reads the tensor_chunk messages of `item`'s chunked tensors; OK when all are complete.
-  absl::Status AssembleChunks(SessionItem* item, std::array<std::unique_ptr<uint32_t[]>, 3>* chunks);
+  absl::Status AssembleChunks(SessionItem* item, std::array<HostBuffer, 3>* chunks);
   /// Queues an item (blocks while the queue holds max_pending_layers layers); false when
   /// stopping.
   bool Push(SessionItem item);

@@ -184,9 +184,11 @@ absl::StatusOr<RegionGeometry> DecodeGeometry(const v1::RegionSlice& slice, cons
 /// Reads a host shm tensor into `owned` as dense row-major.
 absl::StatusOr<const void*> ReadHostTensor(const Region& region, const v1::RegionSlice& slice,
                                            const TensorView& view, const RegionGeometry& g,
-                                           const std::string& field, OwnedBuffers* owned) {
+                                           const std::string& field,
+                                           const std::shared_ptr<HostBufferPool>& pool,
+                                           OwnedBuffers* owned) {
   const size_t bytes = static_cast<size_t>(view.nbytes());
-  char* out = NewOwnedBuffer(owned, bytes);
+  char* out = NewOwnedBuffer(owned, bytes, pool);
   if (g.dense) {
     KVTRIM_RETURN_IF_ERROR_STATUS(region.ReadHost(slice.offset_bytes(), out, bytes, field));
     return static_cast<const void*>(out);
@@ -234,7 +236,7 @@ absl::StatusOr<TensorView> DecodeRegionTensor(const v1::RegionSlice& slice, Regi
   auto geometry = DecodeGeometry(slice, view, region.size_bytes(), field);
   if (!geometry.ok()) return geometry.status();
   if (kind == RegionKind::kHostShm) {
-    auto data = ReadHostTensor(region, slice, view, *geometry, field, owned);
+    auto data = ReadHostTensor(region, slice, view, *geometry, field, context.buffers, owned);
     if (!data.ok()) return data.status();
     view.data = *data;
     bytes->host_shm += view.nbytes();
@@ -314,7 +316,7 @@ absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, TensorRole rol
   const auto address = reinterpret_cast<uintptr_t>(data.data());
   if (address % DTypeSize(view.dtype) != 0) {
     // Misaligned inline bytes: copy into word-aligned storage.
-    char* copy = NewOwnedBuffer(owned, data.size());
+    char* copy = NewOwnedBuffer(owned, data.size(), context.buffers);
     std::memcpy(copy, data.data(), data.size());
     view.data = copy;
   } else {

@@ -14,6 +14,7 @@
 #include "kernels/layer.h"
 #include "kernels/tensor.h"
 #include "kvtrim/v1/kvtrim.pb.h"
+#include "service/host_buffer_pool.h"
 #include "service/region_registry.h"
 
 namespace kvtrim::service {
@@ -27,12 +28,15 @@ enum class TensorRole {
 
 /// Byte buffers the decoder filled (misaligned inline bytes, host shm reads, assembled
 /// chunks). Views returned by the decoder may point into these; keep them alive.
-/// Each buffer is uninitialised uint32 words (word-aligned bytes).
-using OwnedBuffers = std::vector<std::unique_ptr<uint32_t[]>>;
+/// Each buffer is uninitialised uint32 words (word-aligned bytes), from the service's
+/// HostBufferPool when it has one (given back when the layer is done), else the heap.
+using OwnedBuffers = std::vector<HostBuffer>;
 
-/// Appends an uninitialised buffer of at least `bytes` bytes to `owned`; returns it.
-inline char* NewOwnedBuffer(OwnedBuffers* owned, size_t bytes) {
-  owned->emplace_back(new uint32_t[(bytes + 3) / 4]);
+/// Appends an uninitialised buffer of at least `bytes` bytes to `owned` (from `pool`, or the
+/// heap when null); returns it.
+inline char* NewOwnedBuffer(OwnedBuffers* owned, size_t bytes,
+                            const std::shared_ptr<HostBufferPool>& pool = nullptr) {
+  owned->push_back(AcquireHostBuffer(pool, bytes));
   return reinterpret_cast<char*>(owned->back().get());
 }
 
@@ -52,6 +56,8 @@ struct DecodeContext {
   /// A session's assembled chunked tensors of this layer (keys, values, queries), each
   /// product(shape) * sizeof(dtype) bytes; null: `chunked` tensors are refused.
   std::array<const uint32_t*, 3> chunks{};
+  /// Where host shm reads and misaligned copies go (null: the heap).
+  std::shared_ptr<HostBufferPool> buffers;
 };
 
 /// Decodes one proto Tensor into a view. Checks, all INVALID_ARGUMENT naming `field` +

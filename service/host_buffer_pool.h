@@ -1,0 +1,86 @@
+// Large host byte buffers kept for reuse. A layer read from a host shared-memory segment or
+// assembled from chunks is tens to hundreds of MiB; in freshly allocated memory every page
+// faults and is zeroed on first touch (half the cost of a shm read). The pool hands the
+// buffers of finished layers to the next ones, whose pages are already mapped.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+
+namespace kvtrim::service {
+
+class HostBufferPool;
+
+/// One uninitialised buffer of uint32 words, from a HostBufferPool or the heap; goes back to
+/// its pool (or is freed) when destroyed. Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&&) = default;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
+
+  /// The words (nullptr when empty).
+  uint32_t* get() const { return words_.get(); }
+  /// Capacity in bytes.
+  size_t capacity_bytes() const { return capacity_words_ * 4; }
+  explicit operator bool() const { return words_ != nullptr; }
+
+ private:
+  friend class HostBufferPool;
+  HostBuffer(std::unique_ptr<uint32_t[]> words, size_t capacity_words,
+             std::shared_ptr<HostBufferPool> pool)
+      : words_(std::move(words)), capacity_words_(capacity_words), pool_(std::move(pool)) {}
+  /// Gives the words back to the pool (or frees them).
+  void Release();
+
+  std::unique_ptr<uint32_t[]> words_;
+  size_t capacity_words_ = 0;
+  std::shared_ptr<HostBufferPool> pool_;  // null: a heap buffer
+};
+
+/// The pool: idle buffers by capacity, at most `max_idle_bytes` of them together. Buffers
+/// under `min_pooled_bytes` come from the heap and are not kept. Thread-safe; create it with
+/// std::make_shared (buffers hold a reference to it).
+class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
+ public:
+  /// Capacities are rounded up to this (similar sizes share buffers).
+  static constexpr size_t kGranuleBytes = size_t{2} << 20;
+
+  explicit HostBufferPool(size_t max_idle_bytes, size_t min_pooled_bytes = size_t{1} << 20)
+      : max_idle_bytes_(max_idle_bytes), min_pooled_bytes_(min_pooled_bytes) {}
+
+  /// A buffer of at least `bytes`: an idle one when one fits (at most twice the size),
+  /// else a new one.
+  HostBuffer Acquire(size_t bytes);
+
+  /// A buffer of at least `bytes` from the heap, freed when destroyed (no pool).
+  static HostBuffer FromHeap(size_t bytes);
+
+  /// Bytes held by idle buffers now.
+  size_t idle_bytes() const;
+  /// Buffers handed out that were reused (not newly allocated), since construction.
+  uint64_t reused() const;
+
+ private:
+  friend class HostBuffer;
+  /// Keeps `words` for reuse while the idle bytes stay within the cap; frees it otherwise.
+  void Release(std::unique_ptr<uint32_t[]> words, size_t capacity_words);
+
+  const size_t max_idle_bytes_;
+  const size_t min_pooled_bytes_;
+  mutable std::mutex mutex_;
+  std::multimap<size_t, std::unique_ptr<uint32_t[]>> idle_;  // by capacity in words
+  size_t idle_bytes_ = 0;
+  uint64_t reused_ = 0;
+};
+
+/// A buffer of at least `bytes` from `pool`, or from the heap when `pool` is null.
+HostBuffer AcquireHostBuffer(const std::shared_ptr<HostBufferPool>& pool, size_t bytes);
+
+}  // namespace kvtrim::service

@@ -1,0 +1,85 @@
+// HostBufferPool: finished layers' buffers are handed to the next ones (same memory), small
+// buffers bypass the pool, the idle cap and the fit rule hold, and buffers outlive the pool's
+// last outside reference.
+#include "service/host_buffer_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+namespace kvtrim::service {
+namespace {
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+TEST(HostBufferPoolTest, AFinishedBufferIsReusedForTheNextLayer) {
+  auto pool = std::make_shared<HostBufferPool>(64 * kMiB);
+  const uint32_t* first = nullptr;
+  {
+    HostBuffer buffer = pool->Acquire(5 * kMiB);
+    ASSERT_TRUE(buffer);
+    EXPECT_GE(buffer.capacity_bytes(), 5 * kMiB);
+    EXPECT_EQ(buffer.capacity_bytes() % HostBufferPool::kGranuleBytes, 0u);
+    first = buffer.get();
+  }
+  EXPECT_EQ(pool->idle_bytes(), 6 * kMiB);  // 5 MiB rounded up to the 2 MiB granule
+  HostBuffer again = pool->Acquire(5 * kMiB + 3);
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(pool->reused(), 1u);
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+}
+
+TEST(HostBufferPoolTest, SmallBuffersComeFromTheHeapAndAreNotKept) {
+  auto pool = std::make_shared<HostBufferPool>(64 * kMiB);
+  { HostBuffer small = pool->Acquire(1000); ASSERT_TRUE(small); }
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+  HostBuffer none = AcquireHostBuffer(nullptr, 8 * kMiB);  // no pool: the heap
+  ASSERT_TRUE(none);
+  EXPECT_GE(none.capacity_bytes(), 8 * kMiB);
+}
+
+TEST(HostBufferPoolTest, IdleCapAndFitRule) {
+  auto pool = std::make_shared<HostBufferPool>(10 * kMiB);
+  {
+    HostBuffer a = pool->Acquire(8 * kMiB);
+    HostBuffer b = pool->Acquire(8 * kMiB);
+  }
+  EXPECT_EQ(pool->idle_bytes(), 8 * kMiB);  // the second one would pass the 10 MiB cap
+  // An 8 MiB idle buffer is not spent on a 2 MiB request (more than twice its size)...
+  HostBuffer small = pool->Acquire(2 * kMiB);
+  EXPECT_EQ(pool->reused(), 0u);
+  EXPECT_EQ(pool->idle_bytes(), 8 * kMiB);
+  // ...but serves a 4 MiB one.
+  HostBuffer fits = pool->Acquire(4 * kMiB + 1);
+  EXPECT_EQ(pool->reused(), 1u);
+}
+
+TEST(HostBufferPoolTest, BuffersOutliveThePoolsLastOutsideReference) {
+  auto pool = std::make_shared<HostBufferPool>(64 * kMiB);
+  HostBuffer kept = pool->Acquire(4 * kMiB);
+  pool.reset();  // the buffer still holds the pool
+  kept.get()[0] = 7;
+  EXPECT_EQ(kept.get()[0], 7u);
+}  // released into the pool, then both are freed
+
+TEST(HostBufferPoolTest, ConcurrentLayersShareThePool) {
+  auto pool = std::make_shared<HostBufferPool>(256 * kMiB);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([pool, t] {
+      for (int i = 0; i < 200; ++i) {
+        HostBuffer buffer = pool->Acquire((2 + (i + t) % 5) * kMiB);
+        buffer.get()[0] = static_cast<uint32_t>(i);
+        HostBuffer moved = std::move(buffer);
+        EXPECT_EQ(moved.get()[0], static_cast<uint32_t>(i));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_GT(pool->reused(), 0u);
+  EXPECT_LE(pool->idle_bytes(), 256 * kMiB);
+}
+
+}  // namespace
+}  // namespace kvtrim::service
