@@ -31,7 +31,8 @@ v1::LayerResult FakeResult(const v1::LayerInput& layer, int64_t k) {
 }
 
 /// A fake kvtrim service: policy "bad" is INVALID_ARGUMENT, policy "slow" sleeps 2 s,
-/// layer_id 99 in a session is INVALID_ARGUMENT; everything else keeps the first k tokens.
+/// layer_id 99 in a session is INVALID_ARGUMENT; 98 sends a SessionError (RESOURCE_EXHAUSTED)
+/// and ends the call CANCELLED; everything else keeps the first k tokens.
 class FakeKvtrim final : public v1::Kvtrim::Service {
  public:
   grpc::Status ListPolicies(grpc::ServerContext*, const v1::ListPoliciesRequest*,
@@ -75,6 +76,16 @@ class FakeKvtrim final : public v1::Kvtrim::Service {
       }
       if (request.layer().layer_id() == 99) {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "layer.layer_id: 99 is bad");
+      }
+      if (request.layer().layer_id() == 98) {
+        // As kvtrimd ends a session whose backend failed while it was still reading: the
+        // failure as the last message, the call itself cancelled.
+        v1::SessionResponse failure;
+        failure.mutable_error()->set_code(
+            static_cast<int32_t>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+        failure.mutable_error()->set_message("layer: out of device memory (scripted)");
+        stream->Write(failure);
+        return grpc::Status(grpc::StatusCode::CANCELLED, "Cancelled");
       }
       v1::SessionResponse response;
       *response.mutable_layer() = FakeResult(request.layer(), k);
@@ -226,6 +237,17 @@ TEST_F(ClientTest, SessionReturnsTheServersErrorStatus) {
   if (!status.ok()) {
     EXPECT_EQ(status.message(), "layer.layer_id: 99 is bad");
   }
+}
+
+TEST_F(ClientTest, SessionReportsTheFailureOfASessionErrorMessageOverCancelled) {
+  auto client = Connect();
+  absl::StatusOr<std::unique_ptr<Session>> session = client->OpenSession(Settings("fake", 4));
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE((*session)->SendLayer(Layer(0, 2, 8)).ok());
+  (*session)->SendLayer(Layer(98, 2, 8)).IgnoreError();
+  absl::StatusOr<SessionResult> result = (*session)->Finish();
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+  EXPECT_EQ(result.status().message(), "layer: out of device memory (scripted)");
 }
 
 TEST_F(ClientTest, DroppingAnUnfinishedSessionCancelsIt) {

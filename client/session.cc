@@ -93,8 +93,20 @@ void Session::ReadLoop() {
         have_summary_ = true;
         answered_ = true;
         break;
+      case v1::SessionResponse::kError: {
+        // The session failed; kvtrimd may have had to cancel the call itself to stop reading,
+        // so this code, not the call's, is the session's status.
+        const int32_t code = response.error().code();
+        const bool known =
+            code > 0 && code <= static_cast<int32_t>(grpc::StatusCode::UNAUTHENTICATED);
+        server_error_ = FromGrpcStatus(grpc::Status(
+            known ? static_cast<grpc::StatusCode>(code) : grpc::StatusCode::UNKNOWN,
+            response.error().message()));
+        break;
+      }
       default:
-        protocol_error_ = "CompressSession: a reply carried neither `layer` nor `finished`";
+        protocol_error_ =
+            "CompressSession: a reply carried neither `layer`, `finished` nor `error`";
         break;
     }
   }
@@ -107,6 +119,8 @@ absl::Status Session::CloseStream() {
   closed_ = true;
   if (reader_.joinable()) reader_.join();
   final_status_ = FromGrpcStatus(stream_->Finish());
+  absl::MutexLock lock(&mu_);
+  if (!server_error_.ok()) final_status_ = server_error_;
   return final_status_;
 }
 
@@ -137,6 +151,7 @@ absl::Status Session::RecoverOnce(const absl::Status& status) {
     answered_ids_.clear();
     have_summary_ = false;
     protocol_error_.clear();
+    server_error_ = absl::OkStatus();
   }
   bool written = StartStream();
   for (size_t i = 0; written && i < replay.size(); ++i) {

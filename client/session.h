@@ -144,6 +144,8 @@ class Session {
   bool reader_done_ ABSL_GUARDED_BY(mu_) = false;  // the current stream's reads ended
   std::set<int32_t> answered_ids_ ABSL_GUARDED_BY(mu_);  // layer ids answered so far
   std::string protocol_error_ ABSL_GUARDED_BY(mu_);  // unexpected reply order
+  // SessionResponse.error: the failure's own status (the call's may be CANCELLED).
+  absl::Status server_error_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, absl::Time> sent_at_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -128,6 +128,41 @@ TEST(DeviceFailureTest, NonStickyInternalKeepsServing) {
   EXPECT_FALSE(f.server->stopping());
 }
 
+TEST(DeviceFailureTest, SessionEndsWithTheBackendsOwnStatus) {
+  // A failure of the backend in the middle of a session (the reading thread still waiting
+  // for more messages) ends it with a last `error` message carrying the backend's code and
+  // message, whatever status the call itself ends with.
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  for (const auto& [layer_id, code, fragment] :
+       {std::tuple<int32_t, grpc::StatusCode, const char*>{
+            kExhaustedLayer, grpc::StatusCode::RESOURCE_EXHAUSTED, "out of memory"},
+        {kGlitchLayer, grpc::StatusCode::INTERNAL, "not sticky"}}) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = f.stub->CompressSession(&context);
+    v1::CompressRequest request = RequestForLayer(0);
+    ASSERT_TRUE(stream->Write(SessionBegin(request.settings())));
+    ASSERT_TRUE(stream->Write(SessionLayer(request.layers(0))));
+    v1::SessionResponse response;
+    ASSERT_TRUE(stream->Read(&response));  // layer 0 answered
+    *request.mutable_layers(0) = MakeLayer(layer_id);
+    stream->Write(SessionLayer(request.layers(0)));  // fails in the backend; no finish sent
+    v1::SessionResponse last;
+    while (stream->Read(&response)) last = response;
+    const grpc::Status status = stream->Finish();
+    // The call's own status: the failure's, or CANCELLED when kvtrimd had to cancel the
+    // pending read of the client's next message (the synchronous server's only way out).
+    EXPECT_TRUE(status.error_code() == code || status.error_code() == grpc::StatusCode::CANCELLED)
+        << status.error_code() << " " << status.error_message();
+    // The last message carries the failure's own code and message either way.
+    ASSERT_TRUE(last.has_error()) << last.DebugString();
+    EXPECT_EQ(last.error().code(), static_cast<int32_t>(code));
+    EXPECT_THAT(last.error().message(), HasSubstr(fragment));
+  }
+  EXPECT_TRUE(CallCompress(*f.stub, RequestForLayer(0)).ok());
+}
+
 TEST(DeviceFailureTest, StickyErrorTurnsNotServingDrainsAndExitsThree) {
   Fixture f;
   ASSERT_NE(f.server, nullptr);

@@ -445,88 +445,100 @@ absl::Status KvtrimService::SessionImpl(
       summary.set_tokens_kept(summary.tokens_kept() + kept);
     }
   };
-  while (true) {
-    SessionItem item = reader.Next();
-    switch (item.kind) {
-      case SessionItem::Kind::kBegin:
-        *policy_label = PolicyLabel(item.request->begin().policy().name());
-        *request_id = item.request->begin().request_id();
-        policy = item.policy;
-        break;
-      case SessionItem::Kind::kLayer: {
-        metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);
-        CountTransportBytes(item.decoded->transport);
-        if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
-        policy = item.policy;  // num_layers grows with the layers seen when begin left it 0
-        const ResolvedPolicy& layer_policy = *item.policy;
-        const ValidatedLayer& layer = *item.validated;
-        const auto start = Clock::now();
-        if (layer_policy.model_wide()) {
-          // Answered at finish: keep this layer's scores only (never K/V).
-          double compute = 0;
-          auto scores = engine_.ScoreValidated(layer_policy, layer, "layer", &compute);
-          if (!scores.ok()) return ComputeFailed(scores.status(), item.validate_seconds, start);
-          metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
-          metrics_.ObserveStage(Stage::kCompute, compute);
-          buffered.layers.push_back(*std::move(scores));
-          buffered.compute_seconds.push_back(compute);
-          break;
-        }
-        auto decision = engine_.CompressValidated(layer_policy, layer, "layer");
-        if (!decision.ok()) return ComputeFailed(decision.status(), item.validate_seconds, start);
-        metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
-        metrics_.ObserveStage(Stage::kCompute, decision->compute_seconds);
-        item.decoded.reset();  // releases the layer's region pins and buffers
-        const auto encode_start = Clock::now();
-        v1::SessionResponse response;
-        EncodeLayerResult(*decision, response.mutable_layer(),
-                          layer_policy.settings.packed_answer);
-        metrics_.ObserveStage(Stage::kEncode, SecondsSince(encode_start));
-        if (!stream->Write(response)) {
-          return absl::CancelledError("layer: the client went away before the answer was sent");
-        }
-        metrics_.RecordLayer(*policy_label, *decision);
-        count(*decision);
-        break;
-      }
-      case SessionItem::Kind::kFinish: {
-        if (policy != nullptr && policy->model_wide()) {
-          auto decided = DecideModelWide(*policy, &buffered);
-          if (!decided.ok()) return decided.status();
-          for (const LayerDecision& decision : *decided) {
-            v1::SessionResponse layer_response;
-            EncodeLayerResult(decision, layer_response.mutable_layer(),
-                              policy->settings.packed_answer);
-            if (!stream->Write(layer_response)) {
-              return absl::CancelledError(
-                  "finish: the client went away before the layer answers were sent");
-            }
-            metrics_.RecordLayer(*policy_label, decision);
-            count(decision);
-          }
-        }
-        v1::SessionResponse response;
-        *response.mutable_finished() = summary;
-        if (!stream->Write(response)) {
-          return absl::CancelledError("finish: the client went away before the summary was sent");
-        }
-        return absl::OkStatus();
-      }
-      case SessionItem::Kind::kError:
-        metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);  // bad ones count too
-        if (item.request != nullptr && item.request->has_begin()) {
+  // A failure ends the session with a last `error` message carrying its own code (the call
+  // itself may end CANCELLED: the reader's pending Read is cancelled when it stops).
+  const absl::Status status = [&]() -> absl::Status {
+    while (true) {
+      SessionItem item = reader.Next();
+      switch (item.kind) {
+        case SessionItem::Kind::kBegin:
           *policy_label = PolicyLabel(item.request->begin().policy().name());
           *request_id = item.request->begin().request_id();
+          policy = item.policy;
+          break;
+        case SessionItem::Kind::kLayer: {
+          metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);
+          CountTransportBytes(item.decoded->transport);
+          if (auto st = CheckCallAlive(*context, "layer"); !st.ok()) return st;
+          policy = item.policy;  // num_layers grows with the layers seen when begin left it 0
+          const ResolvedPolicy& layer_policy = *item.policy;
+          const ValidatedLayer& layer = *item.validated;
+          const auto start = Clock::now();
+          if (layer_policy.model_wide()) {
+            // Answered at finish: keep this layer's scores only (never K/V).
+            double compute = 0;
+            auto scores = engine_.ScoreValidated(layer_policy, layer, "layer", &compute);
+            if (!scores.ok()) return ComputeFailed(scores.status(), item.validate_seconds, start);
+            metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
+            metrics_.ObserveStage(Stage::kCompute, compute);
+            buffered.layers.push_back(*std::move(scores));
+            buffered.compute_seconds.push_back(compute);
+            break;
+          }
+          auto decision = engine_.CompressValidated(layer_policy, layer, "layer");
+          if (!decision.ok()) return ComputeFailed(decision.status(), item.validate_seconds, start);
+          metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
+          metrics_.ObserveStage(Stage::kCompute, decision->compute_seconds);
+          item.decoded.reset();  // releases the layer's region pins and buffers
+          const auto encode_start = Clock::now();
+          v1::SessionResponse response;
+          EncodeLayerResult(*decision, response.mutable_layer(),
+                            layer_policy.settings.packed_answer);
+          metrics_.ObserveStage(Stage::kEncode, SecondsSince(encode_start));
+          if (!stream->Write(response)) {
+            return absl::CancelledError("layer: the client went away before the answer was sent");
+          }
+          metrics_.RecordLayer(*policy_label, *decision);
+          count(*decision);
+          break;
         }
-        return item.status;
-      case SessionItem::Kind::kEnd:
-      default:
-        if (auto st = CheckCallAlive(*context, "the end of the stream"); !st.ok()) return st;
-        return absl::InvalidArgumentError(
-            "finish: the client closed the stream without sending finish; layers already "
-            "answered stand, the session is abandoned");
+        case SessionItem::Kind::kFinish: {
+          if (policy != nullptr && policy->model_wide()) {
+            auto decided = DecideModelWide(*policy, &buffered);
+            if (!decided.ok()) return decided.status();
+            for (const LayerDecision& decision : *decided) {
+              v1::SessionResponse layer_response;
+              EncodeLayerResult(decision, layer_response.mutable_layer(),
+                                policy->settings.packed_answer);
+              if (!stream->Write(layer_response)) {
+                return absl::CancelledError(
+                    "finish: the client went away before the layer answers were sent");
+              }
+              metrics_.RecordLayer(*policy_label, decision);
+              count(decision);
+            }
+          }
+          v1::SessionResponse response;
+          *response.mutable_finished() = summary;
+          if (!stream->Write(response)) {
+            return absl::CancelledError("finish: the client went away before the summary was sent");
+          }
+          return absl::OkStatus();
+        }
+        case SessionItem::Kind::kError:
+          metrics_.AddRequestBytes(Rpc::kCompressSession, item.wire_bytes);  // bad ones count too
+          if (item.request != nullptr && item.request->has_begin()) {
+            *policy_label = PolicyLabel(item.request->begin().policy().name());
+            *request_id = item.request->begin().request_id();
+          }
+          return item.status;
+        case SessionItem::Kind::kEnd:
+        default:
+          if (auto st = CheckCallAlive(*context, "the end of the stream"); !st.ok()) return st;
+          return absl::InvalidArgumentError(
+              "finish: the client closed the stream without sending finish; layers already "
+              "answered stand, the session is abandoned");
+      }
     }
+  }();
+  if (!status.ok()) {
+    const grpc::Status wire = ToGrpcStatus(status);
+    v1::SessionResponse failure;
+    failure.mutable_error()->set_code(static_cast<int32_t>(wire.error_code()));
+    failure.mutable_error()->set_message(wire.error_message());
+    stream->Write(failure);  // best effort: the client may be gone
   }
+  return status;
 }
 
 absl::Status KvtrimService::ComputeFailed(const absl::Status& status, double validate_seconds,

@@ -117,12 +117,13 @@ TEST_F(ModelPoliciesTest, LaProxIsDecidedOverAllLayersAndAnsweredAtFinish) {
   EXPECT_EQ(responses.back().finished().tokens_kept(), kept);
 }
 
-TEST_F(ModelPoliciesTest, ModelWideSessionWithoutFinishAnswersNothing) {
+TEST_F(ModelPoliciesTest, ModelWideSessionWithoutFinishAnswersNoLayer) {
   std::vector<v1::SessionResponse> responses;
   const grpc::Status st = Session(Request("laprox", *digest_), /*finish=*/false, &responses);
   EXPECT_EQ(st.error_code(), StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(st.error_message().find("without sending finish"), std::string::npos);
-  EXPECT_TRUE(responses.empty());
+  ASSERT_EQ(responses.size(), 1u);  // no layer answers: the error message alone
+  EXPECT_TRUE(responses[0].has_error());
 }
 
 TEST_F(ModelPoliciesTest, CancelledSessionsLeaveNoState) {

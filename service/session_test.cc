@@ -131,7 +131,11 @@ TEST_F(SessionTest, DuplicateLayerId) {
   std::vector<v1::SessionResponse> responses;
   EXPECT_GRPC_ERROR(Drain(*stream_, &responses), StatusCode::INVALID_ARGUMENT,
                     "layer.layer_id: duplicate layer_id 3");
-  EXPECT_EQ(responses.size(), 1u);  // the first layer 3 was answered
+  ASSERT_EQ(responses.size(), 2u);  // the first layer 3 was answered, then the error
+  EXPECT_TRUE(responses[0].has_layer());
+  ASSERT_TRUE(responses[1].has_error());
+  EXPECT_EQ(responses[1].error().code(), static_cast<int32_t>(StatusCode::INVALID_ARGUMENT));
+  EXPECT_NE(responses[1].error().message().find("duplicate layer_id 3"), std::string::npos);
 }
 
 TEST_F(SessionTest, ClosedWithoutFinish) {
@@ -141,7 +145,9 @@ TEST_F(SessionTest, ClosedWithoutFinish) {
   std::vector<v1::SessionResponse> responses;
   EXPECT_GRPC_ERROR(Drain(*stream_, &responses), StatusCode::INVALID_ARGUMENT,
                     "finish: the client closed the stream without sending finish");
-  EXPECT_EQ(responses.size(), 1u);
+  ASSERT_EQ(responses.size(), 2u);  // layer 0's answer, then the error
+  EXPECT_TRUE(responses[0].has_layer());
+  EXPECT_TRUE(responses[1].has_error());
 }
 
 TEST_F(SessionTest, EmptyMessage) {
