@@ -294,9 +294,6 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
   return v;
 }
 
-namespace {
-
-/// The per-head budget of a validated layer: rule 2, the scorer's protection, rule 3.
 LayerBudget BudgetFor(const ResolvedPolicy& policy, int64_t n) {
   LayerBudget budget;
   budget.kept_per_head = KeptCount(policy.settings.budget, n);
@@ -307,8 +304,6 @@ LayerBudget BudgetFor(const ResolvedPolicy& policy, int64_t n) {
   budget.requested = requested;
   return budget;
 }
-
-}  // namespace
 
 bool ResolvedPolicy::model_wide() const {
   if (scorer == nullptr || scorer->kind != ScorerKind::kLaProx) return false;

@@ -19,6 +19,10 @@ struct EngineLimits {
 };
 
 /// Validates requests once (non-virtual) and hands validated layers to the backend.
+/// The per-head budget of a layer of `n` tokens under `policy`, as CompressLayer builds it:
+/// rule 2 (kept per head), the scorer's protection (or the settings' sink / recent), rule 3.
+LayerBudget BudgetFor(const ResolvedPolicy& policy, int64_t n);
+
 class PolicyEngine {
  public:
   PolicyEngine(const PolicyRegistry& registry, Backend& backend, EngineLimits limits = {});

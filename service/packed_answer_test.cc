@@ -39,10 +39,8 @@ Lists ListsOf(const v1::LayerResult& result) {
   for (size_t i = 0; i < p.offsets().size() / 8; ++i) {
     out.offsets.push_back(static_cast<int64_t>(v1::LoadLittleEndian(p.offsets().data() + 8 * i, 8)));
   }
-  for (size_t i = 0; i < p.indices().size() / p.index_bytes(); ++i) {
-    out.indices.push_back(static_cast<int32_t>(
-        v1::LoadLittleEndian(p.indices().data() + p.index_bytes() * i, p.index_bytes())));
-  }
+  out.indices.resize(p.indices().size() / p.index_bytes());
+  v1::UnpackIndices(p.indices().data(), out.indices.size(), p.index_bytes(), out.indices.data());
   return out;
 }
 

@@ -112,6 +112,34 @@ ValidatedLayer DeviceLayerOf(const InputPlan& in, const InputSet& set) {
   return layer;
 }
 
+/// Median microseconds of the phases over timed repetitions.
+struct PhaseMedians {
+  double score_us = 0, select_us = 0, total_us = 0;
+};
+
+/// `warmup` + `reps` Enqueues (no copies back) rotating over `runs`, each between the
+/// timer's CUDA events; the medians of the last `reps` go to `out`.
+absl::Status TimeRepetitions(const std::vector<std::unique_ptr<LayerRun>>& runs, int warmup,
+                             int reps, cudaStream_t stream, PhaseTimer& timer,
+                             PhaseMedians* out) {
+  std::vector<double> score_ms, select_ms, total_ms;
+  for (int rep = 0; rep < warmup + reps; ++rep) {
+    LayerRun& run = *runs[static_cast<size_t>(rep) % runs.size()];
+    PhaseTimes times;
+    KVTRIM_RETURN_IF_ERROR(timer.Time(stream, &times, [&](const PipelineEvents& events) {
+      return run.Enqueue(&events, /*copy_back=*/false);
+    }));
+    if (rep < warmup) continue;
+    score_ms.push_back(times.score_ms);
+    select_ms.push_back(times.select_ms);
+    total_ms.push_back(times.total_ms);
+  }
+  out->score_us = 1e3 * Median(score_ms);
+  out->select_us = 1e3 * Median(select_ms);
+  out->total_us = 1e3 * Median(total_ms);
+  return absl::OkStatus();
+}
+
 /// Times `policy` on `sets` through the GPU runtime itself (layer_run.h): one LayerRun per set,
 /// each planned and staged once (the inputs read in place, probed for NaN), then
 /// options.warmup + options.reps Enqueues rotating over the sets between CUDA events (the
@@ -147,21 +175,11 @@ absl::Status MeasureRuns(const ResolvedPolicy& policy, const LayerBudget& budget
   const int warmup = options.warmup + (graphs.capacity() > 0 ? 2 * static_cast<int>(runs.size())
                                                               : 0);
   const LaunchGraphStats before = graphs.stats();
-  std::vector<double> score_ms, select_ms, total_ms;
-  for (int rep = 0; rep < warmup + options.reps; ++rep) {
-    LayerRun& run = *runs[static_cast<size_t>(rep) % runs.size()];
-    PhaseTimes times;
-    KVTRIM_RETURN_IF_ERROR(timer.Time(stream, &times, [&](const PipelineEvents& events) {
-      return run.Enqueue(&events, /*copy_back=*/false);
-    }));
-    if (rep < warmup) continue;
-    score_ms.push_back(times.score_ms);
-    select_ms.push_back(times.select_ms);
-    total_ms.push_back(times.total_ms);
-  }
-  row->score_us = 1e3 * Median(score_ms);
-  row->select_us = 1e3 * Median(select_ms);
-  row->total_us = 1e3 * Median(total_ms);
+  PhaseMedians timed;
+  KVTRIM_RETURN_IF_ERROR(TimeRepetitions(runs, warmup, options.reps, stream, timer, &timed));
+  row->score_us = timed.score_us;
+  row->select_us = timed.select_us;
+  row->total_us = timed.total_us;
   row->graph_replays = graphs.stats().replayed - before.replayed;
   row->graph_direct = graphs.stats().direct - before.direct;
 
@@ -170,17 +188,12 @@ absl::Status MeasureRuns(const ResolvedPolicy& policy, const LayerBudget& budget
   if (capacity > 0 && options.compare_direct && !plan.host_decide &&
       plan.numerics == Numerics::kFast) {
     graphs.set_capacity(0);
-    std::vector<double> direct_ms;
-    for (int rep = 0; rep < options.warmup + options.reps; ++rep) {
-      LayerRun& run = *runs[static_cast<size_t>(rep) % runs.size()];
-      PhaseTimes times;
-      KVTRIM_RETURN_IF_ERROR(timer.Time(stream, &times, [&](const PipelineEvents& events) {
-        return run.Enqueue(&events, /*copy_back=*/false);
-      }));
-      if (rep >= options.warmup) direct_ms.push_back(times.total_ms);
-    }
+    PhaseMedians direct;
+    const absl::Status st =
+        TimeRepetitions(runs, options.warmup, options.reps, stream, timer, &direct);
     graphs.set_capacity(capacity);
-    row->direct_us = 1e3 * Median(direct_ms);
+    KVTRIM_RETURN_IF_ERROR(st);
+    row->direct_us = direct.total_us;
   }
   row->score_gbps = row->bytes > 0 ? static_cast<double>(row->bytes) / (row->score_us * 1e3) : 0;
   row->total_gbps = row->bytes > 0 ? static_cast<double>(row->bytes) / (row->total_us * 1e3) : 0;

@@ -216,11 +216,7 @@ CaseResult RunCase(const FastCase& c) {
     result.swapped += static_cast<int64_t>(only_fast.size());
   }
   auto validated = engine.Validate(*exact_policy, layer, "layer");
-  LayerBudget budget;  // as PolicyEngine::CompressLayer builds it
-  budget.kept_per_head = KeptCount(exact_policy->settings.budget, c.n);
-  budget.requested =
-      exact_policy->scorer->default_protection(exact_policy->params, budget.kept_per_head);
-  budget.protection = ClampProtection(budget.requested, budget.kept_per_head, c.n);
+  const LayerBudget budget = BudgetFor(*exact_policy, c.n);
   // CriticalKV's exact raw scores (attention and stage-2), computed once, when first needed.
   std::optional<LayerScores> raw;
   auto critical_raw = [&]() -> const LayerScores* {

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/budget.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/gpu/runtime/device_arena.h"
@@ -68,10 +67,7 @@ PlannedArena Plan(const std::string& policy_name, OutputShape shape = OutputShap
   layer_shape.window_rows = kWindow;
   layer_shape.has_values = true;
   layer_shape.has_queries = true;
-  LayerBudget budget;
-  budget.kept_per_head = KeptCount(policy->settings.budget, n);
-  budget.requested = policy->scorer->default_protection(policy->params, budget.kept_per_head);
-  budget.protection = ClampProtection(budget.requested, budget.kept_per_head, n);
+  const LayerBudget budget = BudgetFor(*policy, n);
   absl::StatusOr<LayerPlan> plan = PlanLayer(*policy, layer_shape, DType::kBF16, 0, 1, budget);
   EXPECT_TRUE(plan.ok()) << policy_name << ": " << plan.status();
   if (!plan.ok()) return {};
