@@ -67,22 +67,22 @@
 #include "kernels/gpu/kernels/attention_score.cuh"
 #include "kernels/gpu/kernels/attention_stats.cuh"
 #include "kernels/gpu/kernels/fast_attention.cuh"
+#include "kernels/gpu/kernels/fast_l1.cuh"
 #include "kernels/gpu/kernels/fast_mma.cuh"
+#include "kernels/gpu/kernels/fast_model_tiles.cuh"
 #include "kernels/gpu/kernels/pooling.cuh"
 
 namespace kvtrim::gpu {
 
 namespace {
 
+using namespace fast_tiles;
 using fast::CpAsync16;
 using fast::CpAsyncCommit;
 using fast::CpAsyncWait;
 using fast::LdMatrixX4;
 using fast::SmemAddress;
 
-constexpr int kThreads = 256;  // 8 warps in every tiled kernel
-constexpr int kWarps = kThreads / 32;
-constexpr int kL1Stages = 4;   // cp.async ring of W_O chunks
 constexpr int kQuadGroup = 2;  // n8 column tiles per epilogue group of FastQuadKernel
 constexpr int kQuadTilesPerCta = 4;
 constexpr int kStatsThreads = 512;
@@ -93,288 +93,6 @@ constexpr size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /// The padded dimension DP of head dimension d (8 <= d <= 128).
 constexpr int PaddedDim(int d) { return d <= 64 ? 64 : 128; }
-
-/// The exponent k that takes `max_abs` into [2^14, 2^15) by 2^k: 14 - floor(log2(max_abs)),
-/// clamped to [-126, 126]; 0 for zero, inf or NaN (the row then converts as it is).
-__host__ __device__ inline int ScaleExponent(float max_abs) {
-  if (!(max_abs > 0.0f) || max_abs > 3.4028235e38f) return 0;
-  int e = 0;
-  frexpf(max_abs, &e);  // max_abs = f 2^e, f in [0.5, 1): floor(log2) = e - 1
-  const int k = 15 - e;
-  return k < -126 ? -126 : (k > 126 ? 126 : k);
-}
-
-/// Sets every accumulator of an [A][B][4] fragment array to zero.
-template <int A, int B>
-__device__ __forceinline__ void ZeroAccumulators(float (&acc)[A][B][4]) {
-#pragma unroll
-  for (int i = 0; i < A; ++i)
-#pragma unroll
-    for (int j = 0; j < B; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-}
-
-// ---- Token rows -> A fragments ----------------------------------------------------------------
-
-/// The raw bits of two consecutive elements of T: one 32-bit word for f16 / bf16, float2 for f32.
-template <typename T>
-using RawPair = typename std::conditional<std::is_same<T, float>::value, float2, uint32_t>::type;
-
-/// A raw pair as two floats (exact).
-__device__ __forceinline__ float2 PairToFloat2(float2 r, float) { return r; }
-__device__ __forceinline__ float2 PairToFloat2(uint32_t r, __half) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&r));
-}
-__device__ __forceinline__ float2 PairToFloat2(uint32_t r, __nv_bfloat16) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
-}
-
-/// Two f16 values of a register as floats (the lower 16 bits first).
-__device__ __forceinline__ float2 HalfPair(uint32_t r) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&r));
-}
-
-/// Loads the A fragments of MT row tiles (16 token rows each, starting at row0) of a KV
-/// head's [n, d] rows `head`, scaled per row (see the file comment) and rounded to f16:
-/// a[0] the f16 values (f32 inputs: hi), a[1] the f32 inputs' lo parts (PL = 2). Rows
-/// >= count and columns >= d are zero. inv[m][hf] = 2^-k of row 16m + g + 8hf (lane =
-/// 4g + t). A fragment register r of k-step kc holds row g + 8 (r & 1), columns
-/// 16 kc + 8 (r >> 1) + 2t, + 1. All 32 lanes call it. Every load is issued before the
-/// first is used (raw pairs: as many registers as the fragments for 16-bit inputs).
-template <typename T, int DP, int MT, int PL>
-__device__ __forceinline__ void LoadTokenFragments(const T* __restrict__ head, int64_t row0,
-                                                   int64_t count, int d, int lane,
-                                                   uint32_t (&a)[PL][MT][DP / 16][4],
-                                                   float (&inv)[MT][2]) {
-  using Raw = RawPair<T>;
-  constexpr int KC = DP / 16;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  Raw raw[MT][2][KC][2];
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int64_t j = row0 + 16 * m + g + 8 * hf;
-      const bool valid = j < count;
-      const T* row = head + (valid ? j : 0) * static_cast<int64_t>(d);
-#pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int col = 16 * kc + 8 * h2 + 2 * t;
-          raw[m][hf][kc][h2] = (valid && col < d) ? *reinterpret_cast<const Raw*>(row + col) : Raw{};
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mx = 0.0f;
-#pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const float2 x = PairToFloat2(raw[m][hf][kc][h2], T());
-          mx = fmaxf(mx, fmaxf(fabsf(x.x), fabsf(x.y)));
-        }
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const int k = ScaleExponent(mx);
-      const float s = CmPow2(k);
-      inv[m][hf] = CmPow2(-k);
-#pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-#pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const float2 x = PairToFloat2(raw[m][hf][kc][h2], T());
-          const float x0 = x.x * s;
-          const float x1 = x.y * s;
-          if constexpr (PL == 1) {
-            a[0][m][kc][2 * h2 + hf] = fast::PackPair<__half>(x0, x1);
-          } else {
-            fast::SplitPair<__half>(x0, x1, &a[0][m][kc][2 * h2 + hf],
-                                    &a[PL - 1][m][kc][2 * h2 + hf]);
-          }
-        }
-      }
-    }
-  }
-}
-
-/// The work item of a CTA of a 1-D grid ordered (KV head h, part, sub), sub fastest: the CTAs
-/// of one KV head (and of one part) run together and share its rows and matrices in L2.
-struct WorkItem {
-  int h;         // KV head
-  int64_t part;  // token tile or tile group
-  int sub;       // query head / matrix of the KV head
-};
-
-/// Decodes blockIdx.x for `parts` parts of `subs` items per KV head.
-__device__ __forceinline__ WorkItem CurrentWorkItem(int64_t parts, int subs) {
-  const int64_t b = blockIdx.x;
-  const int64_t per_head = parts * subs;
-  const int64_t rem = b % per_head;
-  return {static_cast<int>(b / per_head), rem / subs, static_cast<int>(rem % subs)};
-}
-
-/// Sums a per-row value over the four lanes t that share it (fixed order); every lane gets it.
-__device__ __forceinline__ float SumOverQuad(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
-
-/// B fragments of two n8 tiles (rows r0 .. r0 + 15 of a row-major [rows][stride] f16 tile,
-/// columns 16 kc .. 16 kc + 15): {b0, b1} of rows r0.. in r[0], r[1], of rows r0 + 8.. in
-/// r[2], r[3].
-template <int kStride>
-__device__ __forceinline__ void LoadBPair(const __half* base, int r0, int kc, int lane,
-                                          uint32_t (&r)[4]) {
-  const int row = r0 + (lane >> 4) * 8 + (lane & 7);
-  LdMatrixX4(r, SmemAddress(base + row * kStride + 16 * kc + ((lane >> 3) & 1) * 8));
-}
-
-/// acc[m][nt] += A(row tile m, k-step kc) x B(n8 tile nt) for MT row tiles and NT n8 tiles:
-/// B tile nt = rows r0 + 8 nt .. + 7, columns 16 kc .. + 15 of the row-major f16 tile `b` in
-/// shared memory (one row per output column); A = the sum of planes 0 .. kPlanes - 1 of `af`.
-template <int kStride, int kPlanes, int MT, int NT, int PL, int KC>
-__device__ __forceinline__ void AddTileProducts(float (&acc)[MT][NT][4],
-                                                const uint32_t (&af)[PL][MT][KC][4],
-                                                const __half* b, int r0, int kc, int lane) {
-  static_assert(kPlanes <= PL && NT % 2 == 0, "planes of A; n8 tiles in pairs");
-#pragma unroll
-  for (int np = 0; np < NT / 2; ++np) {
-    uint32_t bf[4];
-    LoadBPair<kStride>(b, r0 + 16 * np, kc, lane, bf);
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-      for (int pl = 0; pl < kPlanes; ++pl) {
-        fast::Mma16816<__half>(acc[m][2 * np], af[pl][m][kc], bf[0], bf[1]);
-        fast::Mma16816<__half>(acc[m][2 * np + 1], af[pl][m][kc], bf[2], bf[3]);
-      }
-    }
-  }
-}
-
-// ---- FastL1Kernel -----------------------------------------------------------------------------
-
-/// Tile shape of FastL1Kernel for input T and DP: MT row tiles per warp, BN W_O rows per
-/// chunk, PL planes of A (2 for f32 inputs). A fragments take PL * MT * DP / 4 registers.
-template <typename T, int DP>
-struct L1Shape {
-  static constexpr int PL = std::is_same<T, float>::value ? 2 : 1;
-  static constexpr int MT = (DP == 128 ? 2 : 4) / PL;
-  static constexpr int BN = DP == 128 ? 64 : 32;
-  static constexpr int BM = kWarps * 16 * MT;  // tokens per CTA
-  static constexpr int kStride = DP + 8;      // f16 elements per shared row
-  static constexpr size_t kSmem = static_cast<size_t>(kL1Stages) * BN * kStride * 2;
-};
-
-struct L1FastArgs {
-  const void* values;    // [H_kv, n, d] T
-  const __half* w16;     // [H_q, D, DP] scaled f16 (FastWoImage)
-  const float* w_inv;    // [H_q] 2^-k_q
-  int64_t n;
-  int64_t count;         // P: rows j < count are scored
-  int64_t num_tiles;     // ceil(count / BM)
-  int32_t d, hidden, group;
-  float* out;            // [H_q, n]: n_q[j] for j < count
-};
-
-template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads, 1) FastL1Kernel(L1FastArgs a) {
-  using S = L1Shape<T, DP>;
-  constexpr int PL = S::PL;
-  constexpr int MT = S::MT;
-  constexpr int BN = S::BN;
-  constexpr int NT = BN / 8;
-  constexpr int KC = DP / 16;
-  constexpr int kStride = S::kStride;
-  constexpr int kPieces = BN * DP / 8;  // 16-byte pieces per chunk
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* sw = reinterpret_cast<__half*>(smem_raw);  // [kL1Stages][BN][kStride]
-
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const WorkItem item = CurrentWorkItem(a.num_tiles, a.group);
-  const int h = item.h;
-  const int64_t tile = item.part;
-  const int q = h * a.group + item.sub;
-  const __half* wq = a.w16 + static_cast<int64_t>(q) * a.hidden * DP;
-  const int chunks = (a.hidden + BN - 1) / BN;
-
-  auto stage = [&](int c) {
-    __half* dst = sw + (c % kL1Stages) * BN * kStride;
-    for (int idx = tid; idx < kPieces; idx += kThreads) {
-      const int r = idx / (DP / 8);
-      const int col = (idx % (DP / 8)) * 8;
-      const int64_t e = static_cast<int64_t>(c) * BN + r;
-      const bool valid = e < a.hidden;
-      CpAsync16(SmemAddress(dst + r * kStride + col), valid ? wq + e * DP + col : wq,
-                valid ? 16 : 0);
-    }
-  };
-#pragma unroll
-  for (int s = 0; s < kL1Stages - 1; ++s) {
-    if (s < chunks) stage(s);
-    CpAsyncCommit();
-  }
-
-  // V rows of this warp as A fragments, for the whole run.
-  uint32_t af[PL][MT][KC][4];
-  float inv[MT][2];
-  const T* head = static_cast<const T*>(a.values) + static_cast<int64_t>(h) * a.n * a.d;
-  const int64_t row0 = tile * S::BM + warp * 16 * MT;
-  LoadTokenFragments<T, DP, MT, PL>(head, row0, a.count, a.d, lane, af, inv);
-
-  float rs[MT][2];
-#pragma unroll
-  for (int m = 0; m < MT; ++m) rs[m][0] = rs[m][1] = 0.0f;
-
-  for (int c = 0; c < chunks; ++c) {
-    CpAsyncWait<kL1Stages - 2>();
-    __syncthreads();  // chunk c is in; every warp is done with the stage reloaded next
-    if (c + kL1Stages - 1 < chunks) stage(c + kL1Stages - 1);
-    CpAsyncCommit();
-    const __half* ws = sw + (c % kL1Stages) * BN * kStride;
-    float acc[MT][NT][4];
-    ZeroAccumulators(acc);
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) AddTileProducts<kStride, PL>(acc, af, ws, 0, kc, lane);
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        rs[m][0] += fabsf(acc[m][nt][0]);
-        rs[m][0] += fabsf(acc[m][nt][1]);
-        rs[m][1] += fabsf(acc[m][nt][2]);
-        rs[m][1] += fabsf(acc[m][nt][3]);
-      }
-    }
-  }
-  CpAsyncWait<0>();  // only empty groups remain; nothing may be in flight at exit
-
-  const float w_inv = a.w_inv[q];
-  const int g = lane >> 2;
-#pragma unroll
-  for (int m = 0; m < MT; ++m) {
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const float sum = SumOverQuad(rs[m][hf]);
-      const int64_t j = row0 + 16 * m + g + 8 * hf;
-      if ((lane & 3) == 0 && j < a.count) {
-        a.out[static_cast<int64_t>(q) * a.n + j] = sum * inv[m][hf] * w_inv;
-      }
-    }
-  }
-}
 
 // ---- W_O image --------------------------------------------------------------------------------
 
@@ -884,28 +602,6 @@ cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
   return cudaSuccess;
 }
 
-/// Opts `kernel` into `smem` bytes of dynamic shared memory and launches it on a 1-D grid.
-template <typename Kernel, typename Args>
-cudaError_t LaunchWithSmem(Kernel kernel, int64_t blocks, size_t smem, const Args& args,
-                           cudaStream_t stream) {
-  if (blocks < 1) return cudaSuccess;
-  if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(args);
-  return cudaGetLastError();
-}
-
-template <typename T, int DP>
-cudaError_t LaunchL1Typed(L1FastArgs args, int32_t num_kv_heads, cudaStream_t stream) {
-  using S = L1Shape<T, DP>;
-  static_assert(S::kSmem <= 227 * 1024, "shared memory of one CTA");
-  args.num_tiles = (args.count + S::BM - 1) / S::BM;
-  return LaunchWithSmem(FastL1Kernel<T, DP>, args.num_tiles * args.group * num_kv_heads,
-                        S::kSmem, args, stream);
-}
-
 template <typename T, int DP>
 cudaError_t LaunchQuadTyped(QuadFastArgs args, int32_t num_kv_heads, bool ea,
                             cudaStream_t stream) {
@@ -918,24 +614,10 @@ cudaError_t LaunchQuadTyped(QuadFastArgs args, int32_t num_kv_heads, bool ea,
 }
 
 template <typename T>
-cudaError_t LaunchL1ForType(const L1FastArgs& args, int dp, int32_t h, cudaStream_t stream) {
-  return dp == 64 ? LaunchL1Typed<T, 64>(args, h, stream) : LaunchL1Typed<T, 128>(args, h, stream);
-}
-
-template <typename T>
 cudaError_t LaunchQuadForType(const QuadFastArgs& args, int dp, int32_t h, bool ea,
                               cudaStream_t stream) {
   return dp == 64 ? LaunchQuadTyped<T, 64>(args, h, ea, stream)
                   : LaunchQuadTyped<T, 128>(args, h, ea, stream);
-}
-
-cudaError_t LaunchL1(const L1FastArgs& args, DType dtype, int dp, int32_t h, cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kF32: return LaunchL1ForType<float>(args, dp, h, stream);
-    case DType::kF16: return LaunchL1ForType<__half>(args, dp, h, stream);
-    case DType::kBF16: return LaunchL1ForType<__nv_bfloat16>(args, dp, h, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 cudaError_t LaunchQuad(const QuadFastArgs& args, DType dtype, int dp, int32_t h, bool ea,
