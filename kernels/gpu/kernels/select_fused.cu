@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "kernels/gpu/kernels/cluster_launch.cuh"
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/gpu/kernels/select_keys.cuh"
@@ -846,22 +847,13 @@ cudaError_t LaunchProtectSelectTopK(const float* raw_scores, int32_t num_heads, 
   const size_t cache_bytes = static_cast<size_t>(args.chunk) * sizeof(uint32_t);
   args.cached = cache_bytes <= cache_limit;
 
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = static_cast<unsigned>(ctas);
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(num_heads));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = args.cached ? cache_bytes : 0;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  const size_t smem = args.cached ? cache_bytes : 0;
   if (args.chunk <= kSmallChunk) {
-    return cudaLaunchKernelEx(&config, ProtectSelectTopKKernel<kSmallBatch>, args);
+    return LaunchClusterRows(ProtectSelectTopKKernel<kSmallBatch>, ctas, num_heads, kThreads, smem,
+                             stream, args);
   }
-  return cudaLaunchKernelEx(&config, ProtectSelectTopKKernel<kLargeBatch>, args);
+  return LaunchClusterRows(ProtectSelectTopKKernel<kLargeBatch>, ctas, num_heads, kThreads, smem,
+                           stream, args);
 }
 
 }  // namespace kvtrim::gpu
