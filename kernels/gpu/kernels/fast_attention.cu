@@ -1154,7 +1154,11 @@ cudaError_t LaunchAll(const FastAttentionPlan& plan, const FastArgs& args, cudaS
 ///  32-row chunks   16 rows x 32 tokens per warp, 2 row groups x 2 slices, two stages;
 ///  16-row chunks   16 rows x 16 tokens per warp, 4 slices, two stages;
 ///  DropKV          pass A as 32-row chunks with three K/V stages where they fit; pass B
-///                  32 rows x 16 tokens per warp (queries in registers), two stages.
+///                  the same layout with two stages (DP 256: 32 rows x 16 tokens per warp,
+///                  queries in registers, where the shared memory of the first does not fit).
+///                  On the H100 at 128K (bf16, w = 8) pass B took 259-261 us so, 277 us as
+///                  32 x 16 and 370-415 us with three or four stages of either (register
+///                  spills): docs/benchmarks.md.
 /// The model-aware reductions take the same three layouts in their kModel variants (row order,
 /// combine, pass B's reductions; instantiated for DP <= 128 only: the model-aware scorers take
 /// d <= 128), so the four scorers' kernels are unchanged.
@@ -1175,7 +1179,11 @@ cudaError_t LaunchForDim(const FastAttentionPlan& plan, const FastArgs& args, cu
     }
   }
   if (plan.with_values) {
-    return LaunchAll<T, DP, true, 1, 32, kRoomy ? 3 : 2, 2, 16, 2>(plan, args, stream);
+    if constexpr (DP <= 128) {
+      return LaunchAll<T, DP, true, 1, 32, kRoomy ? 3 : 2, 1, 32, 2>(plan, args, stream);
+    } else {
+      return LaunchAll<T, DP, true, 1, 32, 2, 2, 16, 2>(plan, args, stream);
+    }
   }
   if (plan.chunk_rows == 128) return LaunchAll<T, DP, false, 2, 64, 3, 2, 64, 3>(plan, args, stream);
   if (plan.chunk_rows == 32) return LaunchAll<T, DP, false, 1, 32, 2, 1, 32, 2>(plan, args, stream);
