@@ -33,7 +33,8 @@ void MakeBenchModel(const Options& options, BenchModel* model);
 /// Rows of the model-wide steps at n, median of options.host_reps (host clock):
 /// laprox_decide32 = GpuBackend::DecideModelWide over kNumLayers layers of random scores kept on
 /// the device (the indices come back, the decisions are built on the host);
-/// laprox_decide32_host = the same decision by DecideLaProx on the host; ea_stats_host =
+/// laprox_decide32_host = the same decision by DecideLaProx on the host (both timed from the
+/// call to its answer; the answers are checked after the clock stops); ea_stats_host =
 /// ComputeExpectedQueryStats of one layer.
 std::vector<Row> RunHostRows(const PolicyRegistry& registry, const BenchModel& model, int64_t n,
                              const Options& options, GpuBackend& backend);
