@@ -1,14 +1,12 @@
 // LaunchProtectSelectTopK (kernels/gpu/kernels/select_fused.cu) against the CPU, bit for bit: the
 // first NaN of the raw scores (flat index, as CpuBackend checks them), then ApplyProtection
 // and SelectTopK per head (offsets and every kept index). Sizes n in {1, 2, 7, 99, 1000, 5000,
-// 8193, 20000, 40000, 65537, 131073} (one, two, three, five, ten and 16 CTAs per head, 8
-// where the device cannot hold clusters of 16; one batch of 8 keys per lane up to 4096 tokens
-// per CTA, batches of 16 above), H in {1, 3, 8}; scores with
+// 8193, 20000, 40000, 65537, 131073} (one, two, three, five and eight CTAs per head; one batch of 8
+// keys per lane up to 4096 tokens per CTA, batches of 16 above), H in {1, 3, 8}; scores with
 // many exact ties (a handful of values, -0.0 and +0.0, subnormals, +inf and -inf), smooth
 // ones, ones a few ULPs apart (the low digits decide) and constant ones; counts 0, 1, k, n and
 // out of range; protection none, clamped by rule 3 (also larger than the requested k) and
-// unclamped. Rows beyond the shared memory (n = 2^20 + 3; 327681 with clusters of 8, 655361
-// with 16) take the global-memory passes. Rows built
+// unclamped. Rows beyond the shared memory (n = 2^20 + 3) take the global-memory passes. Rows built
 // around one 12-bit key bin take each way the kernel resolves the low 20 bits: the list of
 // matching keys exchanged across the cluster (up to 4096 of them, at the limit and one past
 // it, spread over the CTAs or in one), cluster rounds first when the bin holds most of the
@@ -325,13 +323,11 @@ TEST(SelectFusedParity, EqualsCpuProtectionAndTopK) {
 
 TEST(SelectFusedParity, LargeRowsReadTheScoresFromGlobalMemory) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  // 327680 = 8 CTAs x 40960 keys, 655360 = 16 x 40960: the last sizes whose keys stay in
-  // shared memory with clusters of 8 and of 16.
+  // 327680 = 8 CTAs x 40960 keys: the last size whose keys stay in shared memory.
   struct Shape {
     int64_t heads, n;
   };
-  for (const Shape s : {Shape{1, 327680}, Shape{1, 327681}, Shape{1, 655360}, Shape{1, 655361},
-                        Shape{2, (int64_t{1} << 20) + 3}}) {
+  for (const Shape s : {Shape{1, 327680}, Shape{1, 327681}, Shape{2, (int64_t{1} << 20) + 3}}) {
     for (Scores kind : {Scores::kTied, Scores::kSmooth}) {
       const std::vector<float> raw = MakeRaw(kind, s.heads, s.n, 77 + s.n);
       std::vector<int64_t> counts(static_cast<size_t>(s.heads));
@@ -372,9 +368,11 @@ TEST(SelectFusedParity, EveryResolutionOfTheLowBits) {
       {"4096 in the bin (the list's capacity)", 32768, 4096, 2000, 1u << 20, 0, 32768},
       {"4097 in the bin (a cluster round first)", 32768, 4097, 2000, 1u << 20, 0, 32768},
       {"4096 in the third CTA", 32768, 4096, 100, 1u << 20, 16384, 24576},
-      {"4096 over 16 CTAs (the list's capacity)", 131072, 4096, 2000, 1u << 20, 0, 131072},
-      {"4097 over 16 CTAs (a cluster round first)", 131072, 4097, 2000, 1u << 20, 0, 131072},
-      {"4096 in the last of 16 CTAs", 131072, 4096, 100, 1u << 20, 122880, 131072},
+      {"4096 over 8 CTAs of 16384 tokens", 131072, 4096, 2000, 1u << 20, 0, 131072},
+      {"4097 over 8 CTAs of 16384 tokens (a cluster round first)", 131072, 4097, 2000,
+       1u << 20, 0, 131072},
+      {"4096 in the last of 8 CTAs of 16384 tokens", 131072, 4096, 100, 1u << 20, 114688,
+       131072},
       {"4096 in the first CTA, 64 values", 32768, 4096, 100, 64, 0, 8192},
       {"4097 in the last CTA", 32768, 4097, 10, 1u << 20, 24576, 32768},
       {"most of the row, 2^20 values (a round, then the list)", 40000, 36000, 1000, 1u << 20, 0,
@@ -597,10 +595,9 @@ TEST(SelectFusedTiming, AgainstProbeProtectionAndTopK) {
                               scratch, select_bytes, nullptr);
     });
     KVTRIM_FUSED_OK(cudaFree(scratch));
-    std::printf("[timing] n=%lld H=8 k=%lld (median, us; at most %d CTAs per head): fused %.1f |"
-                " NaN probe + protection + top-k %.1f\n",
-                static_cast<long long>(n), static_cast<long long>(k), ProtectSelectTopKMaxCtas(),
-                fused, separate);
+    std::printf("[timing] n=%lld H=8 k=%lld (median, us): fused %.1f | NaN probe + protection +"
+                " top-k %.1f\n",
+                static_cast<long long>(n), static_cast<long long>(k), fused, separate);
     std::fflush(stdout);
     RecordProperty("fused_us_n" + std::to_string(n), std::to_string(fused));
     RecordProperty("separate_us_n" + std::to_string(n), std::to_string(separate));

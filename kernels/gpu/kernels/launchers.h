@@ -155,11 +155,6 @@ cudaError_t LaunchSelectTopK(const float* scores, int32_t num_heads, int64_t n,
 /// and keys live in shared memory); asked all the same, as for every launcher.
 size_t ProtectSelectTopKScratchBytes(int32_t num_heads, int64_t n);
 
-/// CTAs per head LaunchProtectSelectTopK takes at most on the current device (one per 4096
-/// tokens): 16 where the device co-schedules 8 clusters of 16 (H100, H200), else 8; 0 when
-/// the device cannot be asked.
-int ProtectSelectTopKMaxCtas();
-
 /// Protection, NaN probe and per-head top-k of one layer in one kernel launch (select_fused.cu),
 /// bit-identical to LaunchFindFirstNaN + LaunchApplyProtection + LaunchSelectTopK:
 ///   raw_scores [H, n] fp32 (device, read only): the scorer's scores before protection; tokens

@@ -2,8 +2,7 @@
 // one layer in one kernel launch, bit-identical to LaunchFindFirstNaN + LaunchApplyProtection
 // + LaunchSelectTopK (so to the CPU's NaN check, ApplyProtection and SelectTopK).
 //
-// One thread-block cluster of C CTAs of 512 threads per head (C = 1..16, one per 4096 tokens;
-// at most 8, the portable cluster size, on devices that cannot hold 8 clusters of 16 at once);
+// One thread-block cluster of C CTAs of 512 threads per head (C = 1..8, one per 4096 tokens);
 // CTA r owns the tokens [r * chunk, r * chunk + chunk) of its head, and warp w of the CTA the
 // contiguous segment [w * chunk / 16, (w + 1) * chunk / 16) of them (lane l holds the tokens
 // 32 s + l of its segment at step s), so that index order is segment order, then step, then
@@ -38,7 +37,7 @@
 //            the counts of the earlier heads (the head's index base), loaded at the start.
 // Every decision (M, the rounds, the early exits) is the same in all CTAs of a cluster, so
 // they meet the same cluster barriers. A head that keeps 0 or all of its tokens stops after the
-// load. Slices larger than the shared memory (n above C * 40960) re-read the scores from global
+// load. Slices larger than the shared memory (n above 8 * 40960) re-read the scores from global
 // memory in each pass.
 #include <cuda_runtime.h>
 
@@ -63,9 +62,9 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;             // threads per CTA
 constexpr int kWarps = kThreads / 32;     // warps per CTA, one token segment each
-constexpr int kMaxClusterSize = 16;       // CTAs per head at most (H100's non-portable size)
-constexpr int kPortableClusterSize = 8;   // ... where the device cannot co-schedule 16
-constexpr int kMinClustersOf16 = 8;       // clusters of 16 the device must hold to take them
+constexpr int kMaxClusterSize = 8;        // CTAs per head at most (the portable cluster size;
+                                          // the H100 holds only 7 clusters of 10-16 CTAs at one
+                                          // CTA per SM, so 8 heads would take two waves)
 constexpr int64_t kTokensPerCta = 4096;   // a head takes one more CTA per this many tokens
 constexpr int kChunkAlign = 32 * kWarps;  // a CTA's chunk is a multiple of this (segments of
                                           // whole steps)
@@ -751,63 +750,29 @@ __global__ void __launch_bounds__(kThreads, 1) ProtectSelectTopKKernel(FusedArgs
 #endif
 }
 
-/// What the kernel may take on one device: dynamic shared memory per CTA and CTAs per head.
-struct Limits {
-  size_t cache_bytes = 0;  // at most kMaxCacheBytes, what the device grants beside the static
-  int max_cluster = kPortableClusterSize;  // 16 where the device holds kMinClustersOf16 of them
-};
-
-/// Per device (index < kMaxDevices): 1 + Limits::cache_bytes and Limits::max_cluster; 0 until
-/// the kernel's attributes have been set on that device.
+/// Per device (index < kMaxDevices): 1 + the dynamic shared memory the kernel may take per
+/// CTA; 0 until the kernel's limit has been raised on that device.
 std::atomic<size_t> g_cache_limit[kMaxDevices];
-std::atomic<int> g_cluster_limit[kMaxDevices];
 
-/// Raises the dynamic shared memory limit of `kernel` to `bytes` (none when 0) and allows
-/// clusters above the portable size.
-cudaError_t SetAttributes(void (*kernel)(FusedArgs), size_t bytes) {
-  if (bytes != 0) {
-    if (const cudaError_t e = cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-        e != cudaSuccess) {
-      return e;
-    }
-  }
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+/// Raises the dynamic shared memory limit of `kernel` to `bytes` (none when 0).
+cudaError_t RaiseLimit(void (*kernel)(FusedArgs), size_t bytes) {
+  if (bytes == 0) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
-/// True when the device co-schedules kMinClustersOf16 clusters of 16 CTAs of `kernel` with
-/// `bytes` of dynamic shared memory each (false, the error cleared, where it cannot say).
-bool HoldsClustersOf16(void (*kernel)(FusedArgs), size_t bytes) {
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = kMaxClusterSize;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(kMaxClusterSize, 1);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = bytes;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return clusters >= kMinClustersOf16;
-}
-
-/// The kernel's limits on the current device; sets both instantiations' attributes the first
-/// time per device.
-cudaError_t DeviceLimits(Limits* limits) {
+/// The dynamic shared memory (bytes) the kernel may take per CTA on the current device: at
+/// most kMaxCacheBytes and what the device grants beside the kernel's static shared memory
+/// (the same for both batch sizes). Raises both instantiations' limit to it the first time
+/// per device.
+cudaError_t CacheLimit(size_t* bytes) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   const bool remembered = device >= 0 && device < kMaxDevices;
   if (remembered) {
     const size_t known = g_cache_limit[device].load(std::memory_order_acquire);
     if (known != 0) {
-      limits->cache_bytes = known - 1;
-      limits->max_cluster = g_cluster_limit[device].load(std::memory_order_relaxed);
+      *bytes = known - 1;
       return cudaSuccess;
     }
   }
@@ -825,35 +790,21 @@ cudaError_t DeviceLimits(Limits* limits) {
   const size_t granted = static_cast<size_t>(std::max(optin, 0));
   size_t limit = granted > attr.sharedSizeBytes ? granted - attr.sharedSizeBytes : 0;
   limit = std::min(limit, kMaxCacheBytes) / 16 * 16;
-  if (const cudaError_t e = SetAttributes(ProtectSelectTopKKernel<kSmallBatch>, limit);
+  if (const cudaError_t e = RaiseLimit(ProtectSelectTopKKernel<kSmallBatch>, limit);
       e != cudaSuccess) {
     return e;
   }
-  if (const cudaError_t e = SetAttributes(ProtectSelectTopKKernel<kLargeBatch>, limit);
+  if (const cudaError_t e = RaiseLimit(ProtectSelectTopKKernel<kLargeBatch>, limit);
       e != cudaSuccess) {
     return e;
   }
-  Limits found;
-  found.cache_bytes = limit;
-  // A chunk of a cluster of 16 is at most half the cached bytes of one of 8.
-  found.max_cluster = HoldsClustersOf16(ProtectSelectTopKKernel<kLargeBatch>, limit)
-                          ? kMaxClusterSize
-                          : kPortableClusterSize;
-  // Every caller computes the same values: a concurrent first call stores them again.
-  if (remembered) {
-    g_cluster_limit[device].store(found.max_cluster, std::memory_order_relaxed);
-    g_cache_limit[device].store(limit + 1, std::memory_order_release);
-  }
-  *limits = found;
+  // Every caller computes the same value: a concurrent first call stores it again.
+  if (remembered) g_cache_limit[device].store(limit + 1, std::memory_order_release);
+  *bytes = limit;
   return cudaSuccess;
 }
 
 }  // namespace
-
-int ProtectSelectTopKMaxCtas() {
-  Limits limits;
-  return DeviceLimits(&limits) == cudaSuccess ? limits.max_cluster : 0;
-}
 
 size_t ProtectSelectTopKScratchBytes(int32_t num_heads, int64_t n) {
   // Histograms and keys live in shared memory, the first NaN in the caller's slot.
@@ -879,12 +830,11 @@ cudaError_t LaunchProtectSelectTopK(const float* raw_scores, int32_t num_heads, 
   if (raw_scores == nullptr || indices == nullptr || first_nan == nullptr) {
     return cudaErrorInvalidValue;
   }
-  Limits limits;
-  if (const cudaError_t e = DeviceLimits(&limits); e != cudaSuccess) return e;
-  const size_t cache_limit = limits.cache_bytes;
+  size_t cache_limit = 0;
+  if (const cudaError_t e = CacheLimit(&cache_limit); e != cudaSuccess) return e;
 
   const int64_t ctas = std::clamp<int64_t>((n + kTokensPerCta - 1) / kTokensPerCta, 1,
-                                           limits.max_cluster);
+                                           kMaxClusterSize);
   const int64_t per_cta = (n + ctas - 1) / ctas;
   FusedArgs args;
   args.scores = raw_scores;
