@@ -93,7 +93,8 @@ def main():
             "kvpress": meta(kvpress_doc, ("device", "torch", "reps", "warmup", "kvpress", "complete")),
         },
         "rows": rows, "host_rows": host_rows,
-        "goals": goals_mod.evaluate(rows, keep_fraction=kvtrim.get("keep_fraction", 0.1)),
+        "goals": goals_mod.evaluate(rows, keep_fraction=kvtrim.get("keep_fraction", 0.1),
+                                    host_rows=host_rows),
     }
     graphs_doc = load(args.graphs) if args.graphs else None
     if graphs_doc:

@@ -45,9 +45,10 @@ def _goal(name, pairs, ok, unit=""):
 HEADS = 8  # H_kv of every kvtrim_gpu_bench row
 
 
-def evaluate(rows, keep_fraction=0.1):
+def evaluate(rows, keep_fraction=0.1, host_rows=()):
     """The list of goal dicts (goal, status, values, result) for docs/bench/gpu.json.
-    `keep_fraction` is the bench's budget (the kept indices of the scratch goal)."""
+    `keep_fraction` is the bench's budget (the kept indices of the scratch goal); `host_rows`
+    the model-wide steps (the LaProx decision goal)."""
     goals = []
     dropkv = _pick(rows, policy="dropkv", n=N_LARGE, dtype="bf16", mode="fast")
     goals.append(_goal("DropKV ≤ 0.45 ms per layer incl. selection (128K, bf16, fast)",
@@ -70,6 +71,9 @@ def evaluate(rows, keep_fraction=0.1):
         _pick(rows, policy="criticalkv_adakv", n=N_LARGE, dtype="bf16", mode="fast")
     goals.append(_goal("CriticalKV ≤ 12 ms per layer (128K, bf16, fast)",
                        [(r["policy"], r["kvtrim_us"] / 1e3) for r in critical], lambda v: v <= 12, " ms"))
+    decide = _pick(list(host_rows), policy="laprox_decide32", n=N_LARGE)
+    goals.append(_goal("LaProx model-wide decision, 32 layers, ≤ 5 ms (128K, on the device, the kept indices back)",
+                       [(f"{tokens(r['n'])}", r["total_us"] / 1e3) for r in decide], lambda v: v <= 5, " ms"))
     model = [r for p in ("laprox", "expected_attention", "lukv") for r in _pick(rows, policy=p, dtype="bf16", mode="fast")]
     goals.append(_goal("LaProx, Expected Attention, LU-KV ≥ 3× best-effort PyTorch (bf16, fast)",
                        [(f"{r['policy']} {tokens(r['n'])}", r["x_best"]) for r in model], lambda v: v >= 3, "×"))
