@@ -140,7 +140,7 @@ struct L1Device {
 constexpr float kSentinel = -12345.0f;
 
 /// Runs `kernel` on `c` and returns the output [H_q, n].
-std::vector<float> RunL1(const L1Case& c, L1Kernel kernel, cudaError_t* status) {
+std::vector<float> RunL1(const L1Case& c, MmaKernel kernel, cudaError_t* status) {
   const int32_t hq = c.kv_heads * c.group;
   L1Device dev(c);
   std::vector<float> out(static_cast<size_t>(hq) * c.n, kSentinel);
@@ -178,7 +178,7 @@ const char* DTypeLabel(DType t) {
 
 TEST(FastL1Kernels, MatchTheHostReference) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  const bool wgmma = L1UsesWgmma();
+  const bool wgmma = WgmmaAvailable();
   std::printf("[l1] wgmma kernel %s on this device\n", wgmma ? "tested" : "not available");
   uint32_t seed = 7;
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -193,9 +193,9 @@ TEST(FastL1Kernels, MatchTheHostReference) {
                                     " D=" + std::to_string(hidden) +
                                     " count=" + std::to_string(count);
           std::vector<std::vector<float>> outs;
-          std::vector<L1Kernel> kernels = {L1Kernel::kMmaSync};
-          if (wgmma) kernels.push_back(L1Kernel::kWgmma);
-          for (L1Kernel k : kernels) {
+          std::vector<MmaKernel> kernels = {MmaKernel::kMmaSync};
+          if (wgmma) kernels.push_back(MmaKernel::kWgmma);
+          for (MmaKernel k : kernels) {
             cudaError_t status = cudaSuccess;
             outs.push_back(RunL1(c, k, &status));
             ASSERT_EQ(status, cudaSuccess) << label;
@@ -231,10 +231,10 @@ TEST(FastL1Kernels, MatchTheHostReference) {
 
 TEST(FastL1Kernels, WgmmaRefusedOffHopper) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  if (L1UsesWgmma()) GTEST_SKIP() << "compute capability 9.0: wgmma runs here";
+  if (WgmmaAvailable()) GTEST_SKIP() << "compute capability 9.0: wgmma runs here";
   const L1Case c = MakeCase(DType::kBF16, 128, 16, 16, 64, 3);
   cudaError_t status = cudaSuccess;
-  RunL1(c, L1Kernel::kWgmma, &status);
+  RunL1(c, MmaKernel::kWgmma, &status);
   EXPECT_EQ(status, cudaErrorInvalidValue);
 }
 
@@ -275,9 +275,9 @@ TEST(FastL1Timing, WgmmaAgainstMmaSync) {
   a.group = group;
   a.out = static_cast<float*>(out.data());
   const double flop = 2.0 * n * hq * d * hidden;
-  std::vector<L1Kernel> kernels = {L1Kernel::kMmaSync};
-  if (L1UsesWgmma()) kernels.push_back(L1Kernel::kWgmma);
-  for (L1Kernel k : kernels) {
+  std::vector<MmaKernel> kernels = {MmaKernel::kMmaSync};
+  if (WgmmaAvailable()) kernels.push_back(MmaKernel::kWgmma);
+  for (MmaKernel k : kernels) {
     for (int i = 0; i < 2; ++i) KVTRIM_L1_OK(LaunchL1(a, DType::kBF16, l.padded_dim, kv_heads, nullptr, k));
     std::vector<double> ms;
     for (int rep = 0; rep < 10; ++rep) {
@@ -295,11 +295,11 @@ TEST(FastL1Timing, WgmmaAgainstMmaSync) {
       cudaEventDestroy(stop);
     }
     std::nth_element(ms.begin(), ms.begin() + 5, ms.end());
-    const char* name = k == L1Kernel::kWgmma ? "wgmma" : "mma.sync";
+    const char* name = k == MmaKernel::kWgmma ? "wgmma" : "mma.sync";
     std::printf("[timing] l1 %s n=%lld H_q=%d d=%d D=%d bf16: %.3f ms, %.0f TFLOP/s\n", name,
                 static_cast<long long>(n), hq, d, hidden, ms[5], flop / (ms[5] * 1e-3) / 1e12);
     std::fflush(stdout);
-    RecordProperty(std::string("l1_ms_") + (k == L1Kernel::kWgmma ? "wgmma" : "mma_sync"),
+    RecordProperty(std::string("l1_ms_") + (k == MmaKernel::kWgmma ? "wgmma" : "mma_sync"),
                    std::to_string(ms[5]));
     // Every output: D * d for all-ones operands.
     std::vector<float> host(static_cast<size_t>(hq) * n);

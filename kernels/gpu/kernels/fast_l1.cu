@@ -21,7 +21,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <atomic>
 #include <type_traits>
 
 #include "kernels/gpu/kernels/fast_mma.cuh"
@@ -32,16 +31,12 @@ namespace kvtrim::gpu {
 
 namespace {
 
-using namespace fast_tiles;
-using fast::CpAsync16;
-using fast::CpAsyncCommit;
-using fast::CpAsyncWait;
+using namespace fast_tiles;  // CpAsync*, LdMatrixX4, SmemAddress, tiles
 
 constexpr int kL1Stages = 4;   // cp.async ring of W_O chunks (mma.sync)
 constexpr int kWgStages = 6;   // cp.async ring of W_O chunks (wgmma)
 constexpr int kWgDepth = kWgStages - 2;  // chunks in flight ahead of the one computed
 constexpr int kWgBN = 64;      // W_O rows per wgmma chunk (the n of m64n64k16)
-constexpr int kMaxDevices = 64;  // devices whose L1Kernel choice is remembered
 
 /// Writes the norms of this warp's rows: row j = row0 + m_stride m + g + 8 hf (lane = 4 g + t)
 /// gets the quad's sum of rs[m][hf], unscaled by the row's and W_O^q's powers of two; rows at
@@ -299,9 +294,6 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaL1Kernel(L1FastArgs a) {
 
 // ---- Launch ------------------------------------------------------------------------------------
 
-/// Per device (index < kMaxDevices): 0 unknown, 1 mma.sync, 2 wgmma.
-std::atomic<int> g_wgmma_choice[kMaxDevices];
-
 template <typename T, int DP>
 cudaError_t LaunchL1Typed(L1FastArgs args, int32_t num_kv_heads, bool use_wgmma,
                           cudaStream_t stream) {
@@ -329,37 +321,10 @@ cudaError_t LaunchL1ForType(const L1FastArgs& args, int dp, int32_t h, bool use_
 
 }  // namespace
 
-bool L1UsesWgmma() {
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  const bool remembered = device >= 0 && device < kMaxDevices;
-  if (remembered) {
-    const int known = g_wgmma_choice[device].load(std::memory_order_acquire);
-    if (known != 0) return known == 2;
-  }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    return false;
-  }
-  // The sm_90a machine code runs on compute capability 9.0 only; newer devices JIT the
-  // compute_90 PTX, which has no wgmma.
-  const bool wgmma = major == 9 && minor == 0;
-  if (remembered) g_wgmma_choice[device].store(wgmma ? 2 : 1, std::memory_order_release);
-  return wgmma;
-}
-
 cudaError_t LaunchL1(const L1FastArgs& args, DType dtype, int dp, int32_t num_kv_heads,
-                     cudaStream_t stream, L1Kernel kernel) {
+                     cudaStream_t stream, MmaKernel kernel) {
   bool use_wgmma = false;
-  switch (kernel) {
-    case L1Kernel::kAuto: use_wgmma = L1UsesWgmma(); break;
-    case L1Kernel::kMmaSync: break;
-    case L1Kernel::kWgmma:
-      if (!L1UsesWgmma()) return cudaErrorInvalidValue;
-      use_wgmma = true;
-      break;
-  }
+  if (!ResolveMmaKernel(kernel, &use_wgmma)) return cudaErrorInvalidValue;
   switch (dtype) {
     case DType::kF32: return LaunchL1ForType<float>(args, dp, num_kv_heads, use_wgmma, stream);
     case DType::kF16: return LaunchL1ForType<__half>(args, dp, num_kv_heads, use_wgmma, stream);

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/gpu/kernels/mma_kernel.h"
 
 namespace kvtrim::gpu {
 
@@ -27,19 +28,9 @@ struct L1FastArgs {
   float* out;            // [H_q, n]: n_q[j] for j < count
 };
 
-/// Which kernel computes the norms.
-enum class L1Kernel {
-  kAuto,      // wgmma on compute capability 9.0, else mma.sync
-  kMmaSync,   // mma.sync m16n8k16 (any sm_80+ device)
-  kWgmma,     // wgmma m64n64k16 (compute capability 9.0 only; else cudaErrorInvalidValue)
-};
-
 /// Launches the norms of `args` (dp: 64 or 128, the padded head dimension; h: H_kv) on
 /// `stream`. Errors: cudaErrorInvalidValue for another dtype / dp or kWgmma off Hopper.
 cudaError_t LaunchL1(const L1FastArgs& args, DType dtype, int dp, int32_t num_kv_heads,
-                     cudaStream_t stream, L1Kernel kernel = L1Kernel::kAuto);
-
-/// True when kAuto picks wgmma on the current device.
-bool L1UsesWgmma();
+                     cudaStream_t stream, MmaKernel kernel = MmaKernel::kAuto);
 
 }  // namespace kvtrim::gpu

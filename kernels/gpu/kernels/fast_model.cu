@@ -36,19 +36,8 @@
 // p's relative error (sqrt halves that of the squares).
 //
 // Kernels (P = n - window):
-//  FastL1Kernel     CTA = 8 warps, one (KV head h, tile of BM tokens, query head q of the
-//                   group): each warp holds 16 * MT token rows of V as A fragments for the whole
-//                   run and streams W_O^q in chunks of BN rows through a 4-stage cp.async ring
-//                   in shared memory (16-byte padded rows: ldmatrix without bank conflicts);
-//                   per chunk MT x BN/8 accumulators over d / 16 k-steps, then |.| summed into
-//                   per-row registers. Work items are ordered (h, tile, q) so that the CTAs on
-//                   the device at one time share the G W_O slices of one KV head (4 MiB at
-//                   D = 4096) and each V tile, in L2.
-//  FastQuadKernel   CTA = 8 warps over tiles of BM token rows of one matrix (its KV head's
-//                   rows): the matrix's hi and lo planes stay in shared memory, y = x M^T
-//                   runs in groups of 16 columns and x . y is taken in the epilogue from the
-//                   A fragments themselves (the C layout of column tile 2k + s is the A
-//                   layout of k-step k, half s).
+//  CriticalKV l1    fast_l1.cu (mma.sync, and wgmma on Hopper).
+//  quadratic forms  fast_quad.cu (mma.sync, and wgmma on Hopper).
 //  PrepareMatsKernel lane-major fp32 matrices -> scaled f16 hi / lo planes (+ EA's mean).
 //  EaStatsKernel, EaScoreKernel, CriticalCombineFast, LaProxCombineFast: fp32 epilogues.
 #include "kernels/gpu/kernels/fast_model.cuh"
@@ -70,21 +59,15 @@
 #include "kernels/gpu/kernels/fast_l1.cuh"
 #include "kernels/gpu/kernels/fast_mma.cuh"
 #include "kernels/gpu/kernels/fast_model_tiles.cuh"
+#include "kernels/gpu/kernels/fast_quad.cuh"
 #include "kernels/gpu/kernels/pooling.cuh"
 
 namespace kvtrim::gpu {
 
 namespace {
 
-using namespace fast_tiles;
-using fast::CpAsync16;
-using fast::CpAsyncCommit;
-using fast::CpAsyncWait;
-using fast::LdMatrixX4;
-using fast::SmemAddress;
+using namespace fast_tiles;  // CpAsync*, LdMatrixX4, SmemAddress, tiles
 
-constexpr int kQuadGroup = 2;  // n8 column tiles per epilogue group of FastQuadKernel
-constexpr int kQuadTilesPerCta = 4;
 constexpr int kStatsThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -177,141 +160,6 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = threadIdx.x; c < padded; c += kThreads) {
       mean_out[static_cast<int64_t>(mat) * padded + c] =
           c < d ? mean[static_cast<int64_t>(mat) * vf + (c % 8) * lane_elems + c / 8] : 0.0f;
-    }
-  }
-}
-
-// ---- FastQuadKernel -------------------------------------------------------------------------
-
-/// Tile shape of FastQuadKernel: MT row tiles per warp, PL planes of x (2 for f32 inputs).
-template <typename T, int DP>
-struct QuadShape {
-  static constexpr int PL = std::is_same<T, float>::value ? 2 : 1;
-  static constexpr int MT = 2 / PL;
-  static constexpr int BM = kWarps * 16 * MT;
-  static constexpr int kStride = DP + 8;
-  static constexpr size_t kSmem = 2 * static_cast<size_t>(DP) * kStride * 2 + DP * sizeof(float);
-};
-
-struct QuadFastArgs {
-  const void* x;          // [H_kv, n, d] T (values for the norms, keys for EA)
-  const __half* planes;   // [mats][2][DP][DP] (PrepareMatsKernel)
-  const float* mat_inv;   // [mats]
-  const float* mean;      // [mats][DP] (EA)
-  int64_t n;
-  int64_t count;          // rows j < count are written
-  int64_t num_tiles;      // ceil(count / BM)
-  int64_t tile_groups;    // CTAs per matrix: each takes tiles c, c + tile_groups, ...
-  int32_t d, mats_per_kv;
-  float scale, half_scale2;  // EA
-  float* out;             // [mats, n]: Gram: sqrt(max(0, x M x)); EA: the logits
-};
-
-template <typename T, int DP, bool kEA>
-__global__ void __launch_bounds__(kThreads, DP == 128 ? 1 : 2) FastQuadKernel(QuadFastArgs a) {
-  using S = QuadShape<T, DP>;
-  constexpr int PL = S::PL;
-  constexpr int MT = S::MT;
-  constexpr int KC = DP / 16;
-  constexpr int kStride = S::kStride;
-  constexpr int kGroups = DP / 8 / kQuadGroup;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  __half* sm = reinterpret_cast<__half*>(smem_raw);  // [2][DP][kStride]: hi, lo
-  float* smu = reinterpret_cast<float*>(sm + 2 * DP * kStride);  // [DP] (EA)
-
-  const int tid = threadIdx.x;
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int t = lane & 3;
-  const int g = lane >> 2;
-  const WorkItem item = CurrentWorkItem(a.tile_groups, a.mats_per_kv);
-  const int h = item.h;
-  const int64_t tile_group = item.part;
-  const int mat = h * a.mats_per_kv + item.sub;
-
-  const __half* src = a.planes + static_cast<int64_t>(mat) * 2 * DP * DP;
-  for (int idx = tid; idx < 2 * DP * DP / 8; idx += kThreads) {
-    const int r = idx / (DP / 8);  // plane * DP + row
-    const int col = (idx % (DP / 8)) * 8;
-    CpAsync16(SmemAddress(sm + r * kStride + col), src + r * DP + col, 16);
-  }
-  CpAsyncCommit();
-  if constexpr (kEA) {
-    for (int c = tid; c < DP; c += kThreads) smu[c] = a.mean[static_cast<int64_t>(mat) * DP + c];
-  }
-  CpAsyncWait<0>();
-  __syncthreads();
-  const float m_inv = a.mat_inv[mat];
-  const T* head = static_cast<const T*>(a.x) + static_cast<int64_t>(h) * a.n * a.d;
-
-  for (int64_t tile = tile_group; tile < a.num_tiles; tile += a.tile_groups) {
-    uint32_t af[PL][MT][KC][4];
-    float inv[MT][2];
-    const int64_t row0 = tile * S::BM + warp * 16 * MT;
-    LoadTokenFragments<T, DP, MT, PL>(head, row0, a.count, a.d, lane, af, inv);
-    float quad[MT][2];
-    float lin[MT][2];  // EA: mu . x, formed with x . y from the same converted pairs
-#pragma unroll
-    for (int m = 0; m < MT; ++m) quad[m][0] = quad[m][1] = lin[m][0] = lin[m][1] = 0.0f;
-#pragma unroll
-    for (int grp = 0; grp < kGroups; ++grp) {
-      float acc[MT][kQuadGroup][4];
-      ZeroAccumulators(acc);
-      // x M_hi over every plane of x, then x_hi M_lo (the lo x lo product is below 2^-33).
-      const int r0 = 8 * kQuadGroup * grp;
-#pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-        AddTileProducts<kStride, PL>(acc, af, sm, r0, kc, lane);
-        AddTileProducts<kStride, 1>(acc, af, sm + DP * kStride, r0, kc, lane);
-      }
-      // x . y over the group's columns: column tile ct = kQuadGroup * grp + nt has the A
-      // layout of k-step ct / 2, registers 2 (ct % 2) (row g) and 2 (ct % 2) + 1 (row g + 8).
-#pragma unroll
-      for (int nt = 0; nt < kQuadGroup; ++nt) {
-        const int ct = kQuadGroup * grp + nt;
-        const int kc = ct / 2;
-        const int r = 2 * (ct % 2);
-        float2 mu = make_float2(0.0f, 0.0f);
-        if constexpr (kEA) mu = *reinterpret_cast<const float2*>(smu + 8 * ct + 2 * t);
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-          float2 x0 = HalfPair(af[0][m][kc][r]);
-          float2 x1 = HalfPair(af[0][m][kc][r + 1]);
-          if constexpr (PL > 1) {
-            const float2 l0 = HalfPair(af[PL - 1][m][kc][r]);
-            const float2 l1 = HalfPair(af[PL - 1][m][kc][r + 1]);
-            x0 = make_float2(x0.x + l0.x, x0.y + l0.y);
-            x1 = make_float2(x1.x + l1.x, x1.y + l1.y);
-          }
-          quad[m][0] = fmaf(x0.x, acc[m][nt][0], quad[m][0]);
-          quad[m][0] = fmaf(x0.y, acc[m][nt][1], quad[m][0]);
-          quad[m][1] = fmaf(x1.x, acc[m][nt][2], quad[m][1]);
-          quad[m][1] = fmaf(x1.y, acc[m][nt][3], quad[m][1]);
-          if constexpr (kEA) {
-            lin[m][0] = fmaf(x0.x, mu.x, lin[m][0]);
-            lin[m][0] = fmaf(x0.y, mu.y, lin[m][0]);
-            lin[m][1] = fmaf(x1.x, mu.x, lin[m][1]);
-            lin[m][1] = fmaf(x1.y, mu.y, lin[m][1]);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < MT; ++m) {
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        // Undo the scales one power of two at a time (no intermediate under- or overflow).
-        const float q = SumOverQuad(quad[m][hf]) * inv[m][hf] * inv[m][hf] * m_inv;
-        float value;
-        if constexpr (kEA) {
-          const float l = SumOverQuad(lin[m][hf]) * inv[m][hf];
-          value = l * a.scale + q * a.half_scale2;
-        } else {
-          value = sqrtf(fmaxf(q, 0.0f));
-        }
-        const int64_t j = row0 + 16 * m + g + 8 * hf;
-        if (t == 0 && j < a.count) a.out[static_cast<int64_t>(mat) * a.n + j] = value;
-      }
     }
   }
 }
@@ -600,34 +448,6 @@ cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
   p.scratch_bytes = offset;
   *plan = p;
   return cudaSuccess;
-}
-
-template <typename T, int DP>
-cudaError_t LaunchQuadTyped(QuadFastArgs args, int32_t num_kv_heads, bool ea,
-                            cudaStream_t stream) {
-  using S = QuadShape<T, DP>;
-  args.num_tiles = (args.count + S::BM - 1) / S::BM;
-  args.tile_groups = std::max<int64_t>(1, (args.num_tiles + kQuadTilesPerCta - 1) / kQuadTilesPerCta);
-  const int64_t blocks = args.tile_groups * args.mats_per_kv * num_kv_heads;
-  if (ea) return LaunchWithSmem(FastQuadKernel<T, DP, true>, blocks, S::kSmem, args, stream);
-  return LaunchWithSmem(FastQuadKernel<T, DP, false>, blocks, S::kSmem, args, stream);
-}
-
-template <typename T>
-cudaError_t LaunchQuadForType(const QuadFastArgs& args, int dp, int32_t h, bool ea,
-                              cudaStream_t stream) {
-  return dp == 64 ? LaunchQuadTyped<T, 64>(args, h, ea, stream)
-                  : LaunchQuadTyped<T, 128>(args, h, ea, stream);
-}
-
-cudaError_t LaunchQuad(const QuadFastArgs& args, DType dtype, int dp, int32_t h, bool ea,
-                       cudaStream_t stream) {
-  switch (dtype) {
-    case DType::kF32: return LaunchQuadForType<float>(args, dp, h, ea, stream);
-    case DType::kF16: return LaunchQuadForType<__half>(args, dp, h, ea, stream);
-    case DType::kBF16: return LaunchQuadForType<__nv_bfloat16>(args, dp, h, ea, stream);
-  }
-  return cudaErrorInvalidValue;
 }
 
 /// PrepareMatsKernel over the plan's matrices into the plan's scratch.

@@ -18,6 +18,9 @@
 
 namespace kvtrim::gpu::fast_tiles {
 
+using fast::CpAsync16;
+using fast::CpAsyncCommit;
+using fast::CpAsyncWait;
 using fast::LdMatrixX4;
 using fast::SmemAddress;
 
