@@ -12,8 +12,9 @@
 //                   x, then x_hi M_lo) into its own accumulator set, the first group's epilogue
 //                   running while the second computes; every group is waited for within its
 //                   tile (ptxas keeps wgmma asynchronous only when none is in flight across the
-//                   loop's back edge). Two CTAs per SM at d <= 64, so that one's A loads
-//                   overlap the other's products; one at d = 128 (registers).
+//                   loop's back edge); the next tile's rows are loaded while a tile computes
+//                   (16-bit inputs).
+//                   Two CTAs per SM at d <= 64, one at d = 128 (registers).
 // Work items of both are ordered (h, tile group, matrix) so that the CTAs on the device at one
 // time share their KV head's token rows in L2.
 #include "kernels/gpu/kernels/fast_quad.cuh"
@@ -274,11 +275,27 @@ __global__ void __launch_bounds__(kThreads, DP == 128 ? 1 : 2) WgmmaQuadKernel(Q
   const float m_inv = a.mat_inv[mat];
   const T* head = static_cast<const T*>(a.x) + static_cast<int64_t>(h) * a.n * a.d;
 
+  // 16-bit inputs: the next tile's rows are loaded while this one computes (f32 rows take
+  // twice the registers: loaded at the top of their tile).
+  constexpr bool kPrefetch = PL == 1;
+  const int64_t row_in_tile = (warp >> 2) * 64 + (warp & 3) * 16;
+  TokenRaw<T, DP, 1> raw;
+  if constexpr (kPrefetch) {
+    LoadTokenRaw<T, DP, 1>(head, item.part * S::BM + row_in_tile, a.count, a.d, lane, raw);
+  }
   for (int64_t tile = item.part; tile < a.num_tiles; tile += a.tile_groups) {
     uint32_t af[PL][1][KC][4];
     float inv[1][2];
-    const int64_t row0 = tile * S::BM + (warp >> 2) * 64 + (warp & 3) * 16;
-    LoadTokenFragments<T, DP, 1, PL>(head, row0, a.count, a.d, lane, af, inv);
+    const int64_t row0 = tile * S::BM + row_in_tile;
+    if constexpr (kPrefetch) {
+      ConvertTokenRaw<T, DP, 1, PL>(raw, af, inv);
+      if (tile + a.tile_groups < a.num_tiles) {
+        LoadTokenRaw<T, DP, 1>(head, (tile + a.tile_groups) * S::BM + row_in_tile, a.count,
+                               a.d, lane, raw);
+      }
+    } else {
+      LoadTokenFragments<T, DP, 1, PL>(head, row0, a.count, a.d, lane, af, inv);
+    }
     float quad[1][2] = {{0.0f, 0.0f}};
     float lin[1][2] = {{0.0f, 0.0f}};
     float acc0[32], acc1[32];
