@@ -12,8 +12,8 @@
 //                   x, then x_hi M_lo) into its own accumulator set, the first group's epilogue
 //                   running while the second computes; every group is waited for within its
 //                   tile (ptxas keeps wgmma asynchronous only when none is in flight across the
-//                   loop's back edge); the next tile's rows are loaded while a tile computes
-//                   (16-bit inputs).
+//                   loop's back edge), two tiles per iteration for 16-bit inputs so that the
+//                   pipe drains once per two tiles.
 //                   Two CTAs per SM at d <= 64, one at d = 128 (registers).
 // Work items of both are ordered (h, tile group, matrix) so that the CTAs on the device at one
 // time share their KV head's token rows in L2.
@@ -181,24 +181,25 @@ __global__ void __launch_bounds__(kThreads, DP == 128 ? 1 : 2) FastQuadKernel(Qu
 
 // ---- wgmma -------------------------------------------------------------------------------------
 
-/// Tile shape of WgmmaQuadKernel: PL planes of x, one row tile of 64 per warpgroup, DP / 64
-/// column groups of 64 (each its own accumulator set).
+/// Tile shape of WgmmaQuadKernel: PL planes of x, one row tile of 64 per warpgroup and tile,
+/// kTiles tiles per loop iteration, DP / 64 column groups of 64.
 template <typename T, int DP>
 struct WgQuadShape {
   static constexpr int PL = std::is_same<T, float>::value ? 2 : 1;
   static constexpr int KC = DP / 16;
   static constexpr int kGroups = DP / 64;
+  static constexpr int kTiles = PL == 1 ? 2 : 1;  // tiles per loop iteration (registers)
   static constexpr int BM = 128;  // tokens per tile (two warpgroups)
   static constexpr uint32_t kSlabBytes = DP * 128;                 // one 64-wide k slab
   static constexpr uint32_t kPlaneBytes = (DP / 64) * kSlabBytes;  // DP x DP f16
   static constexpr size_t kSmem = 2 * static_cast<size_t>(kPlaneBytes) + DP * sizeof(float) + 1024;
 };
 
-/// Issues one group: acc = x (M_hi columns [64 grp, 64 grp + 64)) over every plane of x, plus
-/// x_hi (M_lo, the same columns).
-template <int PL, int KC>
-__device__ __forceinline__ void IssueQuadGroup(float (&acc)[32], const uint32_t (&af)[PL][1][KC][4],
-                                               uint32_t planes, uint32_t plane_bytes,
+/// Issues one group: acc = x (M_hi columns [64 grp, 64 grp + 64)) over every plane of row tile
+/// m's x, plus x_hi (M_lo, the same columns).
+template <int PL, int MT, int KC>
+__device__ __forceinline__ void IssueQuadGroup(float (&acc)[32], const uint32_t (&af)[PL][MT][KC][4],
+                                               int m, uint32_t planes, uint32_t plane_bytes,
                                                uint32_t slab_bytes, int grp) {
   wgmma::Fence();
 #pragma unroll
@@ -212,22 +213,22 @@ __device__ __forceinline__ void IssueQuadGroup(float (&acc)[32], const uint32_t 
       const int planes_used = mat == 0 ? PL : 1;
 #pragma unroll
       for (int pl = 0; pl < planes_used; ++pl) {
-        wgmma::MmaM64N64K16(acc, af[pl][0][kk], desc, mat > 0 || kk > 0 || pl > 0);
+        wgmma::MmaM64N64K16(acc, af[pl][m][kk], desc, mat > 0 || kk > 0 || pl > 0);
       }
     }
   }
   wgmma::Commit();
 }
 
-/// The epilogue of group `grp`: its 8 column tiles into the row sums.
-template <int PL, int KC, bool kEA>
+/// The epilogue of row tile m's group `grp`: its 8 column tiles into the row sums.
+template <int PL, int MT, int KC, bool kEA>
 __device__ __forceinline__ void AddQuadGroup(const float (&acc)[32],
-                                             const uint32_t (&af)[PL][1][KC][4], int grp,
+                                             const uint32_t (&af)[PL][MT][KC][4], int m, int grp,
                                              const float* smu, int t, float (&quad)[2],
                                              float (&lin)[2]) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
-    AddColumnTile<PL, 1, KC, kEA>(af, 0, 8 * grp + i, acc + 4 * i, smu, t, quad, lin);
+    AddColumnTile<PL, MT, KC, kEA>(af, m, 8 * grp + i, acc + 4 * i, smu, t, quad, lin);
   }
 }
 
@@ -275,45 +276,59 @@ __global__ void __launch_bounds__(kThreads, DP == 128 ? 1 : 2) WgmmaQuadKernel(Q
   const float m_inv = a.mat_inv[mat];
   const T* head = static_cast<const T*>(a.x) + static_cast<int64_t>(h) * a.n * a.d;
 
-  // 16-bit inputs: the next tile's rows are loaded while this one computes (f32 rows take
-  // twice the registers: loaded at the top of their tile).
-  constexpr bool kPrefetch = PL == 1;
+  // kTiles tiles per iteration (tile, tile + tile_groups), their groups in the order (tile,
+  // column group), group i in set i % 2: the pipe drains once per iteration. A tile past the
+  // last reads zero rows and writes nothing.
+  constexpr int kTiles = S::kTiles;
+  constexpr int kGroupsPerIter = kTiles * S::kGroups;
   const int64_t row_in_tile = (warp >> 2) * 64 + (warp & 3) * 16;
-  TokenRaw<T, DP, 1> raw;
-  if constexpr (kPrefetch) {
-    LoadTokenRaw<T, DP, 1>(head, item.part * S::BM + row_in_tile, a.count, a.d, lane, raw);
-  }
-  for (int64_t tile = item.part; tile < a.num_tiles; tile += a.tile_groups) {
-    uint32_t af[PL][1][KC][4];
-    float inv[1][2];
+  const int64_t tile_stride = a.tile_groups * S::BM;  // rows between an iteration's tiles
+  for (int64_t tile = item.part; tile < a.num_tiles; tile += kTiles * a.tile_groups) {
+    uint32_t af[PL][kTiles][KC][4];
+    float inv[kTiles][2];
     const int64_t row0 = tile * S::BM + row_in_tile;
-    if constexpr (kPrefetch) {
-      ConvertTokenRaw<T, DP, 1, PL>(raw, af, inv);
-      if (tile + a.tile_groups < a.num_tiles) {
-        LoadTokenRaw<T, DP, 1>(head, (tile + a.tile_groups) * S::BM + row_in_tile, a.count,
-                               a.d, lane, raw);
-      }
-    } else {
-      LoadTokenFragments<T, DP, 1, PL>(head, row0, a.count, a.d, lane, af, inv);
-    }
-    float quad[1][2] = {{0.0f, 0.0f}};
-    float lin[1][2] = {{0.0f, 0.0f}};
+    LoadTokenFragments<T, DP, kTiles, PL>(head, row0, a.count, a.d, lane, af, inv, tile_stride);
+    float quad[kTiles][2], lin[kTiles][2];
+#pragma unroll
+    for (int m = 0; m < kTiles; ++m) quad[m][0] = quad[m][1] = lin[m][0] = lin[m][1] = 0.0f;
     float acc0[32], acc1[32];
-    IssueQuadGroup<PL, KC>(acc0, af, planes, S::kPlaneBytes, S::kSlabBytes, 0);
-    if constexpr (S::kGroups == 2) {
-      IssueQuadGroup<PL, KC>(acc1, af, planes, S::kPlaneBytes, S::kSlabBytes, 1);
-      wgmma::Wait<1>();
-      wgmma::Pin(acc0);
-      AddQuadGroup<PL, KC, kEA>(acc0, af, 0, smu, t, quad[0], lin[0]);
-      wgmma::Wait<0>();
-      wgmma::Pin(acc1);
-      AddQuadGroup<PL, KC, kEA>(acc1, af, 1, smu, t, quad[0], lin[0]);
-    } else {
-      wgmma::Wait<0>();
-      wgmma::Pin(acc0);
-      AddQuadGroup<PL, KC, kEA>(acc0, af, 0, smu, t, quad[0], lin[0]);
+#pragma unroll
+    for (int i = 0; i < kGroupsPerIter; ++i) {
+      const int m = i / S::kGroups;
+      const int grp = i % S::kGroups;
+      if ((i & 1) == 0) {
+        IssueQuadGroup<PL, kTiles, KC>(acc0, af, m, planes, S::kPlaneBytes, S::kSlabBytes, grp);
+        if (i > 0) {
+          wgmma::Wait<1>();
+          wgmma::Pin(acc1);
+          const int pm = (i - 1) / S::kGroups;
+          AddQuadGroup<PL, kTiles, KC, kEA>(acc1, af, pm, (i - 1) % S::kGroups, smu, t, quad[pm],
+                                            lin[pm]);
+        }
+      } else {
+        IssueQuadGroup<PL, kTiles, KC>(acc1, af, m, planes, S::kPlaneBytes, S::kSlabBytes, grp);
+        wgmma::Wait<1>();
+        wgmma::Pin(acc0);
+        const int pm = (i - 1) / S::kGroups;
+        AddQuadGroup<PL, kTiles, KC, kEA>(acc0, af, pm, (i - 1) % S::kGroups, smu, t, quad[pm],
+                                          lin[pm]);
+      }
     }
-    WriteForms<1, kEA>(a, mat, row0, 64, lane, m_inv, quad, lin, inv);
+    wgmma::Wait<0>();
+    {
+      constexpr int last = kGroupsPerIter - 1;
+      if constexpr ((last & 1) == 0) {
+        wgmma::Pin(acc0);
+        AddQuadGroup<PL, kTiles, KC, kEA>(acc0, af, last / S::kGroups, last % S::kGroups, smu, t,
+                                          quad[last / S::kGroups], lin[last / S::kGroups]);
+      } else {
+        wgmma::Pin(acc1);
+        AddQuadGroup<PL, kTiles, KC, kEA>(acc1, af, last / S::kGroups, last % S::kGroups, smu, t,
+                                          quad[last / S::kGroups], lin[last / S::kGroups]);
+      }
+    }
+    WriteForms<kTiles, kEA>(a, mat, row0, static_cast<int>(tile_stride), lane, m_inv, quad, lin,
+                            inv);
   }
 }
 
