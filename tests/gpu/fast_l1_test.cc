@@ -278,7 +278,9 @@ TEST(FastL1Timing, WgmmaAgainstMmaSync) {
   std::vector<MmaKernel> kernels = {MmaKernel::kMmaSync};
   if (WgmmaAvailable()) kernels.push_back(MmaKernel::kWgmma);
   for (MmaKernel k : kernels) {
-    for (int i = 0; i < 2; ++i) KVTRIM_L1_OK(LaunchL1(a, DType::kBF16, l.padded_dim, kv_heads, nullptr, k));
+    for (int i = 0; i < 2; ++i) {
+      KVTRIM_L1_OK(LaunchL1(a, DType::kBF16, l.padded_dim, kv_heads, nullptr, k));
+    }
     std::vector<double> ms;
     for (int rep = 0; rep < 10; ++rep) {
       cudaEvent_t start, stop;

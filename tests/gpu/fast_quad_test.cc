@@ -121,8 +121,9 @@ QuadCase MakeCase(DType dtype, int32_t d, int64_t count, bool ea, uint32_t seed)
       for (int32_t r = 0; r < d; ++r) {
         lin += std::fabs(static_cast<double>(xj[r]) * c.mean[static_cast<size_t>(k) * c.dp + r]);
         for (int32_t col = 0; col < d; ++col) {
-          quad += std::fabs(xj[r] * m[static_cast<size_t>(k) * plane + static_cast<size_t>(r) * c.dp + col] *
-                            xj[col]);
+          const double mrc =
+              m[static_cast<size_t>(k) * plane + static_cast<size_t>(r) * c.dp + col];
+          quad += std::fabs(xj[r] * mrc * xj[col]);
         }
       }
       quad *= c.mat_inv[static_cast<size_t>(k)];

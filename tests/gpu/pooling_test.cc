@@ -47,10 +47,14 @@ std::vector<float> RunOnDevice(const std::vector<float>& in, Launch launch, cuda
   *status = cudaMalloc(&d_in, bytes);
   if (*status == cudaSuccess) *status = cudaMalloc(&d_out, bytes);
   if (*status == cudaSuccess) *status = cudaMemcpy(d_in, in.data(), bytes, cudaMemcpyHostToDevice);
-  if (*status == cudaSuccess) *status = cudaMemcpy(d_out, out.data(), bytes, cudaMemcpyHostToDevice);
+  if (*status == cudaSuccess) {
+    *status = cudaMemcpy(d_out, out.data(), bytes, cudaMemcpyHostToDevice);
+  }
   if (*status == cudaSuccess) *status = launch(d_in, d_out);
   if (*status == cudaSuccess) *status = cudaDeviceSynchronize();
-  if (*status == cudaSuccess) *status = cudaMemcpy(out.data(), d_out, bytes, cudaMemcpyDeviceToHost);
+  if (*status == cudaSuccess) {
+    *status = cudaMemcpy(out.data(), d_out, bytes, cudaMemcpyDeviceToHost);
+  }
   cudaFree(d_in);
   cudaFree(d_out);
   return out;

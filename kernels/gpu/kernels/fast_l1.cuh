@@ -28,8 +28,9 @@ struct L1FastArgs {
   float* out;            // [H_q, n]: n_q[j] for j < count
 };
 
-/// Launches the norms of `args` (dp: 64 or 128, the padded head dimension; h: H_kv) on
-/// `stream`. Errors: cudaErrorInvalidValue for another dtype / dp or kWgmma off Hopper.
+/// Launches the norms of `args` (dp: 64 or 128, the padded head dimension; num_kv_heads:
+/// H_kv) on `stream`. Errors: cudaErrorInvalidValue for another dtype / dp or kWgmma off
+/// Hopper.
 cudaError_t LaunchL1(const L1FastArgs& args, DType dtype, int dp, int32_t num_kv_heads,
                      cudaStream_t stream, MmaKernel kernel = MmaKernel::kAuto);
 

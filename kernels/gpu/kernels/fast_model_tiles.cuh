@@ -96,7 +96,8 @@ __device__ __forceinline__ void LoadTokenRaw(const T* __restrict__ head, int64_t
 #pragma unroll
         for (int h2 = 0; h2 < 2; ++h2) {
           const int col = 16 * kc + 8 * h2 + 2 * t;
-          raw[m][hf][kc][h2] = (valid && col < d) ? *reinterpret_cast<const Raw*>(row + col) : Raw{};
+          raw[m][hf][kc][h2] =
+              (valid && col < d) ? *reinterpret_cast<const Raw*>(row + col) : Raw{};
         }
       }
     }

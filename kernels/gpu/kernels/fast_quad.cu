@@ -201,8 +201,9 @@ struct WgQuadShape {
 /// Issues one group: acc = x (M_hi columns [64 grp, 64 grp + 64)) over every plane of row tile
 /// m's x, plus x_hi (M_lo, the same columns).
 template <int PL, int MT, int KC>
-__device__ __forceinline__ void IssueQuadGroup(float (&acc)[32], const uint32_t (&af)[PL][MT][KC][4],
-                                               int m, uint32_t planes, uint32_t plane_bytes,
+__device__ __forceinline__ void IssueQuadGroup(float (&acc)[32],
+                                               const uint32_t (&af)[PL][MT][KC][4], int m,
+                                               uint32_t planes, uint32_t plane_bytes,
                                                uint32_t slab_bytes, int grp) {
   wgmma::Fence();
 #pragma unroll
@@ -370,8 +371,10 @@ cudaError_t LaunchQuad(const QuadFastArgs& args, DType dtype, int dp, int32_t nu
   bool use_wgmma = false;
   if (!ResolveMmaKernel(kernel, &use_wgmma)) return cudaErrorInvalidValue;
   switch (dtype) {
-    case DType::kF32: return LaunchQuadForType<float>(args, dp, num_kv_heads, ea, use_wgmma, stream);
-    case DType::kF16: return LaunchQuadForType<__half>(args, dp, num_kv_heads, ea, use_wgmma, stream);
+    case DType::kF32:
+      return LaunchQuadForType<float>(args, dp, num_kv_heads, ea, use_wgmma, stream);
+    case DType::kF16:
+      return LaunchQuadForType<__half>(args, dp, num_kv_heads, ea, use_wgmma, stream);
     case DType::kBF16:
       return LaunchQuadForType<__nv_bfloat16>(args, dp, num_kv_heads, ea, use_wgmma, stream);
   }
