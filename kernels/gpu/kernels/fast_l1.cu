@@ -6,9 +6,10 @@
 //                   cp.async ring in shared memory (16-byte padded rows: ldmatrix without bank
 //                   conflicts); per chunk MT x BN/8 accumulators over d / 16 k-steps, then |.|
 //                   summed into per-row registers.
-//  WgmmaL1Kernel    wgmma (sm_90a): CTA = 2 warpgroups; warpgroup w holds MT tiles of 64 token
-//                   rows as A fragments (warp i of it rows 16 i .. 16 i + 15 of each), and the
-//                   CTA streams W_O^q in chunks of 64 rows through a 6-stage cp.async ring in
+//  WgmmaL1Kernel    wgmma (sm_90a): CTA = 3 warpgroups for 16-bit rows at d = 128, else 2;
+//                   warpgroup w holds MT tiles of 64 token rows as A fragments (warp i of it
+//                   rows 16 i .. 16 i + 15 of each), and the CTA streams W_O^q in chunks of
+//                   64 rows through a 6-stage cp.async ring in
 //                   the 128-byte swizzled K-major layout of wgmma.cuh. Each (chunk, row tile)
 //                   is one group of d / 16 asynchronous m64n64k16 steps into one of two
 //                   accumulator sets; the |.| row sums of one group run while the next group
@@ -153,15 +154,21 @@ __global__ void __launch_bounds__(kThreads, 1) FastL1Kernel(L1FastArgs a) {
 
 // ---- wgmma -------------------------------------------------------------------------------------
 
-/// Tile shape of WgmmaL1Kernel for input T and DP: MT row tiles of 64 per warpgroup, PL planes
-/// of A (2 for f32 inputs); A fragments take PL * MT * DP / 4 registers, the two accumulator
-/// sets 64.
+/// Tile shape of WgmmaL1Kernel for input T and DP: kWG warpgroups of MT row tiles of 64, PL
+/// planes of A (2 for f32 inputs); A fragments take PL * MT * DP / 4 registers, the two
+/// accumulator sets 64. 16-bit rows at d = 128 take three warpgroups of one tile (122
+/// registers: while one warpgroup drains its groups the other two keep the tensor pipe busy;
+/// H100, FastL1Timing: 2.17-2.19 ms against 2.32 ms for two of two tiles, 2.27 ms for four of
+/// one, which spills); elsewhere two.
 template <typename T, int DP>
 struct WgL1Shape {
   static constexpr int PL = std::is_same<T, float>::value ? 2 : 1;
-  static constexpr int MT = (DP == 128 ? 2 : 4) / PL;
+  static constexpr bool kThree = PL == 1 && DP == 128;
+  static constexpr int kWG = kThree ? 3 : 2;
+  static constexpr int MT = kThree ? 1 : (DP == 128 ? 2 : 4) / PL;
   static constexpr int KC = DP / 16;
-  static constexpr int BM = 2 * 64 * MT;  // tokens per CTA
+  static constexpr int kThreadsWg = 128 * kWG;  // threads per CTA
+  static constexpr int BM = kWG * 64 * MT;      // tokens per CTA
   static constexpr uint32_t kSlabBytes = kWgBN * 128;  // one 64-wide k slab of a chunk
   static constexpr uint32_t kStageBytes = (DP / 64) * kSlabBytes;
   static constexpr size_t kSmem = static_cast<size_t>(kWgStages) * kStageBytes + 1024;
@@ -194,7 +201,7 @@ __device__ __forceinline__ void AddAbsRows(const float (&acc)[32], float (&rs)[2
 }
 
 template <typename T, int DP>
-__global__ void __launch_bounds__(kThreads, 1) WgmmaL1Kernel(L1FastArgs a) {
+__global__ void __launch_bounds__(WgL1Shape<T, DP>::kThreadsWg, 1) WgmmaL1Kernel(L1FastArgs a) {
 #if !KVTRIM_HAS_WGMMA
   __trap();  // never launched: L1UsesWgmma is false where the sm_90a code does not run
 #endif
@@ -219,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) WgmmaL1Kernel(L1FastArgs a) {
   // Chunk c -> stage c % kWgStages, row r's piece p at slab p / 8, swizzled piece p % 8 ^ r % 8.
   auto stage = [&](int c) {
     const uint32_t dst = smem + static_cast<uint32_t>(c % kWgStages) * S::kStageBytes;
-    for (int idx = tid; idx < kPieces; idx += kThreads) {
+    for (int idx = tid; idx < kPieces; idx += S::kThreadsWg) {
       const int r = idx / (DP / 8);
       const int p = idx % (DP / 8);
       const int64_t e = static_cast<int64_t>(c) * kWgBN + r;
@@ -302,7 +309,7 @@ cudaError_t LaunchL1Typed(L1FastArgs args, int32_t num_kv_heads, bool use_wgmma,
     static_assert(S::kSmem <= 227 * 1024, "shared memory of one CTA");
     args.num_tiles = (args.count + S::BM - 1) / S::BM;
     return LaunchWithSmem(WgmmaL1Kernel<T, DP>, args.num_tiles * args.group * num_kv_heads,
-                          S::kSmem, args, stream);
+                          S::kSmem, args, stream, S::kThreadsWg);
   }
   using S = L1Shape<T, DP>;
   static_assert(S::kSmem <= 227 * 1024, "shared memory of one CTA");

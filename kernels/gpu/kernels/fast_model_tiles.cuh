@@ -219,16 +219,17 @@ __device__ __forceinline__ void AddTileProducts(float (&acc)[MT][NT][4],
   }
 }
 
-/// Opts `kernel` into `smem` bytes of dynamic shared memory and launches it on a 1-D grid.
+/// Opts `kernel` into `smem` bytes of dynamic shared memory and launches it on a 1-D grid of
+/// `threads`-thread CTAs.
 template <typename Kernel, typename Args>
 cudaError_t LaunchWithSmem(Kernel kernel, int64_t blocks, size_t smem, const Args& args,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, int threads = kThreads) {
   if (blocks < 1) return cudaSuccess;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(args);
+  kernel<<<static_cast<unsigned>(blocks), threads, smem, stream>>>(args);
   return cudaGetLastError();
 }
 
