@@ -26,6 +26,7 @@
 #include "kernels/gpu/kernels/attention_stats.cuh"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/gpu/kernels/pooling.cuh"
+#include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu {
@@ -37,29 +38,7 @@ namespace {
     ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_);     \
   } while (0)
 
-/// Device buffer freed on scope exit.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) { Allocate(bytes); }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  /// Allocates `bytes` (at least 1) of device memory; false on failure.
-  bool Allocate(size_t bytes) {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-    ptr_ = nullptr;
-    return cudaMalloc(&ptr_, std::max<size_t>(bytes, 1)) == cudaSuccess;
-  }
-  void* get() const { return ptr_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-};
+using testing::DeviceBuffer;
 
 /// One scorer invocation to compare.
 struct Case {

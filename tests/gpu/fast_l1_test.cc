@@ -8,7 +8,7 @@
 //     the prefix count untouched, both kernels within the same bound of each other;
 //   * FastL1Kernels.WgmmaRefusedOffHopper: kWgmma is refused where it cannot run;
 //   * FastL1Timing.WgmmaAgainstMmaSync: both kernels at n = 32K, H_kv = 8, G = 4, d = 128,
-//     D = 4096, bf16 (median of 10 launches, printed with the rate in TFLOP/s).
+//     D = 4096, bf16 (median of 10 launches after 3 warm-ups, printed with the rate in TFLOP/s).
 // Skips without a GPU.
 #include <cuda_runtime.h>
 
@@ -25,27 +25,13 @@
 #include "kernels/dtype.h"
 #include "kernels/gpu/kernels/fast_l1.cuh"
 #include "kernels/gpu/kernels/fast_model.cuh"
+#include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
 
 #define KVTRIM_L1_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-/// A device allocation freed at scope exit.
-class DeviceBytes {
- public:
-  explicit DeviceBytes(size_t bytes) { status_ = cudaMalloc(&data_, std::max<size_t>(bytes, 1)); }
-  ~DeviceBytes() { cudaFree(data_); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  void* data() const { return data_; }
-  cudaError_t status() const { return status_; }
-
- private:
-  void* data_ = nullptr;
-  cudaError_t status_ = cudaSuccess;
-};
 
 /// One layer's inputs: values [H_kv, n, d] in `dtype` (and their exact float values), W_O
 /// [D, H_q d] and its f16 image.
@@ -134,7 +120,7 @@ struct L1Device {
       : values(c.raw.size()),
         image(c.image.size()),
         out(static_cast<size_t>(c.kv_heads) * c.group * c.n * sizeof(float)) {}
-  DeviceBytes values, image, out;
+  DeviceBuffer values, image, out;
 };
 
 constexpr float kSentinel = -12345.0f;
@@ -144,29 +130,29 @@ std::vector<float> RunL1(const L1Case& c, MmaKernel kernel, cudaError_t* status)
   const int32_t hq = c.kv_heads * c.group;
   L1Device dev(c);
   std::vector<float> out(static_cast<size_t>(hq) * c.n, kSentinel);
-  *status = dev.values.status();
-  if (*status == cudaSuccess) *status = dev.image.status();
-  if (*status == cudaSuccess) *status = dev.out.status();
-  if (*status != cudaSuccess) return out;
-  cudaMemcpy(dev.values.data(), c.raw.data(), c.raw.size(), cudaMemcpyHostToDevice);
-  cudaMemcpy(dev.image.data(), c.image.data(), c.image.size(), cudaMemcpyHostToDevice);
-  cudaMemcpy(dev.out.data(), out.data(), out.size() * sizeof(float), cudaMemcpyHostToDevice);
+  if (!dev.values.ok() || !dev.image.ok() || !dev.out.ok()) {
+    *status = cudaErrorMemoryAllocation;
+    return out;
+  }
+  cudaMemcpy(dev.values.get(), c.raw.data(), c.raw.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dev.image.get(), c.image.data(), c.image.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(dev.out.get(), out.data(), out.size() * sizeof(float), cudaMemcpyHostToDevice);
   const FastWoLayout l = MakeFastWoLayout(hq, c.d, c.hidden);
   L1FastArgs a{};
-  a.values = dev.values.data();
-  a.w16 = reinterpret_cast<const __half*>(static_cast<const char*>(dev.image.data()) +
+  a.values = dev.values.get();
+  a.w16 = reinterpret_cast<const __half*>(static_cast<const char*>(dev.image.get()) +
                                           l.header_bytes);
-  a.w_inv = static_cast<const float*>(dev.image.data());
+  a.w_inv = static_cast<const float*>(dev.image.get());
   a.n = c.n;
   a.count = c.count;
   a.d = c.d;
   a.hidden = c.hidden;
   a.group = c.group;
-  a.out = static_cast<float*>(dev.out.data());
+  a.out = static_cast<float*>(dev.out.get());
   *status = LaunchL1(a, c.dtype, l.padded_dim, c.kv_heads, nullptr, kernel);
   if (*status == cudaSuccess) *status = cudaDeviceSynchronize();
   if (*status == cudaSuccess) {
-    *status = cudaMemcpy(out.data(), dev.out.data(), out.size() * sizeof(float),
+    *status = cudaMemcpy(out.data(), dev.out.get(), out.size() * sizeof(float),
                          cudaMemcpyDeviceToHost);
   }
   return out;
@@ -243,17 +229,15 @@ TEST(FastL1Timing, WgmmaAgainstMmaSync) {
   const int32_t kv_heads = 8, group = 4, d = 128, hidden = 4096;
   const int64_t n = 32768;
   const int32_t hq = kv_heads * group;
-  DeviceBytes values(static_cast<size_t>(kv_heads) * n * d * 2);
+  DeviceBuffer values(static_cast<size_t>(kv_heads) * n * d * 2);
   const FastWoLayout l = MakeFastWoLayout(hq, d, hidden);
-  DeviceBytes image(l.bytes);
-  DeviceBytes out(static_cast<size_t>(hq) * n * sizeof(float));
-  KVTRIM_L1_OK(values.status());
-  KVTRIM_L1_OK(image.status());
-  KVTRIM_L1_OK(out.status());
+  DeviceBuffer image(l.bytes);
+  DeviceBuffer out(static_cast<size_t>(hq) * n * sizeof(float));
+  ASSERT_TRUE(values.ok() && image.ok() && out.ok());
   // bf16 0x3F80 = 1.0 and f16 0x3C00 = 1.0 everywhere, inverse scales 1: the rate does not
   // depend on the values.
   std::vector<uint16_t> ones(static_cast<size_t>(kv_heads) * n * d, 0x3F80);
-  KVTRIM_L1_OK(cudaMemcpy(values.data(), ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+  KVTRIM_L1_OK(cudaMemcpy(values.get(), ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
   std::vector<uint8_t> img(l.bytes, 0);
   for (int32_t q = 0; q < hq; ++q) {
     const float one = 1.0f;
@@ -263,49 +247,33 @@ TEST(FastL1Timing, WgmmaAgainstMmaSync) {
     img[i] = 0x00;
     img[i + 1] = 0x3C;
   }
-  KVTRIM_L1_OK(cudaMemcpy(image.data(), img.data(), img.size(), cudaMemcpyHostToDevice));
+  KVTRIM_L1_OK(cudaMemcpy(image.get(), img.data(), img.size(), cudaMemcpyHostToDevice));
   L1FastArgs a{};
-  a.values = values.data();
-  a.w16 = reinterpret_cast<const __half*>(static_cast<const char*>(image.data()) + l.header_bytes);
-  a.w_inv = static_cast<const float*>(image.data());
+  a.values = values.get();
+  a.w16 = reinterpret_cast<const __half*>(static_cast<const char*>(image.get()) + l.header_bytes);
+  a.w_inv = static_cast<const float*>(image.get());
   a.n = n;
   a.count = n;
   a.d = d;
   a.hidden = hidden;
   a.group = group;
-  a.out = static_cast<float*>(out.data());
+  a.out = static_cast<float*>(out.get());
   const double flop = 2.0 * n * hq * d * hidden;
   std::vector<MmaKernel> kernels = {MmaKernel::kMmaSync};
   if (WgmmaAvailable()) kernels.push_back(MmaKernel::kWgmma);
   for (MmaKernel k : kernels) {
-    for (int i = 0; i < 2; ++i) {
-      KVTRIM_L1_OK(LaunchL1(a, DType::kBF16, l.padded_dim, kv_heads, nullptr, k));
-    }
-    std::vector<double> ms;
-    for (int rep = 0; rep < 10; ++rep) {
-      cudaEvent_t start, stop;
-      KVTRIM_L1_OK(cudaEventCreate(&start));
-      KVTRIM_L1_OK(cudaEventCreate(&stop));
-      KVTRIM_L1_OK(cudaEventRecord(start, nullptr));
-      KVTRIM_L1_OK(LaunchL1(a, DType::kBF16, l.padded_dim, kv_heads, nullptr, k));
-      KVTRIM_L1_OK(cudaEventRecord(stop, nullptr));
-      KVTRIM_L1_OK(cudaEventSynchronize(stop));
-      float elapsed = 0;
-      KVTRIM_L1_OK(cudaEventElapsedTime(&elapsed, start, stop));
-      ms.push_back(elapsed);
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-    }
-    std::nth_element(ms.begin(), ms.begin() + 5, ms.end());
+    const double ms = 1e-3 * MedianLaunchMicros(10, [&] {
+      return LaunchL1(a, DType::kBF16, l.padded_dim, kv_heads, nullptr, k);
+    });
     const char* name = k == MmaKernel::kWgmma ? "wgmma" : "mma.sync";
     std::printf("[timing] l1 %s n=%lld H_q=%d d=%d D=%d bf16: %.3f ms, %.0f TFLOP/s\n", name,
-                static_cast<long long>(n), hq, d, hidden, ms[5], flop / (ms[5] * 1e-3) / 1e12);
+                static_cast<long long>(n), hq, d, hidden, ms, flop / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
     RecordProperty(std::string("l1_ms_") + (k == MmaKernel::kWgmma ? "wgmma" : "mma_sync"),
-                   std::to_string(ms[5]));
+                   std::to_string(ms));
     // Every output: D * d for all-ones operands.
     std::vector<float> host(static_cast<size_t>(hq) * n);
-    KVTRIM_L1_OK(cudaMemcpy(host.data(), out.data(), host.size() * sizeof(float),
+    KVTRIM_L1_OK(cudaMemcpy(host.data(), out.get(), host.size() * sizeof(float),
                             cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < host.size(); i += 997) {
       ASSERT_EQ(host[i], static_cast<float>(hidden * d)) << name << " at " << i;

@@ -7,7 +7,7 @@
 //     on the squared outputs for the Gram forms (sqrt(max(0, q))), rows at or past the count
 //     untouched; skipped off Hopper;
 //   * FastQuadTiming.WgmmaAgainstMmaSync: both at n = 128K, H_kv = 8, 4 matrices per KV head,
-//     d = 128, bf16, Gram (median of 10 launches, printed with the rate in TFLOP/s).
+//     d = 128, bf16, Gram (median of 10 launches after 3 warm-ups, with the rate in TFLOP/s).
 // The scores of the scorers built on them are checked against exact mode in
 // fast_model_test.cc. Skips without a GPU.
 #include <cuda_fp16.h>
@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kernels/gpu/kernels/fast_quad.cuh"
+#include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -35,17 +36,27 @@ namespace {
 /// Device copies of one case: x [H_kv, n, d] in dtype, planes [mats][2][DP][DP], mat_inv,
 /// mean [mats][DP], out [mats, n] (prefilled with a sentinel).
 struct QuadDevice {
-  void* x = nullptr;
-  __half* planes = nullptr;
-  float* mat_inv = nullptr;
-  float* mean = nullptr;
-  float* out = nullptr;
-  ~QuadDevice() {
-    cudaFree(x);
-    cudaFree(planes);
-    cudaFree(mat_inv);
-    cudaFree(mean);
-    cudaFree(out);
+  DeviceBuffer x, planes, mat_inv, mean, out;
+
+  /// Allocates every buffer with its size in bytes; false on a failure.
+  bool Allocate(size_t x_bytes, size_t planes_bytes, size_t mats, size_t dp, size_t out_floats) {
+    return x.Allocate(x_bytes) && planes.Allocate(planes_bytes) &&
+           mat_inv.Allocate(mats * sizeof(float)) && mean.Allocate(mats * dp * sizeof(float)) &&
+           out.Allocate(out_floats * sizeof(float));
+  }
+  /// The launch arguments over these buffers (EA's scale and half_scale2 left 0).
+  QuadFastArgs Args(int64_t n, int64_t count, int32_t d, int32_t mats_per_kv) const {
+    QuadFastArgs a{};
+    a.x = x.get();
+    a.planes = planes.as<__half>();
+    a.mat_inv = mat_inv.as<float>();
+    a.mean = mean.as<float>();
+    a.n = n;
+    a.count = count;
+    a.d = d;
+    a.mats_per_kv = mats_per_kv;
+    a.out = out.as<float>();
+    return a;
   }
 };
 
@@ -144,32 +155,24 @@ std::vector<float> RunQuad(const QuadCase& c, MmaKernel kernel, cudaError_t* sta
     return *status == cudaSuccess;
   };
   *status = cudaSuccess;
-  ok(cudaMalloc(&dev.x, c.x_raw.size()));
-  ok(cudaMalloc(&dev.planes, c.planes.size() * 2));
-  ok(cudaMalloc(&dev.mat_inv, c.mat_inv.size() * 4));
-  ok(cudaMalloc(&dev.mean, c.mean.size() * 4));
-  ok(cudaMalloc(&dev.out, out.size() * 4));
-  if (*status != cudaSuccess) return out;
-  ok(cudaMemcpy(dev.x, c.x_raw.data(), c.x_raw.size(), cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dev.planes, c.planes.data(), c.planes.size() * 2, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dev.mat_inv, c.mat_inv.data(), c.mat_inv.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dev.mean, c.mean.data(), c.mean.size() * 4, cudaMemcpyHostToDevice));
-  ok(cudaMemcpy(dev.out, out.data(), out.size() * 4, cudaMemcpyHostToDevice));
-  QuadFastArgs a{};
-  a.x = dev.x;
-  a.planes = dev.planes;
-  a.mat_inv = dev.mat_inv;
-  a.mean = dev.mean;
-  a.n = c.n;
-  a.count = c.count;
-  a.d = c.d;
-  a.mats_per_kv = kMatsPerKv;
+  if (!dev.Allocate(c.x_raw.size(), c.planes.size() * 2, c.mat_inv.size(),
+                    static_cast<size_t>(c.dp), out.size())) {
+    *status = cudaErrorMemoryAllocation;
+    return out;
+  }
+  ok(cudaMemcpy(dev.x.get(), c.x_raw.data(), c.x_raw.size(), cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dev.planes.get(), c.planes.data(), c.planes.size() * 2,
+                cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dev.mat_inv.get(), c.mat_inv.data(), c.mat_inv.size() * 4,
+                cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dev.mean.get(), c.mean.data(), c.mean.size() * 4, cudaMemcpyHostToDevice));
+  ok(cudaMemcpy(dev.out.get(), out.data(), out.size() * 4, cudaMemcpyHostToDevice));
+  QuadFastArgs a = dev.Args(c.n, c.count, c.d, kMatsPerKv);
   a.scale = c.scale;
   a.half_scale2 = c.half_scale2;
-  a.out = dev.out;
   ok(LaunchQuad(a, c.dtype, c.dp, kKvHeads, c.ea, nullptr, kernel));
   ok(cudaDeviceSynchronize());
-  ok(cudaMemcpy(out.data(), dev.out, out.size() * 4, cudaMemcpyDeviceToHost));
+  ok(cudaMemcpy(out.data(), dev.out.get(), out.size() * 4, cudaMemcpyDeviceToHost));
   return out;
 }
 
@@ -220,64 +223,39 @@ TEST(FastQuadTiming, WgmmaAgainstMmaSync) {
   const int64_t n = 131072;
   const int32_t mats = kv_heads * mats_per_kv;
   QuadDevice dev;
-  KVTRIM_QUAD_OK(cudaMalloc(&dev.x, static_cast<size_t>(kv_heads) * n * d * 2));
-  KVTRIM_QUAD_OK(cudaMalloc(&dev.planes, static_cast<size_t>(mats) * 2 * d * d * 2));
-  KVTRIM_QUAD_OK(cudaMalloc(&dev.mat_inv, static_cast<size_t>(mats) * 4));
-  KVTRIM_QUAD_OK(cudaMalloc(&dev.mean, static_cast<size_t>(mats) * d * 4));
-  KVTRIM_QUAD_OK(cudaMalloc(&dev.out, static_cast<size_t>(mats) * n * 4));
+  ASSERT_TRUE(dev.Allocate(static_cast<size_t>(kv_heads) * n * d * 2,
+                           static_cast<size_t>(mats) * 2 * d * d * 2, mats, d,
+                           static_cast<size_t>(mats) * n));
   // bf16 1.0 rows, f16 1.0 hi planes, zero lo planes, inverse scales 1: every form is d * d
   // after the row scale 2^14 is undone.
   std::vector<uint16_t> ones(static_cast<size_t>(kv_heads) * n * d, 0x3F80);
-  KVTRIM_QUAD_OK(cudaMemcpy(dev.x, ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
+  KVTRIM_QUAD_OK(cudaMemcpy(dev.x.get(), ones.data(), ones.size() * 2, cudaMemcpyHostToDevice));
   std::vector<uint16_t> planes(static_cast<size_t>(mats) * 2 * d * d, 0);
   for (int32_t k = 0; k < mats; ++k) {
     std::fill_n(planes.begin() + static_cast<size_t>(k) * 2 * d * d, d * d, uint16_t{0x3C00});
   }
-  KVTRIM_QUAD_OK(cudaMemcpy(dev.planes, planes.data(), planes.size() * 2, cudaMemcpyHostToDevice));
+  KVTRIM_QUAD_OK(
+      cudaMemcpy(dev.planes.get(), planes.data(), planes.size() * 2, cudaMemcpyHostToDevice));
   const std::vector<float> inv(static_cast<size_t>(mats), 1.0f);
-  KVTRIM_QUAD_OK(cudaMemcpy(dev.mat_inv, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
-  QuadFastArgs a{};
-  a.x = dev.x;
-  a.planes = dev.planes;
-  a.mat_inv = dev.mat_inv;
-  a.mean = dev.mean;
-  a.n = n;
-  a.count = n;
-  a.d = d;
-  a.mats_per_kv = mats_per_kv;
-  a.out = dev.out;
+  KVTRIM_QUAD_OK(cudaMemcpy(dev.mat_inv.get(), inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
+  const QuadFastArgs a = dev.Args(n, n, d, mats_per_kv);
   // Two products (hi, lo) of [n, d] x [d, d] per matrix.
   const double flop = 2.0 * 2.0 * n * mats * d * d;
   std::vector<MmaKernel> kernels = {MmaKernel::kMmaSync};
   if (WgmmaAvailable()) kernels.push_back(MmaKernel::kWgmma);
   for (MmaKernel k : kernels) {
     const char* name = k == MmaKernel::kWgmma ? "wgmma" : "mma.sync";
-    for (int i = 0; i < 2; ++i) {
-      KVTRIM_QUAD_OK(LaunchQuad(a, DType::kBF16, d, kv_heads, false, nullptr, k));
-    }
-    std::vector<double> ms;
-    for (int rep = 0; rep < 10; ++rep) {
-      cudaEvent_t start, stop;
-      KVTRIM_QUAD_OK(cudaEventCreate(&start));
-      KVTRIM_QUAD_OK(cudaEventCreate(&stop));
-      KVTRIM_QUAD_OK(cudaEventRecord(start, nullptr));
-      KVTRIM_QUAD_OK(LaunchQuad(a, DType::kBF16, d, kv_heads, false, nullptr, k));
-      KVTRIM_QUAD_OK(cudaEventRecord(stop, nullptr));
-      KVTRIM_QUAD_OK(cudaEventSynchronize(stop));
-      float elapsed = 0;
-      KVTRIM_QUAD_OK(cudaEventElapsedTime(&elapsed, start, stop));
-      ms.push_back(elapsed);
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-    }
-    std::nth_element(ms.begin(), ms.begin() + 5, ms.end());
+    const double ms = 1e-3 * MedianLaunchMicros(10, [&] {
+      return LaunchQuad(a, DType::kBF16, d, kv_heads, false, nullptr, k);
+    });
     std::printf("[timing] quad %s n=%lld mats=%d d=%d bf16: %.3f ms, %.0f TFLOP/s\n", name,
-                static_cast<long long>(n), mats, d, ms[5], flop / (ms[5] * 1e-3) / 1e12);
+                static_cast<long long>(n), mats, d, ms, flop / (ms * 1e-3) / 1e12);
     std::fflush(stdout);
     RecordProperty(std::string("quad_ms_") + (k == MmaKernel::kWgmma ? "wgmma" : "mma_sync"),
-                   std::to_string(ms[5]));
+                   std::to_string(ms));
     std::vector<float> host(static_cast<size_t>(mats) * n);
-    KVTRIM_QUAD_OK(cudaMemcpy(host.data(), dev.out, host.size() * 4, cudaMemcpyDeviceToHost));
+    KVTRIM_QUAD_OK(
+        cudaMemcpy(host.data(), dev.out.get(), host.size() * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < host.size(); i += 997) {
       ASSERT_EQ(host[i], static_cast<float>(d)) << name << " at " << i;  // sqrt(d * d)
     }

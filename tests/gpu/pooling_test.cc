@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/gpu/kernels/pooling.cuh"
+#include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -41,22 +42,21 @@ std::vector<float> Scores(int64_t n, uint32_t seed) {
 template <typename Launch>
 std::vector<float> RunOnDevice(const std::vector<float>& in, Launch launch, cudaError_t* status) {
   std::vector<float> out(in.size(), -7.0f);
-  float* d_in = nullptr;
-  float* d_out = nullptr;
   const size_t bytes = in.size() * sizeof(float);
-  *status = cudaMalloc(&d_in, bytes);
-  if (*status == cudaSuccess) *status = cudaMalloc(&d_out, bytes);
-  if (*status == cudaSuccess) *status = cudaMemcpy(d_in, in.data(), bytes, cudaMemcpyHostToDevice);
-  if (*status == cudaSuccess) {
-    *status = cudaMemcpy(d_out, out.data(), bytes, cudaMemcpyHostToDevice);
+  const DeviceBuffer d_in(bytes), d_out(bytes);
+  if (!d_in.ok() || !d_out.ok()) {
+    *status = cudaErrorMemoryAllocation;
+    return out;
   }
-  if (*status == cudaSuccess) *status = launch(d_in, d_out);
+  *status = cudaMemcpy(d_in.get(), in.data(), bytes, cudaMemcpyHostToDevice);
+  if (*status == cudaSuccess) {
+    *status = cudaMemcpy(d_out.get(), out.data(), bytes, cudaMemcpyHostToDevice);
+  }
+  if (*status == cudaSuccess) *status = launch(d_in.as<float>(), d_out.as<float>());
   if (*status == cudaSuccess) *status = cudaDeviceSynchronize();
   if (*status == cudaSuccess) {
-    *status = cudaMemcpy(out.data(), d_out, bytes, cudaMemcpyDeviceToHost);
+    *status = cudaMemcpy(out.data(), d_out.get(), bytes, cudaMemcpyDeviceToHost);
   }
-  cudaFree(d_in);
-  cudaFree(d_out);
   return out;
 }
 

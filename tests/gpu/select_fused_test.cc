@@ -36,6 +36,7 @@
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/launchers.h"
+#include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -544,30 +545,6 @@ TEST(SelectFusedSanitizer, ClusterOfThreeWithNaN) {
 }
 
 // ---- Timing -------------------------------------------------------------------------------
-
-/// Median microseconds of `launch` over `reps` runs after 3 warm-up runs: all runs are
-/// enqueued between event pairs first, then read once the stream is idle.
-template <typename Fn>
-double MedianLaunchMicros(int reps, Fn&& launch) {
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(launch(), cudaSuccess);
-  std::vector<cudaEvent_t> events(static_cast<size_t>(2 * reps));
-  for (cudaEvent_t& e : events) EXPECT_EQ(cudaEventCreate(&e), cudaSuccess);
-  for (int i = 0; i < reps; ++i) {
-    EXPECT_EQ(cudaEventRecord(events[2 * i], nullptr), cudaSuccess);
-    EXPECT_EQ(launch(), cudaSuccess);
-    EXPECT_EQ(cudaEventRecord(events[2 * i + 1], nullptr), cudaSuccess);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<double> micros;
-  for (int i = 0; i < reps; ++i) {
-    float ms = 0;
-    EXPECT_EQ(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]), cudaSuccess);
-    micros.push_back(1000.0 * ms);
-  }
-  for (cudaEvent_t e : events) cudaEventDestroy(e);
-  std::nth_element(micros.begin(), micros.begin() + reps / 2, micros.end());
-  return micros[static_cast<size_t>(reps / 2)];
-}
 
 TEST(SelectFusedTiming, AgainstProbeProtectionAndTopK) {
   KVTRIM_SKIP_WITHOUT_GPU();

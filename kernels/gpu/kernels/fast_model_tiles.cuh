@@ -68,22 +68,24 @@ __device__ __forceinline__ float2 HalfPair(uint32_t r) {
   return __half22float2(*reinterpret_cast<const __half2*>(&r));
 }
 
-/// The raw token values behind the A fragments of MT row tiles: raw[m][hf][kc][h2] holds the
-/// two elements of row 16 m + g + 8 hf (lane = 4 g + t; tile m starting at row0 + m_stride m),
-/// columns 16 kc + 8 h2 + 2 t, + 1.
-template <typename T, int DP, int MT>
-using TokenRaw = RawPair<T>[MT][2][DP / 16][2];
-
-/// Issues the loads of TokenRaw (rows >= count and columns >= d read as zero) without using
-/// them, so that they can be in flight while other work runs. All 32 lanes call it.
-template <typename T, int DP, int MT>
-__device__ __forceinline__ void LoadTokenRaw(const T* __restrict__ head, int64_t row0,
-                                             int64_t count, int d, int lane,
-                                             TokenRaw<T, DP, MT>& raw, int64_t m_stride = 16) {
+/// Loads the A fragments of MT row tiles (16 token rows each; tile m starts at row0 +
+/// m_stride m) of a KV head's [n, d] rows `head`, scaled per row (see the file comment) and
+/// rounded to f16:
+/// a[0] the f16 values (f32 inputs: hi), a[1] the f32 inputs' lo parts (PL = 2). Rows
+/// >= count and columns >= d are zero. inv[m][hf] = 2^-k of row 16m + g + 8hf (lane =
+/// 4g + t). A fragment register r of k-step kc holds row g + 8 (r & 1), columns
+/// 16 kc + 8 (r >> 1) + 2t, + 1. All 32 lanes call it. Every load is issued before the
+/// first is used (raw pairs: as many registers as the fragments for 16-bit inputs).
+template <typename T, int DP, int MT, int PL>
+__device__ __forceinline__ void LoadTokenFragments(const T* __restrict__ head, int64_t row0,
+                                                   int64_t count, int d, int lane,
+                                                   uint32_t (&a)[PL][MT][DP / 16][4],
+                                                   float (&inv)[MT][2], int64_t m_stride = 16) {
   using Raw = RawPair<T>;
   constexpr int KC = DP / 16;
   const int g = lane >> 2;
   const int t = lane & 3;
+  Raw raw[MT][2][KC][2];
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -102,17 +104,6 @@ __device__ __forceinline__ void LoadTokenRaw(const T* __restrict__ head, int64_t
       }
     }
   }
-}
-
-/// The A fragments of TokenRaw, scaled per row (see the file comment) and rounded to f16:
-/// a[0] the f16 values (f32 inputs: hi), a[1] the f32 inputs' lo parts (PL = 2); inv[m][hf] =
-/// 2^-k of row 16 m + g + 8 hf. A fragment register r of k-step kc holds row g + 8 (r & 1),
-/// columns 16 kc + 8 (r >> 1) + 2t, + 1. All 32 lanes call it.
-template <typename T, int DP, int MT, int PL>
-__device__ __forceinline__ void ConvertTokenRaw(const TokenRaw<T, DP, MT>& raw,
-                                                uint32_t (&a)[PL][MT][DP / 16][4],
-                                                float (&inv)[MT][2]) {
-  constexpr int KC = DP / 16;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
 #pragma unroll
@@ -148,19 +139,6 @@ __device__ __forceinline__ void ConvertTokenRaw(const TokenRaw<T, DP, MT>& raw,
       }
     }
   }
-}
-
-/// LoadTokenRaw then ConvertTokenRaw: the A fragments of MT row tiles (16 token rows each; tile
-/// m starts at row0 + m_stride m) of a KV head's [n, d] rows `head`. Every load is issued
-/// before the first is used.
-template <typename T, int DP, int MT, int PL>
-__device__ __forceinline__ void LoadTokenFragments(const T* __restrict__ head, int64_t row0,
-                                                   int64_t count, int d, int lane,
-                                                   uint32_t (&a)[PL][MT][DP / 16][4],
-                                                   float (&inv)[MT][2], int64_t m_stride = 16) {
-  TokenRaw<T, DP, MT> raw;
-  LoadTokenRaw<T, DP, MT>(head, row0, count, d, lane, raw, m_stride);
-  ConvertTokenRaw<T, DP, MT, PL>(raw, a, inv);
 }
 
 /// The work item of a CTA of a 1-D grid ordered (KV head h, part, sub), sub fastest: the CTAs
