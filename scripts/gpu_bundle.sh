@@ -36,7 +36,7 @@ du -sh gpu_bundle
 # (scripts/fetch_dropkv_triton.sh): 64 MiB at most together.
 tree=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 -r du -cb 2>/dev/null |
   awk '$2 == "total" {s += $1} END {print s + 0}')
-carried=$(du -cb gpu_bundle .whl .ext 2>/dev/null | tail -n 1 | cut -f1)
+carried=$( (du -cb gpu_bundle .whl .ext 2>/dev/null || true) | tail -n 1 | cut -f1)
 total=$((tree + carried))
 echo "carry: working tree $((tree >> 20)) MiB + gpu_bundle/.whl/.ext $((carried >> 20)) MiB = $((total >> 20)) MiB of 64"
 [ "$total" -le $((64 << 20)) ] || echo "gpu_bundle: WARNING: over the 64 MiB a GPU call carries" >&2
