@@ -43,6 +43,8 @@ struct CompressionSettings {
   /// Whether answers carry the kept lists as packed little-endian bytes (proto
   /// answer_encoding PACKED, LayerResult.packed) rather than repeated fields.
   bool packed_answer = false;
+  /// Whether each LayerDecision carries its per-stage times (proto settings.profile).
+  bool profile = false;
 };
 
 /// The raw tensors of one layer, as received (any dtype, not yet validated).
@@ -94,6 +96,26 @@ struct LayerBudget {
   Protection requested;        // protection before rule 3 (per-head clamps, e.g. lukv)
 };
 
+/// Where one layer's time went, in seconds (proto LayerProfile; 0 for a stage that did not
+/// run). The backend fills worker_wait .. fetch, the service the rest.
+struct LayerProfile {
+  double server = 0;        // first byte read -> answer encoded
+  double decode = 0;        // tensors decoded (chunks, regions, shm)
+  double validate = 0;      // the engine's checks
+  double queued = 0;        // waiting behind earlier layers of the session
+  double worker_wait = 0;   // waiting for a device worker
+  double plan = 0;          // plan and memory reservations
+  double stage = 0;         // inputs onto the device, host wall clock
+  double ready_wait = 0;    // device: waiting on the client's ready event
+  double stage_device = 0;  // device: uploads, gathers, probes
+  double score = 0;         // device (CPU backend: host): the scorer
+  double select = 0;        // device (CPU backend: host): allocation and selection
+  double perturbation = 0;  // device (CPU backend: host): the perturbation statistic
+  double download = 0;      // device: the answer's copy to the host
+  double fetch = 0;         // the host's wait for the device and the decision assembled
+  double encode = 0;        // the answer encoded
+};
+
 /// The decision for one layer: kept indices in CSR form plus per-head statistics.
 struct LayerDecision {
   int32_t layer_id = 0;
@@ -105,6 +127,8 @@ struct LayerDecision {
   std::vector<double> perturbation;   // [H_kv], empty when values or queries are absent
   double compute_seconds = 0;
   Numerics numerics = Numerics::kExact;  // the mode that computed the scores
+  /// Per-stage times, filled when CompressionSettings::profile was set.
+  LayerProfile profile;
 };
 
 }  // namespace kvtrim

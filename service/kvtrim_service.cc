@@ -23,6 +23,21 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+/// Encodes `decision` into `out` and, when the settings ask for it, its per-stage times with
+/// the encode time and the server time since `received`. Returns the encode seconds.
+double EncodeAnswer(const CompressionSettings& settings, Clock::time_point received,
+                    LayerDecision* decision, v1::LayerResult* out) {
+  const auto start = Clock::now();
+  EncodeLayerResult(*decision, out, settings.packed_answer);
+  const double encode = SecondsSince(start);
+  if (settings.profile) {
+    decision->profile.encode = encode;
+    decision->profile.server = SecondsSince(received);
+    EncodeLayerProfile(decision->profile, out->mutable_profile());
+  }
+  return encode;
+}
+
 }  // namespace
 
 /// One admission slot: acquired in the constructor when fewer than max_inflight calls are
@@ -180,6 +195,7 @@ absl::StatusOr<LayerDecision> KvtrimService::ComputeLayer(const ResolvedPolicy& 
   const double compute = std::min(wall, std::max(0.0, decision->compute_seconds));
   metrics_.ObserveStage(Stage::kCompute, compute);
   metrics_.ObserveStage(Stage::kValidate, wall - compute);
+  decision->profile.validate = wall - compute;
   return decision;
 }
 
@@ -246,10 +262,11 @@ grpc::Status KvtrimService::Compress(grpc::ServerContext* context,
 absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
                                          const v1::CompressRequest& request,
                                          v1::CompressResponse* response) {
+  const auto call_start = Clock::now();
   if (auto st = CheckCallAlive(*context, "decoding the request"); !st.ok()) return st;
 
   // Decode: settings and every layer's tensor views (no copies), proto-level checks.
-  auto stage_start = Clock::now();
+  auto stage_start = call_start;
   int64_t bytes = 0;
   for (const auto& layer : request.layers()) bytes += InlineTensorBytes(layer);
   metrics_.AddRequestBytes(Rpc::kCompress, bytes);
@@ -263,16 +280,19 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
     return absl::InvalidArgumentError("layers: empty; send at least one layer");
   }
   std::vector<DecodedLayer> layers(static_cast<size_t>(request.layers_size()));
+  std::vector<double> decode_seconds(layers.size(), 0.0);
   std::map<int32_t, int> first_index;  // layer_id -> index of its first occurrence
   int32_t max_layer_id = 0;
   const DecodeContext decode_context = MakeDecodeContext(*context);
   for (int i = 0; i < request.layers_size(); ++i) {
     const std::string field = absl::StrCat("layers[", i, "]");
+    const auto decode_start = Clock::now();
     if (auto st = DecodeLayer(request.layers(i), engine_.limits(), field, decode_context,
                               &layers[i]);
         !st.ok()) {
       return st;
     }
+    decode_seconds[static_cast<size_t>(i)] = SecondsSince(decode_start);
     CountTransportBytes(layers[i].transport);
     const int32_t id = request.layers(i).layer_id();
     auto [it, inserted] = first_index.emplace(id, i);
@@ -313,17 +333,18 @@ absl::Status KvtrimService::CompressImpl(grpc::ServerContext* context,
       if (auto st = CheckCallAlive(*context, field); !st.ok()) return st;
       auto decision = ComputeLayer(*policy, layers[i].request, field);
       if (!decision.ok()) return decision.status();
+      decision->profile.decode = decode_seconds[i];
       decisions.push_back(*std::move(decision));
     }
   }
 
-  // Encode.
-  stage_start = Clock::now();
+  // Encode (a unary request's server time counts from the handler's start).
+  double encode = 0;
   response->set_backend(std::string(engine_.backend_name()));
-  for (const LayerDecision& decision : decisions) {
-    EncodeLayerResult(decision, response->add_layers(), settings->packed_answer);
+  for (LayerDecision& decision : decisions) {
+    encode += EncodeAnswer(policy->settings, call_start, &decision, response->add_layers());
   }
-  metrics_.ObserveStage(Stage::kEncode, SecondsSince(stage_start));
+  metrics_.ObserveStage(Stage::kEncode, encode);
   const std::string label = PolicyLabel(settings->policy);
   for (const LayerDecision& decision : decisions) metrics_.RecordLayer(label, decision);
   return absl::OkStatus();
@@ -480,11 +501,14 @@ absl::Status KvtrimService::SessionImpl(
           metrics_.ObserveStage(Stage::kValidate, item.validate_seconds);
           metrics_.ObserveStage(Stage::kCompute, decision->compute_seconds);
           item.decoded.reset();  // releases the layer's region pins and buffers
-          const auto encode_start = Clock::now();
+          decision->profile.decode = item.decode_seconds;
+          decision->profile.validate = item.validate_seconds;
+          decision->profile.queued =
+              std::max(0.0, std::chrono::duration<double>(start - item.ready).count());
           v1::SessionResponse response;
-          EncodeLayerResult(*decision, response.mutable_layer(),
-                            layer_policy.settings.packed_answer);
-          metrics_.ObserveStage(Stage::kEncode, SecondsSince(encode_start));
+          metrics_.ObserveStage(Stage::kEncode,
+                                EncodeAnswer(layer_policy.settings, item.received, &*decision,
+                                             response.mutable_layer()));
           if (!stream->Write(response)) {
             return absl::CancelledError("layer: the client went away before the answer was sent");
           }

@@ -115,6 +115,24 @@ void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out, bool
   out->set_numerics(EncodeNumerics(decision.numerics));
 }
 
+void EncodeLayerProfile(const LayerProfile& p, v1::LayerProfile* out) {
+  out->set_server_seconds(p.server);
+  out->set_decode_seconds(p.decode);
+  out->set_validate_seconds(p.validate);
+  out->set_queued_seconds(p.queued);
+  out->set_worker_wait_seconds(p.worker_wait);
+  out->set_plan_seconds(p.plan);
+  out->set_stage_seconds(p.stage);
+  out->set_ready_wait_seconds(p.ready_wait);
+  out->set_stage_device_seconds(p.stage_device);
+  out->set_score_seconds(p.score);
+  out->set_select_seconds(p.select);
+  out->set_perturbation_seconds(p.perturbation);
+  out->set_download_seconds(p.download);
+  out->set_fetch_seconds(p.fetch);
+  out->set_encode_seconds(p.encode);
+}
+
 void EncodePolicies(const PolicyRegistry& registry, const Backend& backend,
                     v1::ListPoliciesResponse* out) {
   for (const PolicyPreset& preset : registry.presets()) {

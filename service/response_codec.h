@@ -18,6 +18,9 @@ v1::Numerics EncodeNumerics(Numerics mode);
 /// that computed it.
 void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out, bool packed = false);
 
+/// Writes `profile` into `out` (LayerResult.profile, seconds).
+void EncodeLayerProfile(const LayerProfile& profile, v1::LayerProfile* out);
+
 /// Describes every policy of `registry` for ListPolicies: the presets first, then every
 /// scorer with every allocator it composes with (PolicyRegistry::CheckComposable) as
 /// "SCORER+ALLOCATOR", plus the part names. Each policy lists its output shapes

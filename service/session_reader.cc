@@ -164,6 +164,7 @@ void SessionReader::Run() {
       return;
     }
     SessionItem item;
+    item.received = std::chrono::steady_clock::now();
     switch (request->message_case()) {
       case v1::SessionRequest::kBegin: item.kind = SessionItem::Kind::kBegin; break;
       case v1::SessionRequest::kFinish: item.kind = SessionItem::Kind::kFinish; break;
@@ -200,6 +201,7 @@ void SessionReader::Run() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     front_end_(&item);
+    item.ready = std::chrono::steady_clock::now();
     if (item.kind == SessionItem::Kind::kError) {
       Push(std::move(item));
       return;

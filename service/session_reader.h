@@ -2,6 +2,7 @@
 // tensors and decodes (maps / reads regions of) layer l + 1 while layer l is computed.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -34,6 +35,8 @@ struct SessionItem {
   absl::Status status;                          // kLayer: decoding; kError: the error
   int64_t wire_bytes = 0;                       // inline tensor bytes (layer + chunks)
   double decode_seconds = 0;                    // assembling and decoding this layer
+  std::chrono::steady_clock::time_point received;  // the layer message read
+  std::chrono::steady_clock::time_point ready;     // decoded and through the front end
   // Set by the front end (on the reading thread):
   std::shared_ptr<const ResolvedPolicy> policy;  // kBegin / kLayer: the session's policy
   std::unique_ptr<ValidatedLayer> validated;     // kLayer: the engine's validated layer

@@ -158,6 +158,7 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
           field, ".answer_encoding: unknown answer encoding ",
           static_cast<int>(settings.answer_encoding()), " (REPEATED or PACKED)"));
   }
+  out.profile = settings.profile();
   return out;
 }
 

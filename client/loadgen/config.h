@@ -56,6 +56,7 @@ struct LoadgenConfig {
   std::string json_out;                  // "" = no JSON file
   v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
   bool packed_answer = true;             // answer_encoding PACKED (false: REPEATED)
+  bool profile = true;                   // settings.profile: per-stage times of each layer
 };
 
 /// OK when every field is in range; INVALID_ARGUMENT naming the flag otherwise.

@@ -31,6 +31,9 @@ ABSL_FLAG(std::string, transport, "inline",
           "cudaMalloc buffer); region transports need kvtrimd --allow_client_shm");
 ABSL_FLAG(std::string, policy, "dropkv", "policy preset or SCORER+ALLOCATOR");
 ABSL_FLAG(double, keep_fraction, 0.2, "budget: fraction of the n tokens kept per head");
+ABSL_FLAG(bool, profile, true,
+          "ask kvtrimd for each layer's per-stage times (settings.profile) and report them "
+          "(the \"stage_profile\" of --json_out); --noprofile leaves them out");
 ABSL_FLAG(bool, packed_answer, true,
           "ask for the kept lists as packed little-endian bytes (answer_encoding PACKED); "
           "--nopacked_answer asks for the repeated offsets / indices fields");
@@ -82,9 +85,12 @@ std::string Usage() {
       "JSON (--json_out): config{target, transport, policy, keep_fraction, layers, tokens,\n"
       "kv_heads, q_heads, head_dim, window, dtype, workers, prefills, warmup_prefills,\n"
       "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, send_values,\n"
-      "send_queries, numerics}, backend, layer_latency_s, layer_prepare_s, server_compute_s,\n"
-      "prefill_wall_s (each {count, mean, p50, p99, min, max}), wire_bytes_per_prefill,\n"
-      "layers_by_numerics{fast, exact},\n"
+      "send_queries, numerics, profile}, backend, layer_latency_s, layer_prepare_s,\n"
+      "server_compute_s, prefill_wall_s (each {count, mean, p50, p99, min, max}),\n"
+      "wire_bytes_per_prefill, layers_by_numerics{fast, exact}, stage_profile{order[],\n"
+      "stages{<stage>: {where, count, mean, p50, p99, min, max}}} (null without --profile;\n"
+      "the stages of kvtrimd's LayerResult.profile in seconds, plus outside_server = the\n"
+      "layer's round trip minus the server's time),\n"
       "workers[{worker, prefills, wire_bytes, wall_s, throughput_bytes_per_s, ok, error,\n"
       "notes}], aggregate{prefills, wire_bytes, run_wall_s, throughput_bytes_per_s},\n"
       "host_memcpy{buffer_bytes, repeats, best_bytes_per_s}, notes\n\n"
@@ -128,6 +134,7 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.json_out = absl::GetFlag(FLAGS_json_out);
   config.numerics = *numerics;
   config.packed_answer = absl::GetFlag(FLAGS_packed_answer);
+  config.profile = absl::GetFlag(FLAGS_profile);
   if (absl::Status valid = kvtrim::loadgen::ValidateConfig(config); !valid.ok()) return valid;
   return config;
 }

@@ -64,6 +64,7 @@ RunTotals Aggregate(const RunReport& report) {
       totals.wire_bytes_per_prefill = prefill.wire_bytes;
       totals.fast_layers += prefill.fast_layers;
       totals.exact_layers += prefill.exact_layers;
+      totals.stages.Merge(prefill.stages);
     }
     if (mine.wall_s > 0) mine.bytes_per_s = static_cast<double>(mine.wire_bytes) / mine.wall_s;
     totals.prefills += mine.prefills;
@@ -103,6 +104,11 @@ void PrintReport(const RunReport& report, const RunTotals& totals, std::ostream&
     PrintTable(totals, out);
     out << absl::StrFormat("  layers computed: fast=%d exact=%d\n", totals.fast_layers,
                            totals.exact_layers);
+    if (totals.stages.layers() > 0) {
+      out << absl::StrFormat("  per-stage profile of %d layers (kvtrimd's LayerResult.profile):\n",
+                             totals.stages.layers());
+      out << totals.stages.Table();
+    }
   }
   out << absl::StrFormat("  host memcpy reference: best %.2f GB/s (%d MiB x %d)\n",
                          Gbps(report.memcpy.best_bytes_per_s),
@@ -145,6 +151,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"send_values", report.needs.values},
       {"send_queries", report.needs.queries},
       {"numerics", NumericsLabel(c.numerics)},
+      {"profile", c.profile},
   };
   nlohmann::json workers = nlohmann::json::array();
   for (size_t i = 0; i < totals.workers.size(); ++i) {
@@ -168,6 +175,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"prefill_wall_s", SummaryJson(totals.prefill_wall_s)},
       {"wire_bytes_per_prefill", totals.wire_bytes_per_prefill},
       {"layers_by_numerics", {{"fast", totals.fast_layers}, {"exact", totals.exact_layers}}},
+      {"stage_profile", totals.stages.layers() > 0 ? totals.stages.Json() : nlohmann::json()},
       {"workers", workers},
       {"aggregate",
        {{"prefills", totals.prefills},

@@ -8,6 +8,7 @@
 
 #include "client/loadgen/config.h"
 #include "client/loadgen/memcpy_bench.h"
+#include "client/loadgen/stage_profile.h"
 #include "client/loadgen/stats.h"
 #include "client/loadgen/worker.h"
 #include "nlohmann/json.hpp"
@@ -47,6 +48,7 @@ struct RunTotals {
   std::string backend;  // the first non-empty backend a worker saw
   int64_t fast_layers = 0;   // measured layers the server computed NUMERICS_FAST
   int64_t exact_layers = 0;  // measured layers the server computed NUMERICS_EXACT
+  StageProfile stages;       // per-stage times of the measured layers that carried a profile
 };
 
 /// Aggregates `report`'s workers (failed workers contribute the prefills they completed).

@@ -21,6 +21,7 @@ v1::CompressionSettings Settings(const LoadgenConfig& config, int worker, int pr
   settings.set_numerics(config.numerics);
   settings.set_answer_encoding(config.packed_answer ? v1::ANSWER_ENCODING_PACKED
                                                     : v1::ANSWER_ENCODING_REPEATED);
+  settings.set_profile(config.profile);
   return settings;
 }
 
@@ -66,6 +67,7 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
     sample.compute_s.push_back(answer.compute_seconds());
     sample.fast_layers += answer.numerics() == v1::NUMERICS_FAST;
     sample.exact_layers += answer.numerics() == v1::NUMERICS_EXACT;
+    if (answer.has_profile()) sample.stages.Add(answer.profile(), round_trip->second);
   }
   sample.wire_bytes = source.WireBytesPerLayer() * layers;
   sample.tokens_in = result->summary.tokens_in();

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/loadgen/config.h"
+#include "client/loadgen/stage_profile.h"
 #include "client/loadgen/synthetic.h"
 
 namespace kvtrim::loadgen {
@@ -26,6 +27,7 @@ struct PrefillSample {
   int64_t tokens_kept = 0;              // SessionSummary.tokens_kept
   int64_t fast_layers = 0;              // layers the server computed NUMERICS_FAST
   int64_t exact_layers = 0;             // layers the server computed NUMERICS_EXACT
+  StageProfile stages;                  // LayerResult.profile of each layer (config.profile)
 };
 
 /// Everything one worker measured, or why it stopped.

@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -108,7 +109,14 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   scores.num_heads = cpu.shape.num_kv_heads;
   scores.num_tokens = cpu.shape.num_tokens;
   scores.budget = budget;
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  auto stage_start = Clock::now();
   if (auto st = ScoreRaw(policy, cpu, &scores.scores, &scores.critical); !st.ok()) return st;
+  const double score_seconds = since(stage_start);
+  stage_start = Clock::now();
   if (policy.scorer->kind == ScorerKind::kLaProx) {
     // One layer alone: local / layer modes decide here; model-wide modes are the caller's.
     auto decisions = DecideLaProx(policy, {scores});
@@ -118,11 +126,15 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     return st;
   }
   out->numerics = Numerics::kExact;  // the CPU computes the canonical arithmetic only
+  out->profile.score = score_seconds;
+  out->profile.select = since(stage_start);
   // Exact output perturbation on the observation window.
   out->perturbation.clear();
   if (cpu.shape.has_values && cpu.shape.has_queries && policy.settings.perturbation) {
+    stage_start = Clock::now();
     out->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
     OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
+    out->profile.perturbation = since(stage_start);
   }
   return absl::OkStatus();
 }

@@ -180,16 +180,6 @@ TEST(LaunchGraphCache, ErrorsDuringCaptureComeBack) {
   ASSERT_EQ(cudaStreamSynchronize(s.stream), cudaSuccess);
 }
 
-/// A one-worker GpuBackend with `launch_graphs` graphs per worker.
-std::unique_ptr<GpuBackend> OneWorkerBackend(size_t launch_graphs) {
-  GpuBackendOptions options;
-  options.workers = 1;
-  options.launch_graphs = launch_graphs;
-  auto backend = GpuBackend::Create(options);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return backend.ok() ? *std::move(backend) : nullptr;
-}
-
 /// Two layers of one shape alternating, four rounds, on a graphs backend and a direct one:
 /// every answer equal. `cases` are (policy, output shape, numerics).
 struct GraphCase {

@@ -1,11 +1,15 @@
-// Policy set-up shared by the GPU tests: the built-in registry, and a policy prepared for the
-// few query rows a test sends.
+// Policy set-up shared by the GPU tests: the built-in registry, a policy prepared for the
+// few query rows a test sends, and a one-worker GPU backend.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/statusor.h"
+#include "gtest/gtest.h"
 #include "kernels/engine.h"
+#include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
 
 namespace kvtrim::gpu::testing {
@@ -32,6 +36,17 @@ inline absl::StatusOr<ResolvedPolicy> PrepareForRows(const PolicyEngine& engine,
     settings.params["window"] = ParamValue::Number(static_cast<double>(rows_sent));
   }
   return engine.Prepare(settings, "settings");
+}
+
+/// A GpuBackend with one worker and `launch_graphs` graphs per worker (null, with a test
+/// failure, when it cannot be created).
+inline std::unique_ptr<GpuBackend> OneWorkerBackend(size_t launch_graphs) {
+  GpuBackendOptions options;
+  options.workers = 1;
+  options.launch_graphs = launch_graphs;
+  auto backend = GpuBackend::Create(options);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
 }
 
 }  // namespace kvtrim::gpu::testing

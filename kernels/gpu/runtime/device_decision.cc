@@ -13,6 +13,7 @@
 #include "kernels/gpu/runtime/device_pipeline.h"
 #include "kernels/gpu/runtime/device_pool.h"
 #include "kernels/gpu/runtime/device_score_buffer.h"
+#include "kernels/gpu/runtime/stage_events.h"
 
 namespace kvtrim::gpu {
 
@@ -22,12 +23,6 @@ size_t Aligned(size_t bytes) {
   return (bytes + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
 }
 
-/// Records `event` on `stream` unless it is null.
-absl::Status Record(cudaEvent_t event, cudaStream_t stream) {
-  if (event == nullptr) return absl::OkStatus();
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(event, stream), "cudaEventRecord");
-  return absl::OkStatus();
-}
 
 /// The candidate tables of a kLaProx layer whose raw scores [H_kv, n] start at `scores`
 /// (null: for sizes only).
@@ -301,13 +296,15 @@ absl::Status EnqueueDecision(const LayerPlan& plan, const DeviceLayer& layer,
                            decision.critical_nan, stream),
         "LaunchFindFirstNaN(critical)");
   }
-  KVTRIM_RETURN_IF_ERROR(Record(events != nullptr ? events->after_score : nullptr, stream));
+  KVTRIM_RETURN_IF_ERROR(
+      RecordStreamEvent(events != nullptr ? events->after_score : nullptr, stream));
   if (plan.decision.kind == DecisionKind::kLaProx) {
     KVTRIM_RETURN_IF_ERROR(EnqueueLaProxLayer(plan, buffers, decision, stream));
   } else {
     KVTRIM_RETURN_IF_ERROR(EnqueueLayerDecision(plan, buffers, decision, stream));
   }
-  KVTRIM_RETURN_IF_ERROR(Record(events != nullptr ? events->after_select : nullptr, stream));
+  KVTRIM_RETURN_IF_ERROR(
+      RecordStreamEvent(events != nullptr ? events->after_select : nullptr, stream));
   if (plan.perturbation) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchPerturbation(layer, buffers.offsets, plan.num_lists(), buffers.indices,

@@ -76,15 +76,17 @@ const void* DeviceInputStage::DevicePointer(int i, char* base) const {
   return base != nullptr ? base + in.dense_at : &kPlaceholder;
 }
 
-absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base) {
+absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base, StageEvents* events) {
   cudaStream_t stream = context.stream();
   bool any_device = false;
   for (const StagedInput& in : inputs_) any_device |= in.view != nullptr && in.view->on_device();
+  if (events != nullptr) KVTRIM_RETURN_IF_ERROR(events->Record(StageEvents::kBegin, stream));
   if (any_device && ready_event_ != nullptr) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ready_event_), 0),
         "cudaStreamWaitEvent(ready_event)");
   }
+  if (events != nullptr) KVTRIM_RETURN_IF_ERROR(events->Record(StageEvents::kWaited, stream));
   auto* probes = reinterpret_cast<unsigned long long*>(base + probe_at_);
   for (int i = 0; i < 3; ++i) {
     StagedInput& in = inputs_[i];

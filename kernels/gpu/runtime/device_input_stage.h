@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/device_pool.h"
+#include "kernels/gpu/runtime/stage_events.h"
 #include "kernels/layer.h"
 
 namespace kvtrim::gpu {
@@ -44,7 +45,9 @@ class DeviceInputStage {
   /// probes every device tensor for NaN / Inf (one stream synchronisation). Errors:
   /// INVALID_ARGUMENT "<name>: contains NaN at [a, b, c]" (the engine's host message), or
   /// the CUDA status of a failed call.
-  absl::Status Stage(WorkerContext& context, char* base);
+  /// With `events`, records StageEvents::kBegin before the wait for the ready event and
+  /// kWaited after it.
+  absl::Status Stage(WorkerContext& context, char* base, StageEvents* events = nullptr);
 
  private:
   StagedInput inputs_[3];

@@ -10,6 +10,7 @@
 #include "kernels/cpu/keydiff_block.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/gpu/runtime/device_error.h"
+#include "kernels/gpu/runtime/stage_events.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/fast_attention.cuh"
 #include "kernels/gpu/kernels/fast_keys.cuh"
@@ -367,19 +368,6 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
   return absl::OkStatus();
 }
 
-/// Records `event` on `stream` unless it is null.
-absl::Status RecordEvent(cudaEvent_t event, cudaStream_t stream) {
-  if (event == nullptr) return absl::OkStatus();
-  // Inside a stream capture (launch_graph.h) the record must be external to become an event
-  // record node, so that a replayed graph still records the benchmark's phase events; the
-  // flag is refused outside a capture.
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing");
-  const unsigned flags =
-      capture == cudaStreamCaptureStatusActive ? cudaEventRecordExternal : cudaEventRecordDefault;
-  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecordWithFlags(event, stream, flags), "cudaEventRecord");
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -415,7 +403,8 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
   } else {
     KVTRIM_RETURN_IF_ERROR(EnqueueScores(plan, layer, b, stream));
   }
-  KVTRIM_RETURN_IF_ERROR(RecordEvent(events != nullptr ? events->after_score : nullptr, stream));
+  KVTRIM_RETURN_IF_ERROR(
+      RecordStreamEvent(events != nullptr ? events->after_score : nullptr, stream));
   if (fused) {
     // NaN probe, protection and top-k in one launch; b.first_nan holds kNoNaN (MetaInit).
     KVTRIM_CUDA_RETURN_IF_ERROR(
@@ -438,7 +427,8 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
                                                  b.indices, b.scratch, b.scratch_bytes, stream),
                                 "LaunchSelectTopK");
   }
-  KVTRIM_RETURN_IF_ERROR(RecordEvent(events != nullptr ? events->after_select : nullptr, stream));
+  KVTRIM_RETURN_IF_ERROR(
+      RecordStreamEvent(events != nullptr ? events->after_select : nullptr, stream));
   if (plan.perturbation) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchPerturbation(layer, b.offsets, plan.num_lists(), b.indices, b.perturbation,

@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<WorkerContext>> WorkerContext::Create(
     KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                                 "cudaEventCreate");
   }
+  KVTRIM_RETURN_IF_ERROR(context->stage_events_.Create());
   return context;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/launch_graph.h"
+#include "kernels/gpu/runtime/stage_events.h"
 
 namespace kvtrim::gpu {
 
@@ -51,6 +52,8 @@ class WorkerContext {
   /// Launch sequences replayed as CUDA graphs on the worker's stream.
   LaunchGraphCache& graphs() { return graphs_; }
   const LaunchGraphCache& graphs() const { return graphs_; }
+  /// The timing events of a profiled layer's device stages (stage_events.h).
+  StageEvents& stage_events() { return stage_events_; }
 
   /// Copies `bytes` from pageable host memory `src` to device memory `dst`, asynchronously
   /// on the stream, through the two pinned staging chunks: chunk i is filled by memcpy
@@ -77,6 +80,7 @@ class WorkerContext {
   PinnedBuffer staging_;   // [2 x staging_chunk_bytes]
   PinnedBuffer transfer_;
   LaunchGraphCache graphs_;  // the stream's replayable launch sequences
+  StageEvents stage_events_;  // destroyed after ~WorkerContext synchronised the stream
 };
 
 /// N worker contexts handed out one request at a time. Acquire() blocks while all N are

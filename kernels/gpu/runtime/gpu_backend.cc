@@ -1,6 +1,7 @@
 #include "kernels/gpu/runtime/gpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -177,8 +178,15 @@ absl::Status GpuBackend::CheckHealthy() const {
 
 absl::Status GpuBackend::Run(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, const Outputs& outputs) {
-  return OnWorker([&](WorkerContext& context) {
-    return RunLayer(context, policy, layer, budget, outputs);
+  const auto asked = std::chrono::steady_clock::now();
+  return OnWorker([&](WorkerContext& context) -> absl::Status {
+    const double wait =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+    KVTRIM_RETURN_IF_ERROR(RunLayer(context, policy, layer, budget, outputs));
+    if (outputs.decision != nullptr && policy.settings.profile) {
+      outputs.decision->profile.worker_wait = wait;
+    }
+    return absl::OkStatus();
   });
 }
 
@@ -197,12 +205,30 @@ absl::Status GpuBackend::OnWorker(const std::function<absl::Status(WorkerContext
 absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& policy,
                                   const ValidatedLayer& layer, const LayerBudget& budget,
                                   const Outputs& outputs) {
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   LayerRun run(context, *model_cache_, score_store_.get(), policy, layer, budget, outputs);
+  auto step = Clock::now();
   KVTRIM_RETURN_IF_ERROR(run.Plan());
+  const double plan = since(step);
+  step = Clock::now();
   KVTRIM_RETURN_IF_ERROR(run.Stage());
+  const double stage = since(step);
+  step = Clock::now();
   KVTRIM_RETURN_IF_ERROR(run.Enqueue());
   KVTRIM_RETURN_IF_ERROR(run.Fetch());
+  const double fetch = since(step);
   last_request_bytes_.store(run.arena_bytes());
+  if (outputs.decision != nullptr && policy.settings.profile) {
+    // Fetch wrote the decision: its profile starts from the device stages.
+    LayerProfile& profile = outputs.decision->profile;
+    profile = run.device_profile();
+    profile.plan = plan;
+    profile.stage = stage;
+    profile.fetch = fetch;
+  }
   return absl::OkStatus();
 }
 

@@ -169,7 +169,10 @@ absl::Status LayerRun::Stage() {
 
   // Inputs: host K/V/Q through the staging chunks, device ones in place or gathered (and
   // probed for NaN / Inf); the meta region, the statistics and the decision's upload.
-  KVTRIM_RETURN_IF_ERROR(inputs_.Stage(context_, base));
+  profiled_ = policy_.settings.profile && outputs_.decision != nullptr && !download_;
+  if (profiled_) context_.stage_events().Reset();
+  KVTRIM_RETURN_IF_ERROR(
+      inputs_.Stage(context_, base, profiled_ ? &context_.stage_events() : nullptr));
   cudaStream_t stream = context_.stream();
   auto to_device = [&](void* dst, size_t at, const void* src, size_t bytes,
                        const char* what) -> absl::Status {
@@ -205,6 +208,20 @@ absl::Status LayerRun::CopyBack(size_t at, const void* device, size_t bytes) {
 absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
   if (outputs_.resident != nullptr) return EnqueueResident();
   if (download_) return EnqueueDownload();
+  // A profiled layer hands the pipeline the worker's stage events (the benchmark's own
+  // phase events take precedence).
+  PipelineEvents stage_marks;
+  if (profiled_) {
+    StageEvents& marks = context_.stage_events();
+    KVTRIM_RETURN_IF_ERROR(marks.Record(StageEvents::kStaged, context_.stream()));
+    if (events == nullptr) {
+      stage_marks.after_score = marks.event(StageEvents::kScored);
+      stage_marks.after_select = marks.event(StageEvents::kSelected);
+      marks.MarkRecorded(StageEvents::kScored);
+      marks.MarkRecorded(StageEvents::kSelected);
+      events = &stage_marks;
+    }
+  }
   if (device_decision_ || context_.graphs().capacity() == 0) {
     return EnqueueLaunches(events, copy_back);
   }
@@ -212,7 +229,7 @@ absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
   // and inputs' addresses repeat: replayed as one graph (launch_graph.h).
   LaunchKey key;
   AddEnqueueLayerKey(plan_, device_layer_, buffers_, events, &key);
-  key.Add(copy_back);
+  key.Add(copy_back).Add(profiled_);
   if (LaunchGraphCache::Checking()) {
     key.set_label(absl::StrCat(plan_.scorer_name, " H=", plan_.num_heads, " n=",
                                plan_.num_tokens, plan_.shared ? " shared" : "",
@@ -237,6 +254,8 @@ absl::Status LayerRun::EnqueueLaunches(const PipelineEvents* events, bool copy_b
   } else {
     KVTRIM_RETURN_IF_ERROR(EnqueueLayer(plan_, device_layer_, buffers_, stream, events));
   }
+  StageEvents& marks = context_.stage_events();
+  if (profiled_) KVTRIM_RETURN_IF_ERROR(marks.Record(StageEvents::kLaunched, stream));
   if (!copy_back) return absl::OkStatus();
   const size_t lists = static_cast<size_t>(plan_.num_lists());
   const size_t heads = static_cast<size_t>(layer_.shape.num_kv_heads);
@@ -253,6 +272,7 @@ absl::Status LayerRun::EnqueueLaunches(const PipelineEvents* events, bool copy_b
     KVTRIM_RETURN_IF_ERROR(CopyBack(pinned_.critical_nan, decision_buffers_.critical_nan,
                                     sizeof(unsigned long long)));
   }
+  if (profiled_) KVTRIM_RETURN_IF_ERROR(marks.Record(StageEvents::kCopied, stream));
   return absl::OkStatus();
 }
 
@@ -265,6 +285,7 @@ absl::Status LayerRun::Fetch() {
 absl::Status LayerRun::FetchDecision() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
   held_.clear();
+  if (profiled_) KVTRIM_RETURN_IF_ERROR(context_.stage_events().Read(&device_profile_));
   if (device_decision_) {
     // The CPU backend's order: NaN in the scores, then in CriticalKV's stage-2 scores.
     const unsigned long long first_nan = Pinned<unsigned long long>(pinned_.first_nan, 1)[0];

@@ -75,6 +75,9 @@ class LayerRun {
   const DeviceLayer& device_layer() const { return device_layer_; }
   /// Device bytes of the layer's working set (after Stage).
   size_t arena_bytes() const { return layout_.total(); }
+  /// With settings.profile on a decision: the device stages of the layer, timed by the
+  /// worker's StageEvents (LayerProfile's device fields, after Fetch; zero otherwise).
+  const LayerProfile& device_profile() const { return device_profile_; }
 
  private:
   /// Where each piece of the pinned transfer buffer sits.
@@ -132,6 +135,8 @@ class LayerRun {
   DecisionBuffers decision_buffers_;
   PinnedLayout pinned_;
   std::shared_ptr<DeviceScoreBuffer> resident_;
+  bool profiled_ = false;  // settings.profile on a decision: the worker's StageEvents record
+  LayerProfile device_profile_;
 };
 
 }  // namespace kvtrim::gpu
