@@ -19,7 +19,9 @@
 //    score scale (largest finite |score| of the head); counts may move between heads under
 //    adakv and model/layer-wide selections (LaProx).
 //  * Perturbation: |gpu - cpu| <= 1e-9 * |cpu| + 1e-12 for every head whose kept list is
-//    identical on both backends (always, in exact mode).
+//    identical on both backends (always, in exact mode); under the fast-numerics band
+//    |fast - exact| <= kFastPerturbationRel * |exact| + kFastPerturbationAbs (the fast
+//    statistic: tensor cores, fp32 accumulation, outputs kept as bf16 / f16 hi + lo).
 // Failures name policy, dtype, n, d, G, head and the first differing position.
 #pragma once
 
@@ -55,6 +57,10 @@ struct CpuScores {
   int64_t safeguard = 0;      // adakv: min(n, floor(alpha * k))
   std::vector<double> scale;  // [H_kv] head score scales (fast-numerics band only)
 };
+
+/// The fast perturbation statistic's bound against the fp64 one (docs/numerics.md).
+constexpr double kFastPerturbationRel = 1e-3;
+constexpr double kFastPerturbationAbs = 1e-4;
 
 /// The fast-numerics band (tau > 0) in place of the dtype-epsilon tolerance.
 struct ToleranceBand {

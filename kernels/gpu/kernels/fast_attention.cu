@@ -69,6 +69,10 @@ struct FastArgs {
   int32_t block_rows;   // B: rows of one warp of pass B (reduce != kSum)
   int32_t in_bits;      // log2 of a segment's rows in one thread
   int32_t lane_bits;    // log2 of the lane groups a segment spans in a warp
+  // Pass A with values over a subset of the tokens (LaunchFastAttentionRows): keep[h *
+  // keep_stride + j] != 0 marks the tokens head h attends to; null = every token.
+  const uint8_t* keep = nullptr;
+  int64_t keep_stride = 0;
 };
 
 /// Where a row of a KV head comes from: query head g of the group, window row offset t
@@ -756,6 +760,22 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
             }
             s[mg][nt][e] = x;
           }
+      if constexpr (kDrop && kStats) {
+        // Tokens outside the kept set (LaunchFastAttentionRows) take no weight.
+        if (a.keep != nullptr) {
+          const uint8_t* keep = a.keep + static_cast<int64_t>(h) * a.keep_stride;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const int64_t j = tok0 + ts + 8 * nt + 2 * t + c;
+              if (j >= a.n || keep[j] == 0) {
+#pragma unroll
+                for (int mg = 0; mg < MG; ++mg) s[mg][nt][c] = s[mg][nt][2 + c] = kNegInf;
+              }
+            }
+        }
+      }
 
       if constexpr (kStats) {
         bool rescale = false;
@@ -1148,6 +1168,21 @@ cudaError_t LaunchAll(const FastAttentionPlan& plan, const FastArgs& args, cudaS
   return cudaGetLastError();
 }
 
+/// Pass A (DropKV's layout for T and DP) and the combine only: the rows' statistics and
+/// outputs a (LaunchFastAttentionRows).
+template <typename T, int DP>
+cudaError_t LaunchRowsForDim(const FastAttentionPlan& plan, const FastArgs& args,
+                             cudaStream_t stream) {
+  using CT = typename ComputeOf<T>::type;
+  constexpr bool kRoomy = PlanesOf<T>() == 1 && DP <= 128;
+  cudaError_t err = LaunchPass<T, DP, 1, 32, kRoomy ? 3 : 2, true, true>(plan, args, stream);
+  if (err != cudaSuccess) return err;
+  const dim3 rows_grid(static_cast<unsigned>(plan.num_chunks * plan.chunk_rows),
+                       static_cast<unsigned>(plan.num_kv_heads));
+  CombineKernel<CT, DP, true><<<rows_grid, kCombineThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
 /// Picks the layouts for T and DP (measured on an H200; the kernels are bound by instruction
 /// latency at low occupancy, not by memory latency, so CTAs per SM matter more than stages):
 ///  128-row chunks  32 rows x 64 tokens per warp, 4 row groups, three K stages;
@@ -1190,30 +1225,31 @@ cudaError_t LaunchForDim(const FastAttentionPlan& plan, const FastArgs& args, cu
   return LaunchAll<T, DP, false, 1, 16, 2, 1, 16, 2>(plan, args, stream);
 }
 
-/// Picks DP for element type T (f32 inputs take two planes: at most DP = 128).
-template <typename T>
+/// Picks DP for element type T (f32 inputs take two planes: at most DP = 128) and runs every
+/// pass (kRowsOnly: pass A and the combine).
+template <typename T, bool kRowsOnly = false>
 cudaError_t LaunchForType(const FastAttentionPlan& plan, const FastArgs& args, cudaStream_t stream) {
   switch (plan.padded_dim) {
-    case 64: return LaunchForDim<T, 64>(plan, args, stream);
-    case 128: return LaunchForDim<T, 128>(plan, args, stream);
+    case 64:
+      return kRowsOnly ? LaunchRowsForDim<T, 64>(plan, args, stream)
+                       : LaunchForDim<T, 64>(plan, args, stream);
+    case 128:
+      return kRowsOnly ? LaunchRowsForDim<T, 128>(plan, args, stream)
+                       : LaunchForDim<T, 128>(plan, args, stream);
     case 256:
       if constexpr (std::is_same<T, float>::value) {
         return cudaErrorInvalidValue;
       } else {
-        return LaunchForDim<T, 256>(plan, args, stream);
+        return kRowsOnly ? LaunchRowsForDim<T, 256>(plan, args, stream)
+                         : LaunchForDim<T, 256>(plan, args, stream);
       }
     default: return cudaErrorInvalidValue;
   }
 }
 
-}  // namespace
-
-cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const DeviceLayer& layer,
-                                      const ScorerParams& params, void* scratch, float* out,
-                                      cudaStream_t stream) {
-  if (plan.num_tokens == 0) return cudaSuccess;
-  if (out == nullptr || scratch == nullptr) return cudaErrorInvalidValue;
-  char* base = static_cast<char*>(scratch);
+/// The kernels' arguments for `plan` over `layer` with the scratch regions at `base`.
+FastArgs ArgsOf(const FastAttentionPlan& plan, const DeviceLayer& layer,
+                const ScorerParams& params, char* base, float* out) {
   FastArgs args;
   args.keys = layer.keys;
   args.values = layer.values;
@@ -1247,10 +1283,43 @@ cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const Devic
   args.row_out = base + plan.row_out_offset;
   args.partial = reinterpret_cast<float*>(base + plan.partial_offset);
   args.out = out;
+  return args;
+}
+
+}  // namespace
+
+cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const DeviceLayer& layer,
+                                      const ScorerParams& params, void* scratch, float* out,
+                                      cudaStream_t stream) {
+  if (plan.num_tokens == 0) return cudaSuccess;
+  if (out == nullptr || scratch == nullptr) return cudaErrorInvalidValue;
+  const FastArgs args = ArgsOf(plan, layer, params, static_cast<char*>(scratch), out);
   switch (plan.dtype) {
     case DType::kF32: return LaunchForType<float>(plan, args, stream);
     case DType::kF16: return LaunchForType<__half>(plan, args, stream);
     case DType::kBF16: return LaunchForType<__nv_bfloat16>(plan, args, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t LaunchFastAttentionRows(const FastAttentionPlan& plan, const DeviceLayer& layer,
+                                    const uint8_t* keep, int64_t keep_stride, void* scratch,
+                                    RowInfo* row_info, void* row_out, cudaStream_t stream) {
+  if (!plan.with_values || plan.reduce != Reduce::kSum || scratch == nullptr ||
+      row_info == nullptr || row_out == nullptr || keep_stride < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (plan.num_tokens == 0) return cudaSuccess;
+  ScorerParams params;
+  FastArgs args = ArgsOf(plan, layer, params, static_cast<char*>(scratch), nullptr);
+  args.keep = keep;
+  args.keep_stride = keep_stride;
+  args.row_info = row_info;
+  args.row_out = row_out;
+  switch (plan.dtype) {
+    case DType::kF32: return LaunchForType<float, true>(plan, args, stream);
+    case DType::kF16: return LaunchForType<__half, true>(plan, args, stream);
+    case DType::kBF16: return LaunchForType<__nv_bfloat16, true>(plan, args, stream);
   }
   return cudaErrorInvalidValue;
 }

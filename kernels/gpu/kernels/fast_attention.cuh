@@ -120,4 +120,16 @@ cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const Devic
                                       const ScorerParams& params, void* scratch, float* out,
                                       cudaStream_t stream);
 
+/// Pass A and the combine of a DropKV plan (plan.with_values, Reduce::kSum) only: for every
+/// row r of KV head h the statistics into row_info [H, chunks * RC] and the attention output
+/// a = softmax(q Kᵀ) V as 16-bit hi and lo planes into row_out [2, H, chunks * RC, DP] (the
+/// layout of plan.row_info_offset / row_out_offset, which these pointers replace), over the
+/// tokens keep[h * keep_stride + j] != 0 marks (keep null: every visible token; keep_stride 0:
+/// one list for every head). A row that sees no marked token gets a = 0. `scratch` holds the
+/// plan's part regions (plan.part_*_offset). The output perturbation statistic in fast
+/// numerics runs it twice (fast_perturbation.cu).
+cudaError_t LaunchFastAttentionRows(const FastAttentionPlan& plan, const DeviceLayer& layer,
+                                    const uint8_t* keep, int64_t keep_stride, void* scratch,
+                                    RowInfo* row_info, void* row_out, cudaStream_t stream);
+
 }  // namespace kvtrim::gpu::fast

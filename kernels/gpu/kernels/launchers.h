@@ -192,6 +192,20 @@ cudaError_t LaunchSelectShared(const float* scores, int32_t num_heads, int64_t n
 /// Device scratch bytes of LaunchPerturbation.
 size_t PerturbationScratchBytes(const DeviceLayer& layer);
 
+/// Device scratch bytes of LaunchFastPerturbation (0 when the fast kernels do not take the
+/// layer).
+size_t FastPerturbationScratchBytes(const DeviceLayer& layer);
+
+/// LaunchPerturbation's statistic in fast numerics (fast_perturbation.cu): the full and the
+/// kept attention output of every window row on tensor cores (the fast DropKV pass A, fp32
+/// accumulation, the kept softmax with its own maximum), the per-row ratios and their mean
+/// per KV head in fp64. Same arguments and definition as LaunchPerturbation;
+/// cudaErrorNotSupported for the layers the fast attention kernels do not take (d not a
+/// multiple of 8, d > 256, f32 with d > 128), cudaErrorInvalidValue for bad arguments.
+cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, const int64_t* offsets,
+                                   int32_t num_lists, const int32_t* indices, double* out,
+                                   void* scratch, size_t scratch_bytes, cudaStream_t stream);
+
 /// The relative output perturbation per KV head (see kernels/cpu/perturbation.h for the
 /// definition). offsets: [num_lists + 1] device int64 (num_lists = H_kv, or 1 for a shared
 /// list), indices: device int32 ascending per list. Writes out [H_kv] (device double).

@@ -18,6 +18,7 @@
 #include <cmath>
 
 #include "kernels/gpu/kernels/attention_common.cuh"
+#include "kernels/gpu/kernels/kept_mask.cuh"
 #include "kernels/gpu/kernels/launchers.h"
 
 namespace kvtrim::gpu {
@@ -406,6 +407,15 @@ cudaError_t LaunchSegments(const PerturbPlan& plan, const SegmentArgs& args, cud
 
 }  // namespace
 
+cudaError_t LaunchKeptMask(const int64_t* offsets, const int32_t* indices, int32_t num_lists,
+                           int64_t n, uint8_t* mask, cudaStream_t stream) {
+  if (num_lists < 1 || n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (offsets == nullptr || mask == nullptr) return cudaErrorInvalidValue;
+  BuildMaskKernel<<<num_lists, 256, 0, stream>>>(offsets, indices, n, mask);
+  return cudaGetLastError();
+}
+
 size_t PerturbationScratchBytes(const DeviceLayer& layer) {
   PerturbPlan plan;
   // Room for one list per KV head (a shared list needs less).
@@ -434,8 +444,7 @@ cudaError_t LaunchPerturbation(const DeviceLayer& layer, const int64_t* offsets,
   double* row_values = reinterpret_cast<double*>(base + plan.value_offset);
 
   if (plan.n > 0) {
-    BuildMaskKernel<<<num_lists, 256, 0, stream>>>(offsets, indices, plan.n, mask);
-    cudaError_t err = cudaGetLastError();
+    cudaError_t err = LaunchKeptMask(offsets, indices, num_lists, plan.n, mask, stream);
     if (err != cudaSuccess) return err;
     SegmentArgs args;
     args.keys = layer.keys;

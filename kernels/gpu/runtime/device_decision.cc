@@ -306,10 +306,9 @@ absl::Status EnqueueDecision(const LayerPlan& plan, const DeviceLayer& layer,
   KVTRIM_RETURN_IF_ERROR(
       RecordStreamEvent(events != nullptr ? events->after_select : nullptr, stream));
   if (plan.perturbation) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchPerturbation(layer, buffers.offsets, plan.num_lists(), buffers.indices,
-                           buffers.perturbation, buffers.scratch, buffers.scratch_bytes, stream),
-        "LaunchPerturbation");
+    KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(plan, layer, buffers.offsets, plan.num_lists(),
+                                               buffers.indices, buffers.perturbation,
+                                               buffers.scratch, buffers.scratch_bytes, stream));
   }
   return absl::OkStatus();
 }

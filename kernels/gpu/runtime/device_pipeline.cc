@@ -294,7 +294,7 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
     score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
   }
   r.scratch_bytes = std::max(score_scratch, SelectionScratchBytes(plan));
-  if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationScratchBytes(layer));
+  if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationBytes(plan, layer));
   r.scores = layout->Add(heads * n * sizeof(float));
   // Meta: counts, offsets, then the first-NaN slot (uploaded with them, see MetaInit).
   const size_t meta_values = heads + static_cast<size_t>(plan.num_lists()) + 1;
@@ -430,11 +430,31 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
   KVTRIM_RETURN_IF_ERROR(
       RecordStreamEvent(events != nullptr ? events->after_select : nullptr, stream));
   if (plan.perturbation) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchPerturbation(layer, b.offsets, plan.num_lists(), b.indices, b.perturbation,
-                           b.scratch, b.scratch_bytes, stream),
-        "LaunchPerturbation");
+    KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(plan, layer, b.offsets, plan.num_lists(),
+                                               b.indices, b.perturbation, b.scratch,
+                                               b.scratch_bytes, stream));
   }
+  return absl::OkStatus();
+}
+
+size_t PerturbationBytes(const LayerPlan& plan, const DeviceLayer& layer) {
+  const size_t fast = plan.params.fast ? FastPerturbationScratchBytes(layer) : 0;
+  return fast > 0 ? fast : PerturbationScratchBytes(layer);
+}
+
+absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer,
+                                 const int64_t* offsets, int32_t num_lists,
+                                 const int32_t* indices, double* out, void* scratch,
+                                 size_t scratch_bytes, cudaStream_t stream) {
+  if (plan.params.fast && FastPerturbationScratchBytes(layer) > 0) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFastPerturbation(layer, offsets, num_lists, indices, out,
+                                                       scratch, scratch_bytes, stream),
+                                "LaunchFastPerturbation");
+    return absl::OkStatus();
+  }
+  KVTRIM_CUDA_RETURN_IF_ERROR(LaunchPerturbation(layer, offsets, num_lists, indices, out, scratch,
+                                                 scratch_bytes, stream),
+                              "LaunchPerturbation");
   return absl::OkStatus();
 }
 

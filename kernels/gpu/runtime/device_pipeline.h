@@ -160,6 +160,18 @@ struct PipelineEvents {
                                        // selection: NaN probe, protection and top-k)
 };
 
+/// Scratch bytes of the output perturbation of `plan` over `layer`: the fast kernel's
+/// (LaunchFastPerturbation) in fast numerics where it takes the layer, else the fp64 one's.
+size_t PerturbationBytes(const LayerPlan& plan, const DeviceLayer& layer);
+
+/// Enqueues the output perturbation of the lists (offsets [num_lists + 1], indices) into
+/// out [H_kv]: LaunchFastPerturbation in fast numerics where it takes the layer, else the
+/// fp64 LaunchPerturbation (exact numerics keep fp64). Errors: CudaStatus() of the launch.
+absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer,
+                                 const int64_t* offsets, int32_t num_lists,
+                                 const int32_t* indices, double* out, void* scratch,
+                                 size_t scratch_bytes, cudaStream_t stream);
+
 /// Enqueues the scorer (LaunchScore, or LaunchModelScore with buffers.model, or with
 /// plan.params.fast LaunchFastModelScore with buffers.model and buffers.fast_model) and the NaN
 /// probe of buffers.scores (into buffers.first_nan): buffers.scores then holds the raw scores

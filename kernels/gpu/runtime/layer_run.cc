@@ -241,8 +241,14 @@ absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
     key.Add(context_.transfer().data()).Add(pinned_.offsets).Add(pinned_.indices);
     key.Add(pinned_.perturbation).Add(pinned_.first_nan);
   }
-  return context_.graphs().Run(context_.stream(), key,
-                               [&] { return EnqueueLaunches(events, copy_back); });
+  KVTRIM_RETURN_IF_ERROR(context_.graphs().Run(
+      context_.stream(), key, [&] { return EnqueueLaunches(events, copy_back); }));
+  if (profiled_) {
+    // A replayed graph records its stage events without calling EnqueueLaunches.
+    context_.stage_events().MarkRecorded(StageEvents::kLaunched);
+    if (copy_back) context_.stage_events().MarkRecorded(StageEvents::kCopied);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LayerRun::EnqueueLaunches(const PipelineEvents* events, bool copy_back) {
@@ -420,11 +426,9 @@ absl::Status LayerRun::HostDecisionPerturbation(LayerDecision* out) {
                         out->indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync(indices)");
   }
-  KVTRIM_CUDA_RETURN_IF_ERROR(
-      LaunchPerturbation(device_layer_, buffers_.offsets, static_cast<int32_t>(host_lists),
-                         buffers_.indices, buffers_.perturbation, buffers_.scratch,
-                         buffers_.scratch_bytes, stream),
-      "LaunchPerturbation");
+  KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(
+      plan_, device_layer_, buffers_.offsets, static_cast<int32_t>(host_lists), buffers_.indices,
+      buffers_.perturbation, buffers_.scratch, buffers_.scratch_bytes, stream));
   KVTRIM_RETURN_IF_ERROR(
       CopyBack(pinned_.perturbation, buffers_.perturbation, heads * sizeof(double)));
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());

@@ -1,0 +1,196 @@
+// The output perturbation statistic in fast numerics (LaunchFastPerturbation) against the fp64
+// kernel (LaunchPerturbation, itself within 1e-9 of the CPU's definition): every dtype, odd
+// sizes, GQA groups, per-head and shared lists (an empty list and a full one among them),
+// within the fast bound of tests/gpu/parity_rule.h; bit-identical when run twice; and the
+// two kernels timed at a served shape (FastPerturbationTiming prints both). Skips without a
+// GPU.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/gpu/kernels/launchers.h"
+#include "tests/gpu/device_test_util.h"
+#include "tests/gpu/model_test_data.h"
+#include "tests/gpu/parity_rule.h"
+#include "tests/gpu/test_device.h"
+
+namespace kvtrim::gpu::testing {
+namespace {
+
+/// One layer on the device with its kept lists, and both kernels' scratch.
+struct PerturbationCase {
+  DType dtype = DType::kBF16;
+  int64_t heads = 2, group = 4, n = 1000, d = 64, w = 8;
+  bool shared = false;  // one list for every head
+  uint64_t seed = 1;
+  std::string Describe() const {
+    return absl::StrCat(DTypeName(dtype), " H_kv=", heads, " G=", group, " n=", n, " d=", d,
+                        " w=", w, shared ? " shared" : " per-head");
+  }
+};
+
+class DeviceCase {
+ public:
+  explicit DeviceCase(const PerturbationCase& c) : c_(c) {
+    const ModelLayerData data = MakeModelLayerData(c.dtype, c.heads, c.n, c.d, c.group, c.w, c.seed);
+    Upload(data.keys, &keys_);
+    Upload(data.values, &values_);
+    Upload(data.queries, &queries_);
+    layer_.keys = keys_.get();
+    layer_.values = values_.get();
+    layer_.queries = queries_.get();
+    layer_.dtype = c.dtype;
+    layer_.num_kv_heads = static_cast<int32_t>(c.heads);
+    layer_.num_query_heads = static_cast<int32_t>(c.heads * c.group);
+    layer_.window_rows = static_cast<int32_t>(c.w);
+    layer_.head_dim = static_cast<int32_t>(c.d);
+    layer_.num_tokens = c.n;
+    layer_.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
+    // Lists: about a fifth of the tokens at random; list 0 empty, list 1 everything (per
+    // head with at least two heads), the last 4 tokens always kept elsewhere.
+    std::mt19937_64 rng(c.seed * 7919);
+    const int64_t lists = c.shared ? 1 : c.heads;
+    std::vector<int64_t> offsets{0};
+    std::vector<int32_t> indices;
+    for (int64_t l = 0; l < lists; ++l) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        bool keep = rng() % 5 == 0 || j >= c.n - 4;
+        if (!c.shared && lists > 1 && l == 0) keep = false;
+        if (!c.shared && lists > 1 && l == 1) keep = true;
+        if (keep) indices.push_back(static_cast<int32_t>(j));
+      }
+      offsets.push_back(static_cast<int64_t>(indices.size()));
+    }
+    num_lists_ = static_cast<int32_t>(lists);
+    Upload(offsets, &offsets_);
+    Upload(indices, &indices_);
+    out_.Allocate(static_cast<size_t>(c.heads) * sizeof(double));
+    exact_bytes_ = PerturbationScratchBytes(layer_);
+    fast_bytes_ = FastPerturbationScratchBytes(layer_);
+    exact_scratch_.Allocate(exact_bytes_);
+    fast_scratch_.Allocate(fast_bytes_);
+  }
+
+  /// The exact (fp64) kernel's answer, or the fast one's.
+  std::vector<double> Run(bool fast) {
+    const cudaError_t err =
+        fast ? LaunchFast() : LaunchPerturbation(layer_, offsets_.as<int64_t>(), num_lists_,
+                                                  indices_.as<int32_t>(), out_.as<double>(),
+                                                  exact_scratch_.get(), exact_bytes_, nullptr);
+    EXPECT_EQ(err, cudaSuccess) << c_.Describe();
+    std::vector<double> host(static_cast<size_t>(c_.heads));
+    EXPECT_EQ(cudaMemcpy(host.data(), out_.get(), host.size() * sizeof(double),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  }
+  cudaError_t LaunchFast() {
+    return LaunchFastPerturbation(layer_, offsets_.as<int64_t>(), num_lists_,
+                                  indices_.as<int32_t>(), out_.as<double>(), fast_scratch_.get(),
+                                  fast_bytes_, nullptr);
+  }
+  cudaError_t LaunchExact() {
+    return LaunchPerturbation(layer_, offsets_.as<int64_t>(), num_lists_, indices_.as<int32_t>(),
+                              out_.as<double>(), exact_scratch_.get(), exact_bytes_, nullptr);
+  }
+  size_t fast_bytes() const { return fast_bytes_; }
+
+ private:
+  template <typename T>
+  static void Upload(const std::vector<T>& host, DeviceBuffer* out) {
+    ASSERT_TRUE(out->Allocate(host.size() * sizeof(T)));
+    if (!host.empty()) {
+      ASSERT_EQ(cudaMemcpy(out->get(), host.data(), host.size() * sizeof(T),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+
+  PerturbationCase c_;
+  DeviceBuffer keys_, values_, queries_, offsets_, indices_, out_, exact_scratch_, fast_scratch_;
+  DeviceLayer layer_;
+  int32_t num_lists_ = 1;
+  size_t exact_bytes_ = 0, fast_bytes_ = 0;
+};
+
+TEST(FastPerturbation, WithinTheFastBoundOfTheExactStatistic) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  double worst = 0;
+  int cases = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {1, 7, 99, 1000, 40000}) {
+      for (int64_t d : {64, 128}) {
+        for (int64_t group : {1, 4, 8}) {
+          for (bool shared : {false, true}) {
+            PerturbationCase c;
+            c.dtype = dtype;
+            c.n = n;
+            c.d = d;
+            c.group = group;
+            c.w = n >= 1000 ? 32 : 8;
+            c.heads = group == 8 ? 2 : 3;
+            c.shared = shared;
+            c.seed = static_cast<uint64_t>(n * 131 + d + group);
+            if (n == 40000 && (group != 4 || dtype == DType::kF32)) continue;  // time
+            DeviceCase device(c);
+            ASSERT_GT(device.fast_bytes(), 0u) << c.Describe();
+            const std::vector<double> exact = device.Run(false);
+            const std::vector<double> fast = device.Run(true);
+            const std::vector<double> again = device.Run(true);
+            EXPECT_EQ(fast, again) << c.Describe() << ": two fast runs differ";
+            for (size_t h = 0; h < exact.size(); ++h) {
+              const double err = std::fabs(fast[h] - exact[h]);
+              EXPECT_LE(err, kFastPerturbationRel * std::fabs(exact[h]) + kFastPerturbationAbs)
+                  << c.Describe() << " head " << h << ": exact " << exact[h] << " fast "
+                  << fast[h];
+              worst = std::max(worst, err / (std::fabs(exact[h]) + 1e-3));
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  std::printf("[ fast     ] perturbation: %d cases, worst |fast - exact| / (|exact| + 1e-3) = %.3g\n",
+              cases, worst);
+}
+
+TEST(FastPerturbation, HeadDimensionsTheFastKernelsDoNotTakeAreRefused) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  PerturbationCase c;
+  c.dtype = DType::kF32;
+  c.d = 136;  // f32 rows above 128: the exact kernel only
+  c.n = 50;
+  DeviceCase device(c);
+  EXPECT_EQ(device.fast_bytes(), 0u);
+  EXPECT_EQ(device.LaunchFast(), cudaErrorNotSupported);
+}
+
+TEST(FastPerturbation, FastPerturbationTiming) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  for (int64_t n : {32768, 131072}) {
+    PerturbationCase c;
+    c.heads = 8;
+    c.group = 4;
+    c.d = 128;
+    c.w = 32;
+    c.n = n;
+    DeviceCase device(c);
+    const double exact = MedianLaunchMicros(5, [&] { return device.LaunchExact(); });
+    const double fast = MedianLaunchMicros(20, [&] { return device.LaunchFast(); });
+    std::printf("[ timing   ] perturbation bf16 n=%lld H_kv=8 G=4 d=128 w=32: exact %.1f us, "
+                "fast %.1f us (%.1fx)\n",
+                static_cast<long long>(n), exact, fast, exact / fast);
+  }
+}
+
+}  // namespace
+}  // namespace kvtrim::gpu::testing
