@@ -38,8 +38,11 @@ struct CompressionSettings {
   /// and says so in LayerDecision::numerics.
   Numerics numerics = Numerics::kFast;
   /// Whether the output perturbation statistic is computed (when values and queries are
-  /// present): proto Perturbation FULL / OFF.
+  /// present): proto Perturbation FULL / SAMPLED (true) or OFF (false).
   bool perturbation = true;
+  /// SAMPLED: in fast numerics the statistic averages the last kSampledPerturbationRows
+  /// window rows of every query head only (exact numerics: every row).
+  bool perturbation_sampled = false;
   /// Whether answers carry the kept lists as packed little-endian bytes (proto
   /// answer_encoding PACKED, LayerResult.packed) rather than repeated fields.
   bool packed_answer = false;
@@ -96,6 +99,9 @@ struct LayerBudget {
   Protection requested;        // protection before rule 3 (per-head clamps, e.g. lukv)
 };
 
+/// Window rows per query head of the sampled perturbation statistic (fast numerics).
+constexpr int32_t kSampledPerturbationRows = 8;
+
 /// Where one layer's time went, in seconds (proto LayerProfile; 0 for a stage that did not
 /// run). The backend fills worker_wait .. fetch, the service the rest.
 struct LayerProfile {
@@ -125,6 +131,8 @@ struct LayerDecision {
   std::vector<int32_t> indices;       // ascending within each list
   std::vector<int32_t> kept_per_head; // [H_kv]
   std::vector<double> perturbation;   // [H_kv], empty when values or queries are absent
+  int32_t perturbation_rows = 0;      // window rows per query head it averaged (0: none)
+  bool perturbation_sampled = false;  // fewer rows than the window (PERTURBATION_SAMPLED)
   double compute_seconds = 0;
   Numerics numerics = Numerics::kExact;  // the mode that computed the scores
   /// Per-stage times, filled when CompressionSettings::profile was set.

@@ -59,6 +59,15 @@ run ipc_32k 60 --transport=cuda_ipc --tokens=32768 --prefills=5 --warmup_prefill
 run ipc_32k_serial 60 --transport=cuda_ipc --tokens=32768 --prefills=3 --warmup_prefills=1 --serial
 run ipc_128k 90 --transport=cuda_ipc --tokens=131072 --prefills=3 --warmup_prefills=1
 run ipc_128k_serial 90 --transport=cuda_ipc --tokens=131072 --prefills=2 --warmup_prefills=1 --serial
+# The perturbation statistic sampled (the last 8 window rows per query head) and off.
+run ipc_32k_serial_sampled 60 --transport=cuda_ipc --tokens=32768 --prefills=3 --warmup_prefills=1 \
+  --serial --perturbation=sampled
+run ipc_32k_serial_off 60 --transport=cuda_ipc --tokens=32768 --prefills=3 --warmup_prefills=1 \
+  --serial --perturbation=off
+run ipc_128k_serial_sampled 90 --transport=cuda_ipc --tokens=131072 --prefills=2 \
+  --warmup_prefills=1 --serial --perturbation=sampled
+run ipc_128k_serial_off 90 --transport=cuda_ipc --tokens=131072 --prefills=2 --warmup_prefills=1 \
+  --serial --perturbation=off
 run shm_32k 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k_w8 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 --workers=8

@@ -90,8 +90,15 @@ TEST(SettingsCodecTest, PerturbationModes) {
   auto off = DecodeSettings(s, "settings", Numerics::kFast);
   ASSERT_TRUE(off.ok());
   EXPECT_FALSE(off->perturbation);
+  EXPECT_FALSE(off->perturbation_sampled);
   s.set_perturbation(v1::PERTURBATION_FULL);
   EXPECT_TRUE(DecodeSettings(s, "settings", Numerics::kFast)->perturbation);
+  EXPECT_FALSE(DecodeSettings(s, "settings", Numerics::kFast)->perturbation_sampled);
+  s.set_perturbation(v1::PERTURBATION_SAMPLED);
+  auto sampled = DecodeSettings(s, "settings", Numerics::kFast);
+  ASSERT_TRUE(sampled.ok());
+  EXPECT_TRUE(sampled->perturbation);
+  EXPECT_TRUE(sampled->perturbation_sampled);
   s.set_perturbation(static_cast<v1::Perturbation>(9));
   auto bad = DecodeSettings(s, "begin", Numerics::kFast);
   ASSERT_FALSE(bad.ok());

@@ -155,7 +155,8 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   EXPECT_EQ(Counter("kvtrim_tokens_in_total", {{"policy", "snapkv"}}), 3 * 2 * 64);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "snapkv"}}), 3 * 2 * 32);
   EXPECT_EQ(HistogramCount(*server_, "kvtrim_kept_ratio", {{"policy", "snapkv"}}), 3u * 2);
-  EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio", {{"policy", "snapkv"}}),
+  EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio",
+                           {{"policy", "snapkv"}, {"rows", "all"}}),
             3u * 2);
   // keys + values [2, 64, 8] f32 and queries [4, 32, 8] f32 per layer.
   EXPECT_EQ(Counter("kvtrim_request_bytes_total", {{"rpc", "Compress"}}),
@@ -200,7 +201,9 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
                     {{"rpc", "CompressSession"}, {"policy", "knorm"}, {"code", "OK"}}), 1);
   EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "knorm"}, {"numerics", "exact"}}), 1);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "knorm"}}), 2 * 32);
-  EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio", {{"policy", "knorm"}}), 2u);
+  EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio",
+                           {{"policy", "knorm"}, {"rows", "all"}}),
+            2u);
 
   grpc::ClientContext list_context;
   v1::ListPoliciesResponse list;

@@ -110,7 +110,9 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
       perturbation_(prometheus::BuildHistogram()
                         .Name("kvtrim_perturbation_ratio")
                         .Help("Relative output perturbation ||a_kept - a_full|| / ||a_full||, "
-                              "one observation per KV head when computed")
+                              "one observation per KV head when computed; rows=\"all\" over "
+                              "every window row, \"sampled\" over the last few of each query "
+                              "head (settings.perturbation SAMPLED, fast numerics)")
                         .Register(*registry_)),
       request_bytes_(prometheus::BuildCounter()
                          .Name("kvtrim_request_bytes_total")
@@ -181,7 +183,10 @@ Metrics::PolicySeries& Metrics::SeriesFor(const std::string& policy) {
   s.tokens_in = &tokens_in_.Add(labels);
   s.tokens_kept = &tokens_kept_.Add(labels);
   s.kept_ratio = &kept_ratio_.Add(labels, KeptRatioBuckets());
-  s.perturbation = &perturbation_.Add(labels, PerturbationBuckets());
+  for (int sampled = 0; sampled < 2; ++sampled) {
+    s.perturbation[sampled] = &perturbation_.Add(
+        {{"policy", policy}, {"rows", sampled != 0 ? "sampled" : "all"}}, PerturbationBuckets());
+  }
   return series_.emplace(policy, s).first->second;
 }
 
@@ -196,7 +201,8 @@ void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decisi
     }
   }
   if (decision.perturbation.size() == decision.kept_per_head.size()) {
-    for (double p : decision.perturbation) s.perturbation->Observe(p);
+    prometheus::Histogram* h = s.perturbation[decision.perturbation_sampled ? 1 : 0];
+    for (double p : decision.perturbation) h->Observe(p);
   }
   s.layers[NumericsIndex(decision.numerics)]->Increment();
   s.tokens_in->Increment(static_cast<double>(heads * decision.num_tokens));

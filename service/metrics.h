@@ -68,7 +68,8 @@ class Metrics {
   /// Counts one answered layer: kvtrim_layers_total{policy, numerics} (the mode that
   /// computed it, "fast" / "exact"), kvtrim_tokens_in_total (H_kv * n),
   /// kvtrim_tokens_kept_total, one kvtrim_kept_ratio observation per head and one
-  /// kvtrim_perturbation_ratio observation per head when perturbation was computed.
+  /// kvtrim_perturbation_ratio{policy, rows} observation per head when perturbation was
+  /// computed (rows "all" or "sampled": LayerDecision::perturbation_sampled).
   void RecordLayer(const std::string& policy, const LayerDecision& decision);
   /// Adds received tensor bytes (kvtrim_request_bytes_total).
   void AddRequestBytes(Rpc rpc, int64_t bytes);
@@ -88,7 +89,7 @@ class Metrics {
     prometheus::Counter* tokens_in = nullptr;
     prometheus::Counter* tokens_kept = nullptr;
     prometheus::Histogram* kept_ratio = nullptr;
-    prometheus::Histogram* perturbation = nullptr;
+    std::array<prometheus::Histogram*, 2> perturbation{};  // by rows: all, sampled
   };
   PolicySeries& SeriesFor(const std::string& policy);
 

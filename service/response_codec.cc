@@ -112,6 +112,7 @@ void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out, bool
     if (has_perturbation) head->set_perturbation(decision.perturbation[h]);
   }
   out->set_compute_seconds(decision.compute_seconds);
+  out->set_perturbation_rows(has_perturbation ? decision.perturbation_rows : 0);
   out->set_numerics(EncodeNumerics(decision.numerics));
 }
 

@@ -140,10 +140,14 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
     case v1::PERTURBATION_OFF:
       out.perturbation = false;
       break;
+    case v1::PERTURBATION_SAMPLED:
+      out.perturbation = true;
+      out.perturbation_sampled = true;
+      break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".perturbation: unknown perturbation mode ",
-          static_cast<int>(settings.perturbation()), " (FULL or OFF)"));
+          static_cast<int>(settings.perturbation()), " (FULL, SAMPLED or OFF)"));
   }
   switch (settings.answer_encoding()) {
     case v1::ANSWER_ENCODING_UNSPECIFIED:

@@ -57,6 +57,7 @@ struct LoadgenConfig {
   v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
   bool packed_answer = true;             // answer_encoding PACKED (false: REPEATED)
   bool profile = true;                   // settings.profile: per-stage times of each layer
+  v1::Perturbation perturbation = v1::PERTURBATION_FULL;  // settings.perturbation
 };
 
 /// OK when every field is in range; INVALID_ARGUMENT naming the flag otherwise.

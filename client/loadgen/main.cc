@@ -37,6 +37,9 @@ ABSL_FLAG(bool, profile, true,
 ABSL_FLAG(bool, packed_answer, true,
           "ask for the kept lists as packed little-endian bytes (answer_encoding PACKED); "
           "--nopacked_answer asks for the repeated offsets / indices fields");
+ABSL_FLAG(std::string, perturbation, "full",
+          "the output perturbation statistic: full (every window row), sampled (fast numerics: "
+          "the last 8 rows of each query head) or off");
 ABSL_FLAG(std::string, numerics, "",
           "fast | exact; empty leaves it to the server (kvtrimd --numerics). The report counts "
           "the layers the server computed in each mode");
@@ -85,7 +88,8 @@ std::string Usage() {
       "JSON (--json_out): config{target, transport, policy, keep_fraction, layers, tokens,\n"
       "kv_heads, q_heads, head_dim, window, dtype, workers, prefills, warmup_prefills,\n"
       "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, send_values,\n"
-      "send_queries, numerics, profile}, backend, layer_latency_s, layer_prepare_s,\n"
+      "send_queries, numerics, profile, perturbation}, backend, layer_latency_s,\n"
+      "layer_prepare_s,\n"
       "server_compute_s, prefill_wall_s (each {count, mean, p50, p99, min, max}),\n"
       "wire_bytes_per_prefill, layers_by_numerics{fast, exact}, stage_profile{order[],\n"
       "stages{<stage>: {where, count, mean, p50, p99, min, max}}} (null without --profile;\n"
@@ -133,6 +137,17 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.rewrite_per_layer = absl::GetFlag(FLAGS_rewrite_per_layer);
   config.json_out = absl::GetFlag(FLAGS_json_out);
   config.numerics = *numerics;
+  const std::string perturbation = absl::GetFlag(FLAGS_perturbation);
+  if (perturbation == "full") {
+    config.perturbation = kvtrim::v1::PERTURBATION_FULL;
+  } else if (perturbation == "sampled") {
+    config.perturbation = kvtrim::v1::PERTURBATION_SAMPLED;
+  } else if (perturbation == "off") {
+    config.perturbation = kvtrim::v1::PERTURBATION_OFF;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--perturbation: '", perturbation.substr(0, 32), "' is not one of full, sampled, off"));
+  }
   config.packed_answer = absl::GetFlag(FLAGS_packed_answer);
   config.profile = absl::GetFlag(FLAGS_profile);
   if (absl::Status valid = kvtrim::loadgen::ValidateConfig(config); !valid.ok()) return valid;

@@ -152,6 +152,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"send_queries", report.needs.queries},
       {"numerics", NumericsLabel(c.numerics)},
       {"profile", c.profile},
+      {"perturbation", v1::Perturbation_Name(c.perturbation)},
   };
   nlohmann::json workers = nlohmann::json::array();
   for (size_t i = 0; i < totals.workers.size(); ++i) {

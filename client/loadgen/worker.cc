@@ -22,6 +22,7 @@ v1::CompressionSettings Settings(const LoadgenConfig& config, int worker, int pr
   settings.set_answer_encoding(config.packed_answer ? v1::ANSWER_ENCODING_PACKED
                                                     : v1::ANSWER_ENCODING_REPEATED);
   settings.set_profile(config.profile);
+  settings.set_perturbation(config.perturbation);
   return settings;
 }
 

@@ -134,6 +134,7 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     stage_start = Clock::now();
     out->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
     OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
+    out->perturbation_rows = static_cast<int32_t>(cpu.shape.window_rows);  // every row
     out->profile.perturbation = since(stage_start);
   }
   return absl::OkStatus();

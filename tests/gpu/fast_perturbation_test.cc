@@ -16,7 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "kernels/gpu/kernels/launchers.h"
+#include "kernels/layer.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
@@ -37,20 +39,34 @@ struct PerturbationCase {
   }
 };
 
+/// The layer of a case on the device; with `last_rows` > 0 its window is cut to the last
+/// `last_rows` rows of every query head (the same positions, keys, values and lists).
 class DeviceCase {
  public:
-  explicit DeviceCase(const PerturbationCase& c) : c_(c) {
+  explicit DeviceCase(const PerturbationCase& c, int64_t last_rows = 0) : c_(c) {
     const ModelLayerData data = MakeModelLayerData(c.dtype, c.heads, c.n, c.d, c.group, c.w, c.seed);
     Upload(data.keys, &keys_);
     Upload(data.values, &values_);
-    Upload(data.queries, &queries_);
+    std::vector<uint8_t> queries = data.queries;
+    int64_t w = c.w;
+    if (last_rows > 0) {
+      const size_t row_bytes = static_cast<size_t>(c.d) * DTypeSize(c.dtype);
+      queries.clear();
+      for (int64_t q = 0; q < c.heads * c.group; ++q) {
+        const size_t at = static_cast<size_t>(q * c.w + c.w - last_rows) * row_bytes;
+        queries.insert(queries.end(), data.queries.begin() + at,
+                       data.queries.begin() + at + last_rows * row_bytes);
+      }
+      w = last_rows;
+    }
+    Upload(queries, &queries_);
     layer_.keys = keys_.get();
     layer_.values = values_.get();
     layer_.queries = queries_.get();
     layer_.dtype = c.dtype;
     layer_.num_kv_heads = static_cast<int32_t>(c.heads);
     layer_.num_query_heads = static_cast<int32_t>(c.heads * c.group);
-    layer_.window_rows = static_cast<int32_t>(c.w);
+    layer_.window_rows = static_cast<int32_t>(w);
     layer_.head_dim = static_cast<int32_t>(c.d);
     layer_.num_tokens = c.n;
     layer_.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
@@ -74,17 +90,15 @@ class DeviceCase {
     Upload(indices, &indices_);
     out_.Allocate(static_cast<size_t>(c.heads) * sizeof(double));
     exact_bytes_ = PerturbationScratchBytes(layer_);
-    fast_bytes_ = FastPerturbationScratchBytes(layer_);
+    fast_bytes_ = FastPerturbationScratchBytes(layer_, layer_.window_rows);
     exact_scratch_.Allocate(exact_bytes_);
     fast_scratch_.Allocate(fast_bytes_);
   }
 
-  /// The exact (fp64) kernel's answer, or the fast one's.
-  std::vector<double> Run(bool fast) {
-    const cudaError_t err =
-        fast ? LaunchFast() : LaunchPerturbation(layer_, offsets_.as<int64_t>(), num_lists_,
-                                                  indices_.as<int32_t>(), out_.as<double>(),
-                                                  exact_scratch_.get(), exact_bytes_, nullptr);
+  /// The exact (fp64) kernel's answer, or the fast one's over the last `rows` window rows of
+  /// every query head (0: all of them).
+  std::vector<double> Run(bool fast, int32_t rows = 0) {
+    const cudaError_t err = fast ? LaunchFast(rows) : LaunchExact();
     EXPECT_EQ(err, cudaSuccess) << c_.Describe();
     std::vector<double> host(static_cast<size_t>(c_.heads));
     EXPECT_EQ(cudaMemcpy(host.data(), out_.get(), host.size() * sizeof(double),
@@ -92,10 +106,10 @@ class DeviceCase {
               cudaSuccess);
     return host;
   }
-  cudaError_t LaunchFast() {
-    return LaunchFastPerturbation(layer_, offsets_.as<int64_t>(), num_lists_,
-                                  indices_.as<int32_t>(), out_.as<double>(), fast_scratch_.get(),
-                                  fast_bytes_, nullptr);
+  cudaError_t LaunchFast(int32_t rows = 0) {
+    return LaunchFastPerturbation(layer_, rows > 0 ? rows : layer_.window_rows,
+                                  offsets_.as<int64_t>(), num_lists_, indices_.as<int32_t>(),
+                                  out_.as<double>(), fast_scratch_.get(), fast_bytes_, nullptr);
   }
   cudaError_t LaunchExact() {
     return LaunchPerturbation(layer_, offsets_.as<int64_t>(), num_lists_, indices_.as<int32_t>(),
@@ -163,6 +177,39 @@ TEST(FastPerturbation, WithinTheFastBoundOfTheExactStatistic) {
               cases, worst);
 }
 
+TEST(FastPerturbation, SampledIsTheStatisticOfTheLastRows) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t n : {99, 5000}) {
+      for (bool shared : {false, true}) {
+        PerturbationCase c;
+        c.dtype = dtype;
+        c.n = n;
+        c.w = 32;
+        c.shared = shared;
+        c.seed = static_cast<uint64_t>(n + 17);
+        DeviceCase whole(c);
+        DeviceCase tail(c, kSampledPerturbationRows);
+        const std::vector<double> sampled = whole.Run(true, kSampledPerturbationRows);
+        const std::vector<double> exact_tail = tail.Run(false);
+        const std::vector<double> full = whole.Run(true);
+        for (size_t h = 0; h < sampled.size(); ++h) {
+          EXPECT_LE(std::fabs(sampled[h] - exact_tail[h]),
+                    kFastPerturbationRel * std::fabs(exact_tail[h]) + kFastPerturbationAbs)
+              << c.Describe() << " head " << h << ": sampled " << sampled[h]
+              << ", exact over the last rows " << exact_tail[h];
+          std::printf("[ sampled  ] %s head %zu: full %.4f sampled %.4f\n", c.Describe().c_str(),
+                      h, full[h], sampled[h]);
+        }
+      }
+    }
+  }
+  // Rows outside [1, w] are refused.
+  PerturbationCase c;
+  DeviceCase device(c);
+  EXPECT_EQ(device.LaunchFast(static_cast<int32_t>(c.w) + 1), cudaErrorInvalidValue);
+}
+
 TEST(FastPerturbation, HeadDimensionsTheFastKernelsDoNotTakeAreRefused) {
   KVTRIM_SKIP_WITHOUT_GPU();
   PerturbationCase c;
@@ -186,9 +233,11 @@ TEST(FastPerturbation, FastPerturbationTiming) {
     DeviceCase device(c);
     const double exact = MedianLaunchMicros(5, [&] { return device.LaunchExact(); });
     const double fast = MedianLaunchMicros(20, [&] { return device.LaunchFast(); });
+    const double sampled =
+        MedianLaunchMicros(20, [&] { return device.LaunchFast(kSampledPerturbationRows); });
     std::printf("[ timing   ] perturbation bf16 n=%lld H_kv=8 G=4 d=128 w=32: exact %.1f us, "
-                "fast %.1f us (%.1fx)\n",
-                static_cast<long long>(n), exact, fast, exact / fast);
+                "fast %.1f us (%.1fx), sampled (last 8 rows) %.1f us\n",
+                static_cast<long long>(n), exact, fast, exact / fast, sampled);
   }
 }
 

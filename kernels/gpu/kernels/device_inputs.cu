@@ -1,6 +1,8 @@
 #include "kernels/gpu/kernels/device_inputs.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 namespace kvtrim::gpu {
 
@@ -53,12 +55,13 @@ __device__ __forceinline__ bool NonFinite16(uint16_t bits, uint16_t exponent_mas
   return (bits & exponent_mask) == exponent_mask;
 }
 
-/// Grid-stride scan over raw elements; one atomicMin per thread that found one.
-__global__ void FindFirstNonFiniteKernel(const void* __restrict__ data, int dtype, int64_t count,
-                                         unsigned long long* first_bad) {
+/// Grid-stride scan over the raw elements [begin, end); one atomicMin per thread that found
+/// one. Covers the parts of a tensor the vector scan below leaves out.
+__global__ void FindFirstNonFiniteKernel(const void* __restrict__ data, int dtype, int64_t begin,
+                                         int64_t end, unsigned long long* first_bad) {
   unsigned long long best = ~0ull;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+  for (int64_t i = begin + static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
        i += stride) {
     bool bad;
     if (dtype == static_cast<int>(DType::kF32)) {
@@ -73,6 +76,54 @@ __global__ void FindFirstNonFiniteKernel(const void* __restrict__ data, int dtyp
     }
   }
   if (best != ~0ull) atomicMin(first_bad, best);
+}
+
+constexpr int kVectorsInFlight = 4;  // 16-byte loads per thread and step
+
+/// The lowest lane (element) of 16-byte vector `v` that is NaN or Inf, or -1: four f32 or
+/// eight 16-bit elements (exponent field all ones).
+__device__ __forceinline__ int FirstBadLane(const uint4& v, bool f32, uint32_t mask16) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    if (f32) {
+      if ((words[w] & 0x7F800000u) == 0x7F800000u) return w;
+    } else {
+      if ((words[w] & mask16) == mask16) return 2 * w;
+      if (((words[w] >> 16) & mask16) == mask16) return 2 * w + 1;
+    }
+  }
+  return -1;
+}
+
+/// Grid-stride scan over 16-byte vectors vec[0, vectors) (element `first` + lane of vector
+/// v is element first + v * per + lane), kVectorsInFlight loads in flight per thread, visited
+/// in ascending order per thread so that its first hit is its lowest; one atomicMin per thread
+/// that found one.
+__global__ void FindFirstNonFiniteVectorKernel(const uint4* __restrict__ vec, int64_t vectors,
+                                               int dtype, int64_t first,
+                                               unsigned long long* first_bad) {
+  const bool f32 = dtype == static_cast<int>(DType::kF32);
+  const uint32_t mask16 = dtype == static_cast<int>(DType::kF16) ? 0x7C00u : 0x7F80u;
+  const int per = f32 ? 4 : 8;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v0 < vectors;
+       v0 += kVectorsInFlight * stride) {
+    uint4 x[kVectorsInFlight];
+#pragma unroll
+    for (int k = 0; k < kVectorsInFlight; ++k) {
+      const int64_t v = v0 + k * stride;
+      x[k] = v < vectors ? __ldcs(vec + v) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kVectorsInFlight; ++k) {
+      const int lane = FirstBadLane(x[k], f32, mask16);
+      if (lane >= 0) {
+        atomicMin(first_bad, static_cast<unsigned long long>(first + (v0 + k * stride) * per + lane));
+        return;  // this thread's later vectors hold larger indices
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -105,10 +156,34 @@ cudaError_t LaunchFindFirstNonFinite(const void* data, DType dtype, int64_t coun
                                      unsigned long long* first_bad, cudaStream_t stream) {
   cudaError_t err = cudaMemsetAsync(first_bad, 0xFF, sizeof(unsigned long long), stream);
   if (err != cudaSuccess || count <= 0) return err;
-  const int64_t blocks = std::min<int64_t>((count + kThreads - 1) / kThreads, 2048);
-  FindFirstNonFiniteKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-      data, static_cast<int>(dtype), count, first_bad);
-  return cudaGetLastError();
+  // The 16-byte aligned body as vectors, the elements before and after it one by one.
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  int64_t head = address % size != 0 ? count
+                                     : static_cast<int64_t>((16 - address % 16) % 16) / size;
+  head = std::min(head, count);
+  const int64_t per = 16 / size;
+  const int64_t vectors = (count - head) / per;
+  const int64_t body_end = head + vectors * per;
+  if (vectors > 0) {
+    const int64_t blocks =
+        std::min<int64_t>((vectors + kThreads * kVectorsInFlight - 1) / (kThreads * kVectorsInFlight),
+                          2048);
+    FindFirstNonFiniteVectorKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint4*>(static_cast<const char*>(data) + head * size), vectors,
+        static_cast<int>(dtype), head, first_bad);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  for (const auto [begin, end] : {std::pair<int64_t, int64_t>{0, head}, {body_end, count}}) {
+    if (end <= begin) continue;
+    const int64_t blocks = std::min<int64_t>((end - begin + kThreads - 1) / kThreads, 2048);
+    FindFirstNonFiniteKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        data, static_cast<int>(dtype), begin, end, first_bad);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace kvtrim::gpu

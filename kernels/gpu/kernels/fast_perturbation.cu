@@ -1,5 +1,6 @@
 // FastPerturbationScratchBytes / LaunchFastPerturbation (launchers.h): the relative output
-// perturbation of kernels/cpu/perturbation.h in fast numerics. The full and the kept
+// perturbation of kernels/cpu/perturbation.h in fast numerics, over every window row or (the
+// sampled statistic) the last few of every query head. The full and the kept
 // attention outputs of every window row come from two runs of the fast DropKV pass A and its
 // combine (fast_attention.cuh LaunchFastAttentionRows: Q·Kᵀ and P·V on mma.sync, the
 // log2-domain online softmax, fp32 accumulation), the second with the tokens outside the
@@ -27,7 +28,7 @@ size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /// The scratch layout of one layer.
 struct FastPerturbPlan {
-  fast::FastAttentionPlan attn;  // DropKV's rows: every window row of every query head
+  fast::FastAttentionPlan attn;  // DropKV's rows: the last `rows` window rows per query head
   size_t mask_offset = 0;        // [H_kv, n] uint8 (room for one list per head)
   size_t parts_offset = 0;       // the attention plan's part regions
   size_t info_offset[2] = {0, 0};  // [H, rows_total] RowInfo: full, kept
@@ -35,11 +36,14 @@ struct FastPerturbPlan {
   size_t bytes = 0;
 };
 
-/// Plans the runs; false when the fast kernels do not take the layer.
-bool MakeFastPerturbPlan(const DeviceLayer& layer, FastPerturbPlan* plan) {
-  if (layer.values == nullptr || layer.window_rows < 1) return false;
+/// Plans the runs over the last `rows` window rows of every query head; false when the fast
+/// kernels do not take the layer.
+bool MakeFastPerturbPlan(const DeviceLayer& layer, int32_t rows, FastPerturbPlan* plan) {
+  if (layer.values == nullptr || layer.window_rows < 1 || rows < 1 || rows > layer.window_rows) {
+    return false;
+  }
   ScorerParams params;
-  params.window = layer.window_rows;  // every window row
+  params.window = rows;  // DropKV's rows: the last `rows` of the window
   params.kernel = 1;
   params.fast = true;
   FastPerturbPlan p;
@@ -47,8 +51,8 @@ bool MakeFastPerturbPlan(const DeviceLayer& layer, FastPerturbPlan* plan) {
       !p.attn.with_values) {
     return false;
   }
-  const size_t rows = static_cast<size_t>(p.attn.num_kv_heads) * p.attn.num_chunks *
-                      static_cast<size_t>(p.attn.chunk_rows);
+  const size_t slots = static_cast<size_t>(p.attn.num_kv_heads) * p.attn.num_chunks *
+                       static_cast<size_t>(p.attn.chunk_rows);
   size_t offset = 0;
   p.mask_offset = offset;
   offset += Align256(static_cast<size_t>(p.attn.num_kv_heads) *
@@ -59,9 +63,9 @@ bool MakeFastPerturbPlan(const DeviceLayer& layer, FastPerturbPlan* plan) {
   offset += Align256(p.attn.row_info_offset);
   for (int set = 0; set < 2; ++set) {
     p.info_offset[set] = offset;
-    offset += Align256(rows * sizeof(fast::RowInfo));
+    offset += Align256(slots * sizeof(fast::RowInfo));
     p.out_offset[set] = offset;
-    offset += Align256(2 * rows * p.attn.padded_dim * sizeof(uint16_t));
+    offset += Align256(2 * slots * p.attn.padded_dim * sizeof(uint16_t));
   }
   p.bytes = offset;
   *plan = p;
@@ -119,16 +123,17 @@ __global__ void __launch_bounds__(kRowThreads)
 
 }  // namespace
 
-size_t FastPerturbationScratchBytes(const DeviceLayer& layer) {
+size_t FastPerturbationScratchBytes(const DeviceLayer& layer, int32_t rows) {
   FastPerturbPlan plan;
-  return MakeFastPerturbPlan(layer, &plan) ? plan.bytes : 0;
+  return MakeFastPerturbPlan(layer, rows, &plan) ? plan.bytes : 0;
 }
 
-cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, const int64_t* offsets,
+cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, int32_t rows, const int64_t* offsets,
                                    int32_t num_lists, const int32_t* indices, double* out,
                                    void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+  if (rows < 1 || rows > layer.window_rows) return cudaErrorInvalidValue;
   FastPerturbPlan plan;
-  if (!MakeFastPerturbPlan(layer, &plan)) return cudaErrorNotSupported;
+  if (!MakeFastPerturbPlan(layer, rows, &plan)) return cudaErrorNotSupported;
   if (out == nullptr || offsets == nullptr || scratch == nullptr ||
       scratch_bytes < plan.bytes || (num_lists != 1 && num_lists != layer.num_kv_heads)) {
     return cudaErrorInvalidValue;

@@ -192,17 +192,19 @@ cudaError_t LaunchSelectShared(const float* scores, int32_t num_heads, int64_t n
 /// Device scratch bytes of LaunchPerturbation.
 size_t PerturbationScratchBytes(const DeviceLayer& layer);
 
-/// Device scratch bytes of LaunchFastPerturbation (0 when the fast kernels do not take the
-/// layer).
-size_t FastPerturbationScratchBytes(const DeviceLayer& layer);
+/// Device scratch bytes of LaunchFastPerturbation over the last `rows` window rows of every
+/// query head (0 when the fast kernels do not take the layer, or rows is not in [1, w]).
+size_t FastPerturbationScratchBytes(const DeviceLayer& layer, int32_t rows);
 
 /// LaunchPerturbation's statistic in fast numerics (fast_perturbation.cu): the full and the
 /// kept attention output of every window row on tensor cores (the fast DropKV pass A, fp32
 /// accumulation, the kept softmax with its own maximum), the per-row ratios and their mean
-/// per KV head in fp64. Same arguments and definition as LaunchPerturbation;
-/// cudaErrorNotSupported for the layers the fast attention kernels do not take (d not a
-/// multiple of 8, d > 256, f32 with d > 128), cudaErrorInvalidValue for bad arguments.
-cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, const int64_t* offsets,
+/// per KV head in fp64. Same arguments and definition as LaunchPerturbation, but the mean
+/// runs over the last `rows` window rows of every query head (w: every row, as
+/// LaunchPerturbation; fewer: the sampled statistic); cudaErrorNotSupported for the layers
+/// the fast attention kernels do not take (d not a multiple of 8, d > 256, f32 with
+/// d > 128), cudaErrorInvalidValue for bad arguments (rows outside [1, w] among them).
+cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, int32_t rows, const int64_t* offsets,
                                    int32_t num_lists, const int32_t* indices, double* out,
                                    void* scratch, size_t scratch_bytes, cudaStream_t stream);
 

@@ -197,6 +197,14 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   // Inputs read on the device (the CPU scorers read only their required inputs).
   const uint32_t inputs = policy.scorer->required_inputs;
   plan.perturbation = shape.has_values && shape.has_queries && policy.settings.perturbation;
+  plan.perturbation_rows = 0;
+  if (plan.perturbation) {
+    const auto w = static_cast<int32_t>(shape.window_rows);
+    plan.perturbation_rows = policy.settings.perturbation_sampled && plan.params.fast
+                                 ? std::min(w, kSampledPerturbationRows)
+                                 : w;
+    plan.perturbation_sampled = plan.perturbation_rows < w;
+  }
   plan.reads_keys = plan.perturbation || (plan.scorer != ScorerKind::kStreamingLlm &&
                                           plan.scorer != ScorerKind::kRandom);
   plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
@@ -438,7 +446,8 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
 }
 
 size_t PerturbationBytes(const LayerPlan& plan, const DeviceLayer& layer) {
-  const size_t fast = plan.params.fast ? FastPerturbationScratchBytes(layer) : 0;
+  const size_t fast =
+      plan.params.fast ? FastPerturbationScratchBytes(layer, plan.perturbation_rows) : 0;
   return fast > 0 ? fast : PerturbationScratchBytes(layer);
 }
 
@@ -446,10 +455,11 @@ absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer
                                  const int64_t* offsets, int32_t num_lists,
                                  const int32_t* indices, double* out, void* scratch,
                                  size_t scratch_bytes, cudaStream_t stream) {
-  if (plan.params.fast && FastPerturbationScratchBytes(layer) > 0) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFastPerturbation(layer, offsets, num_lists, indices, out,
-                                                       scratch, scratch_bytes, stream),
-                                "LaunchFastPerturbation");
+  if (plan.params.fast && FastPerturbationScratchBytes(layer, plan.perturbation_rows) > 0) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        LaunchFastPerturbation(layer, plan.perturbation_rows, offsets, num_lists, indices, out,
+                               scratch, scratch_bytes, stream),
+        "LaunchFastPerturbation");
     return absl::OkStatus();
   }
   KVTRIM_CUDA_RETURN_IF_ERROR(LaunchPerturbation(layer, offsets, num_lists, indices, out, scratch,
@@ -479,7 +489,7 @@ void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
   key->Add(plan.num_heads).Add(plan.num_tokens);
   key->Add(plan.adakv).Add(plan.adakv_k).Add(plan.adakv_safeguard);
   key->Add(plan.shared).Add(plan.shared_count).Add(plan.block).Add(plan.total_indices);
-  key->Add(plan.perturbation);
+  key->Add(plan.perturbation).Add(plan.perturbation_rows);
   // The layer, every field.
   key->Add(layer.keys).Add(layer.values).Add(layer.queries).Add(layer.dtype);
   key->Add(layer.num_kv_heads).Add(layer.num_query_heads).Add(layer.window_rows);
@@ -574,6 +584,8 @@ absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults
         static_cast<int32_t>(offsets[list + 1] - offsets[list]);
   }
   out->perturbation = plan.perturbation ? std::move(results.perturbation) : std::vector<double>();
+  out->perturbation_rows = plan.perturbation ? plan.perturbation_rows : 0;
+  out->perturbation_sampled = plan.perturbation && plan.perturbation_sampled;
   out->numerics = plan.numerics;
   return absl::OkStatus();
 }

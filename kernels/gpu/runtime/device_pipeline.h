@@ -50,6 +50,9 @@ struct LayerPlan {
   int64_t shared_count = 0;       // length of the shared list
   int64_t total_indices = 0;      // indices the selection writes (sum of counts, or shared)
   bool perturbation = false;      // values and queries present: compute the statistic
+  int32_t perturbation_rows = 0;  // the last window rows per query head it averages (all w,
+                                  // or kSampledPerturbationRows when sampled in fast numerics)
+  bool perturbation_sampled = false;  // perturbation_rows < w
   bool reads_keys = true;         // the scorer or the statistic reads K (not StreamingLLM
                                   // or Random alone)
   bool reads_values = false;      // the scorer or the statistic reads V

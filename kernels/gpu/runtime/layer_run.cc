@@ -433,6 +433,8 @@ absl::Status LayerRun::HostDecisionPerturbation(LayerDecision* out) {
       CopyBack(pinned_.perturbation, buffers_.perturbation, heads * sizeof(double)));
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
   out->perturbation = Pinned<double>(pinned_.perturbation, heads);
+  out->perturbation_rows = plan_.perturbation_rows;
+  out->perturbation_sampled = plan_.perturbation_sampled;
   return absl::OkStatus();
 }
 
