@@ -210,6 +210,32 @@ TEST(FastPerturbation, SampledIsTheStatisticOfTheLastRows) {
   EXPECT_EQ(device.LaunchFast(static_cast<int32_t>(c.w) + 1), cudaErrorInvalidValue);
 }
 
+// Small cases for compute-sanitizer (memcheck and racecheck through scripts/gpu_run.sh): every
+// dtype, a row that sees nothing (n < w), shared and per-head lists, full and sampled.
+TEST(FastPerturbationSanitizer, SmallCases) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int64_t n : {7, 99}) {
+      for (bool shared : {false, true}) {
+        PerturbationCase c;
+        c.dtype = dtype;
+        c.n = n;
+        c.w = 8;
+        c.shared = shared;
+        DeviceCase device(c);
+        const std::vector<double> exact = device.Run(false);
+        const std::vector<double> fast = device.Run(true);
+        device.Run(true, 2);
+        for (size_t h = 0; h < exact.size(); ++h) {
+          EXPECT_LE(std::fabs(fast[h] - exact[h]),
+                    kFastPerturbationRel * std::fabs(exact[h]) + kFastPerturbationAbs)
+              << c.Describe() << " head " << h;
+        }
+      }
+    }
+  }
+}
+
 TEST(FastPerturbation, HeadDimensionsTheFastKernelsDoNotTakeAreRefused) {
   KVTRIM_SKIP_WITHOUT_GPU();
   PerturbationCase c;

@@ -47,12 +47,12 @@ std::vector<uint8_t> Elements(DType dtype, int64_t count, const std::vector<int6
   return bytes;
 }
 
-TEST(NonFiniteProbe, LowestBadIndexForEveryDtypeSizeAndAlignment) {
-  KVTRIM_SKIP_WITHOUT_GPU();
+/// Checks every dtype, the sizes `counts`, three alignments and several placements.
+void ExpectLowestBadIndex(const std::vector<int64_t>& counts) {
   DeviceBuffer result(sizeof(unsigned long long));
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
-    for (int64_t count : {1, 7, 8, 9, 31, 1000, (1 << 20) + 3}) {
+    for (int64_t count : counts) {
       for (int64_t shift : {0, 1, 3}) {  // elements past a 256-byte aligned allocation
         std::vector<std::vector<int64_t>> cases = {
             {}, {0}, {count - 1}, {count / 2}, {count - 1, count / 3}};
@@ -76,6 +76,17 @@ TEST(NonFiniteProbe, LowestBadIndexForEveryDtypeSizeAndAlignment) {
       }
     }
   }
+}
+
+TEST(NonFiniteProbe, LowestBadIndexForEveryDtypeSizeAndAlignment) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  ExpectLowestBadIndex({1, 7, 8, 9, 31, 1000, (1 << 20) + 3});
+}
+
+// Small sizes for compute-sanitizer (scripts/gpu_run.sh).
+TEST(NonFiniteProbeSanitizer, SmallSizes) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  ExpectLowestBadIndex({1, 9, 77});
 }
 
 }  // namespace
