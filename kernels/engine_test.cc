@@ -156,6 +156,13 @@ TEST_F(EngineTest, RejectsMissingInputsNonFiniteAndBudgetOverN) {
     ExpectInvalid(dropkv, l.request, "layers[0].queries: contains Inf at [0, 0, 7]");
   }
   {
+    // Past the first scan block (4096 elements), and the lowest of two bad ones.
+    Layer l(2, 600, 8, 4, 8);
+    l.v[1 * 600 * 8 + 550 * 8 + 2] = INFINITY;
+    l.v[1 * 600 * 8 + 10 * 8 + 6] = std::nanf("");
+    ExpectInvalid(dropkv, l.request, "layers[0].values: contains NaN at [1, 10, 6]");
+  }
+  {
     Layer l(2, 40, 8, 4, 8);
     CompressionSettings s;
     s.policy = "knorm";

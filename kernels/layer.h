@@ -113,7 +113,7 @@ struct LayerProfile {
   double plan = 0;          // plan and memory reservations
   double stage = 0;         // inputs onto the device, host wall clock
   double ready_wait = 0;    // device: waiting on the client's ready event
-  double stage_device = 0;  // device: uploads, gathers, probes
+  double stage_device = 0;  // device: uploads, gathers
   double score = 0;         // device (CPU backend: host): the scorer
   double select = 0;        // device (CPU backend: host): allocation and selection
   double perturbation = 0;  // device (CPU backend: host): the perturbation statistic

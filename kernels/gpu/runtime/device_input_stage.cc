@@ -76,7 +76,9 @@ const void* DeviceInputStage::DevicePointer(int i, char* base) const {
   return base != nullptr ? base + in.dense_at : &kPlaceholder;
 }
 
-absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base, StageEvents* events) {
+absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
+                                     unsigned long long* probe_words, StageEvents* events) {
+  probe_words_ = nullptr;
   cudaStream_t stream = context.stream();
   bool any_device = false;
   for (const StagedInput& in : inputs_) any_device |= in.view != nullptr && in.view->on_device();
@@ -114,20 +116,34 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base, StageEv
           "LaunchGatherStrided");
       in.device_data = base + in.dense_at;
     }
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchFindFirstNonFinite(in.device_data, view.dtype, view.numel(), probes + i, stream),
-        "LaunchFindFirstNonFinite");
   }
   if (!any_device) return absl::OkStatus();
-  unsigned long long found[3] = {~0ull, ~0ull, ~0ull};
-  KVTRIM_CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(found, probes, sizeof found, cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync(input probes)");
-  KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+  // The probes read what the kernels read, on the side stream: the scorer starts at once and
+  // the answer is held back until CheckProbes has read their result.
+  if (probe_words == nullptr) return absl::InvalidArgumentError("input probes: no pinned words");
+  cudaStream_t side = context.side_stream();
+  KVTRIM_RETURN_IF_ERROR(context.ForkSide());
   for (int i = 0; i < 3; ++i) {
     const StagedInput& in = inputs_[i];
-    if (in.view == nullptr || !in.view->on_device() || found[i] == ~0ull) continue;
-    return NonFiniteStatus(in.name, *in.view, in.device_data, found[i]);
+    probe_words[i] = ~0ull;
+    if (in.view == nullptr || !in.view->on_device()) continue;
+    KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFindFirstNonFinite(in.device_data, in.view->dtype,
+                                                         in.view->numel(), probes + i, side),
+                                "LaunchFindFirstNonFinite");
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(probe_words + i, probes + i, sizeof *probes,
+                                                cudaMemcpyDeviceToHost, side),
+                                "cudaMemcpyAsync(input probes)");
+  }
+  probe_words_ = probe_words;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceInputStage::CheckProbes() const {
+  if (probe_words_ == nullptr) return absl::OkStatus();
+  for (int i = 0; i < 3; ++i) {
+    const StagedInput& in = inputs_[i];
+    if (in.view == nullptr || !in.view->on_device() || probe_words_[i] == ~0ull) continue;
+    return NonFiniteStatus(in.name, *in.view, in.device_data, probe_words_[i]);
   }
   return absl::OkStatus();
 }

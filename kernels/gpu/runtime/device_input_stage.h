@@ -1,7 +1,7 @@
 // Staging of one layer's input tensors into device memory the kernels read: host tensors
 // are uploaded into the worker's arena; device tensors (CUDA IPC regions) are read in place
 // when dense, or gathered into the arena when strided / paged, after the worker's ready
-// event; device tensors are probed for NaN / Inf on the device.
+// event; device tensors are probed for NaN / Inf on the device, beside the kernels.
 #pragma once
 
 #include <cstddef>
@@ -42,17 +42,25 @@ class DeviceInputStage {
 
   /// Moves the inputs: waits on the layer's ready event when a device tensor is read,
   /// uploads host tensors, uploads block tables and gathers strided device tensors, and
-  /// probes every device tensor for NaN / Inf (one stream synchronisation). Errors:
+  /// probes every device tensor for NaN / Inf on the worker's side stream, overlapping the
+  /// kernels that follow (their results land in `probe_words`, three words of pinned host
+  /// memory; CheckProbes reads them once the context has synchronised). Errors:
   /// INVALID_ARGUMENT "<name>: contains NaN at [a, b, c]" (the engine's host message), or
   /// the CUDA status of a failed call.
   /// With `events`, records StageEvents::kBegin before the wait for the ready event and
   /// kWaited after it.
-  absl::Status Stage(WorkerContext& context, char* base, StageEvents* events = nullptr);
+  absl::Status Stage(WorkerContext& context, char* base, unsigned long long* probe_words,
+                     StageEvents* events = nullptr);
+  /// After the worker context synchronised: INVALID_ARGUMENT "<name>: contains NaN at
+  /// [a, b, c]" (the engine's host message) for the first probed input with a NaN / Inf, in
+  /// the order keys, values, queries; OK otherwise (and when Stage probed nothing).
+  absl::Status CheckProbes() const;
 
  private:
   StagedInput inputs_[3];
   size_t probe_at_ = 0;  // three unsigned long long words
   void* ready_event_ = nullptr;
+  const unsigned long long* probe_words_ = nullptr;  // pinned, set by Stage when it probed
 };
 
 /// A dense host copy of a device tensor (for host-side preparation that reads it, e.g.

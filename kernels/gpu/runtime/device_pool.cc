@@ -23,6 +23,11 @@ absl::StatusOr<std::unique_ptr<WorkerContext>> WorkerContext::Create(
   std::unique_ptr<WorkerContext> context(new WorkerContext(device, options));
   KVTRIM_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&context->stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&context->side_stream_, cudaStreamNonBlocking),
+      "cudaStreamCreate(side)");
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&context->fork_, cudaEventDisableTiming),
+                              "cudaEventCreate(fork)");
   for (cudaEvent_t& event : context->chunk_free_) {
     KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
                                 "cudaEventCreate");
@@ -35,9 +40,12 @@ WorkerContext::~WorkerContext() {
   // Destructors cannot report; every call is best effort on the way out.
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
   for (cudaEvent_t event : chunk_free_) {
     if (event != nullptr) cudaEventDestroy(event);
   }
+  if (fork_ != nullptr) cudaEventDestroy(fork_);
+  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -71,14 +79,24 @@ absl::Status WorkerContext::Upload(void* dst, const void* src, size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status WorkerContext::ForkSide() {
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_), "cudaEventRecord(fork)");
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(side_stream_, fork_, 0),
+                              "cudaStreamWaitEvent(fork)");
+  return absl::OkStatus();
+}
+
 absl::Status WorkerContext::Synchronize() {
   KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(side_stream_),
+                              "cudaStreamSynchronize(side)");
   return absl::OkStatus();
 }
 
 void WorkerContext::Quiesce() {
   cudaSetDevice(device_);
   cudaStreamSynchronize(stream_);  // a sticky error is re-reported by the next request
+  cudaStreamSynchronize(side_stream_);
   cudaGetLastError();
 }
 

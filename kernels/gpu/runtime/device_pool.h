@@ -43,6 +43,11 @@ class WorkerContext {
 
   /// The worker's stream (every launch of its requests goes here).
   cudaStream_t stream() const { return stream_; }
+  /// A second stream for work that overlaps the main one and that nothing on it waits for
+  /// (the inputs' NaN / Inf probes); Synchronize() and Quiesce() wait for it too.
+  cudaStream_t side_stream() const { return side_stream_; }
+  /// Makes the side stream wait for everything enqueued on the main stream so far.
+  absl::Status ForkSide();
   /// The worker's device arena.
   DeviceArena& arena() { return arena_; }
   /// Pinned host buffer for small uploads and for downloads of the results.
@@ -61,7 +66,8 @@ class WorkerContext {
   /// released); the copies themselves complete in stream order. Errors: CudaStatus().
   absl::Status Upload(void* dst, const void* src, size_t bytes);
 
-  /// Blocks until all work queued on the stream has finished. Errors: CudaStatus().
+  /// Blocks until all work queued on the stream (and the side stream) has finished.
+  /// Errors: CudaStatus().
   absl::Status Synchronize();
 
   /// Makes the context safe for the next request after a failure: waits for the stream
@@ -74,6 +80,8 @@ class WorkerContext {
   int device_;
   WorkerOptions options_;
   cudaStream_t stream_ = nullptr;
+  cudaStream_t side_stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr;                       // ForkSide: main -> side
   cudaEvent_t chunk_free_[2] = {nullptr, nullptr};  // recorded after each chunk's copy
   int next_chunk_ = 0;
   DeviceArena arena_;

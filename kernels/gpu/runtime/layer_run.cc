@@ -164,6 +164,7 @@ absl::Status LayerRun::Stage() {
   pinned_.ea_cov = host.Add(ea_cov_.size() * sizeof(float));
   pinned_.decision = host.Add(upload.size());
   pinned_.critical_nan = host.Add(sizeof(unsigned long long));
+  pinned_.probes = host.Add(3 * sizeof(unsigned long long));
   KVTRIM_RETURN_IF_ERROR(context_.transfer().Reserve(host.total()));
   char* pinned = context_.transfer().data();
 
@@ -171,8 +172,9 @@ absl::Status LayerRun::Stage() {
   // probed for NaN / Inf); the meta region, the statistics and the decision's upload.
   profiled_ = policy_.settings.profile && outputs_.decision != nullptr && !download_;
   if (profiled_) context_.stage_events().Reset();
-  KVTRIM_RETURN_IF_ERROR(
-      inputs_.Stage(context_, base, profiled_ ? &context_.stage_events() : nullptr));
+  KVTRIM_RETURN_IF_ERROR(inputs_.Stage(
+      context_, base, reinterpret_cast<unsigned long long*>(pinned + pinned_.probes),
+      profiled_ ? &context_.stage_events() : nullptr));
   cudaStream_t stream = context_.stream();
   auto to_device = [&](void* dst, size_t at, const void* src, size_t bytes,
                        const char* what) -> absl::Status {
@@ -290,6 +292,7 @@ absl::Status LayerRun::Fetch() {
 
 absl::Status LayerRun::FetchDecision() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
+  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes());  // the inputs' NaN / Inf first
   held_.clear();
   if (profiled_) KVTRIM_RETURN_IF_ERROR(context_.stage_events().Read(&device_profile_));
   if (device_decision_) {
@@ -338,6 +341,7 @@ absl::Status LayerRun::EnqueueResident() {
 
 absl::Status LayerRun::FetchResident() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
+  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes());  // the inputs' NaN / Inf first
   held_.clear();
   KVTRIM_RETURN_IF_ERROR(NaNStatus(plan_, Pinned<unsigned long long>(pinned_.first_nan, 1)[0]));
   resident_->set_layout(ScoreBufferLayout{layer_.shape.num_kv_heads, layer_.shape.num_tokens,
@@ -370,6 +374,7 @@ absl::Status LayerRun::EnqueueDownload() {
 
 absl::Status LayerRun::FetchDownload() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
+  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes());  // the inputs' NaN / Inf first
   held_.clear();
   const size_t count = static_cast<size_t>(layer_.shape.num_kv_heads) *
                        static_cast<size_t>(layer_.shape.num_tokens);

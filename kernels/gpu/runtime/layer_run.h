@@ -2,11 +2,13 @@
 //   Plan     the LayerPlan (device_pipeline.h), the registered model's device tensors
 //            (DeviceModelCache) and Expected Attention's statistics (host);
 //   Stage    the arena and pinned-buffer layouts, the inputs on the device (host tensors
-//            uploaded, CUDA IPC tensors read in place or gathered, both NaN-probed), the meta
-//            region, the statistics and the device decision's upload;
+//            uploaded, CUDA IPC tensors read in place or gathered and NaN-probed on the
+//            worker's side stream, beside the kernels), the meta region, the statistics and
+//            the device decision's upload;
 //   Enqueue  the launches on the worker's stream, nothing synchronised (repeatable: the
 //            benchmark times it between CUDA events);
-//   Fetch    the copies back, one synchronisation, NaN checks, and the answer.
+//   Fetch    the copies back, one synchronisation, the input probes' verdict, NaN checks,
+//            and the answer.
 // GpuBackend runs the four in order; kvtrim_gpu_bench plans and stages once and times Enqueue.
 #pragma once
 
@@ -84,6 +86,7 @@ class LayerRun {
   struct PinnedLayout {
     size_t meta = 0, offsets = 0, indices = 0, perturbation = 0, first_nan = 0;
     size_t scores = 0, critical = 0, ea_mean = 0, ea_cov = 0, decision = 0, critical_nan = 0;
+    size_t probes = 0;  // three words: the inputs' NaN / Inf probes (DeviceInputStage)
   };
 
   /// Model tensors of the plan from the cache, and Expected Attention's statistics.

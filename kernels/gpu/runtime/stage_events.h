@@ -17,7 +17,8 @@ absl::Status RecordStreamEvent(cudaEvent_t event, cudaStream_t stream);
 /// Seven timing events of one worker context, recorded at the boundaries of a layer's device
 /// stages when the request asks for a profile (CompressionSettings::profile):
 ///   kBegin -> kWaited      the stream waiting on the client's ready event (CUDA IPC)
-///   kWaited -> kStaged     uploads, gathers and NaN / Inf probes of the inputs
+///   kWaited -> kStaged     uploads and gathers of the inputs (the probes run on the side
+///                          stream)
 ///   kStaged -> kScored     the scorer
 ///   kScored -> kSelected   allocation and selection
 ///   kSelected -> kLaunched the perturbation statistic
