@@ -1,7 +1,9 @@
 #include "kernels/model.h"
 
+#include <algorithm>
 #include <cmath>
-
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -41,14 +43,24 @@ absl::StatusOr<std::vector<float>> ToF32(const RawTensor& t, const std::vector<i
   return out;
 }
 
-/// Gram of rows: out[i][j] = sum_e a[e][i] * a[e][j] for the [D, d] slice starting at
-/// column `col` of a [D, stride] matrix (double accumulation, fp32 result [d, d]).
-void AddGram(const std::vector<double>& w /*[D, d]*/, int64_t rows, int64_t d, float* out) {
+/// Gram of rows: out[i][j] = sum_e a[e][i] * a[e][j] of a [rows, d] matrix (double
+/// accumulation in ascending e, fp32 result [d, d]). Row by row into a [d, d] accumulator
+/// (the upper triangle; the lower one is its mirror, products commute), so each row is read
+/// once and the inner loop runs over contiguous columns: the sums, and so the result, are the
+/// same as summing each entry over e on its own, at a fraction of the time for D = 4096.
+void AddGram(const std::vector<double>& w /*[rows, d]*/, int64_t rows, int64_t d, float* out) {
+  std::vector<double> acc(static_cast<size_t>(d * d), 0.0);
+  for (int64_t e = 0; e < rows; ++e) {
+    const double* row = w.data() + e * d;
+    for (int64_t i = 0; i < d; ++i) {
+      const double ri = row[i];
+      double* a = acc.data() + i * d;
+      for (int64_t j = i; j < d; ++j) a[j] += ri * row[j];
+    }
+  }
   for (int64_t i = 0; i < d; ++i) {
     for (int64_t j = 0; j < d; ++j) {
-      double acc = 0;
-      for (int64_t e = 0; e < rows; ++e) acc += w[e * d + i] * w[e * d + j];
-      out[i * d + j] = static_cast<float>(acc);
+      out[i * d + j] = static_cast<float>(i <= j ? acc[i * d + j] : acc[j * d + i]);
     }
   }
 }
@@ -200,24 +212,6 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input) {
     auto w = ToF32(it->second, {D, hq * d}, absl::StrCat("weights[", name, "]"));
     if (!w.ok()) return w.status();
     model->w_o[l] = *std::move(w);
-    // Per-head and per-group Gram matrices.
-    model->head_gram[l].assign(static_cast<size_t>(hq * d * d), 0.0f);
-    model->group_gram[l].assign(static_cast<size_t>(hkv * d * d), 0.0f);
-    std::vector<double> slice(static_cast<size_t>(D * d));
-    std::vector<double> group(static_cast<size_t>(D * d));
-    for (int64_t g = 0; g < hkv; ++g) {
-      std::fill(group.begin(), group.end(), 0.0);
-      for (int64_t h = g * G; h < (g + 1) * G; ++h) {
-        for (int64_t e = 0; e < D; ++e) {
-          for (int64_t i = 0; i < d; ++i) {
-            slice[e * d + i] = model->w_o[l][e * hq * d + h * d + i];
-            group[e * d + i] += slice[e * d + i];
-          }
-        }
-        AddGram(slice, D, d, model->head_gram[l].data() + h * d * d);
-      }
-      AddGram(group, D, d, model->group_gram[l].data() + g * d * d);
-    }
     const bool has_mean = input.tensors.count(absl::StrCat("layers.", l, ".query_mean")) != 0;
     const bool has_cov = input.tensors.count(absl::StrCat("layers.", l, ".query_cov")) != 0;
     if (has_mean != has_cov) {
@@ -228,6 +222,35 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input) {
     }
     if (has_mean) ++stats_layers;
   }
+  // Per-head and per-group Gram matrices, the layers spread over the host's cores (each
+  // layer's matrices depend on its W_O alone: the same result in any order).
+  const int64_t workers = std::max<int64_t>(
+      1, std::min<int64_t>(L, static_cast<int64_t>(std::thread::hardware_concurrency())));
+  auto gram_layers = [&](int64_t first) {
+    std::vector<double> slice(static_cast<size_t>(D * d));
+    std::vector<double> group(static_cast<size_t>(D * d));
+    for (int64_t l = first; l < L; l += workers) {
+      model->head_gram[l].assign(static_cast<size_t>(hq * d * d), 0.0f);
+      model->group_gram[l].assign(static_cast<size_t>(hkv * d * d), 0.0f);
+      for (int64_t g = 0; g < hkv; ++g) {
+        std::fill(group.begin(), group.end(), 0.0);
+        for (int64_t h = g * G; h < (g + 1) * G; ++h) {
+          for (int64_t e = 0; e < D; ++e) {
+            for (int64_t i = 0; i < d; ++i) {
+              slice[e * d + i] = model->w_o[l][e * hq * d + h * d + i];
+              group[e * d + i] += slice[e * d + i];
+            }
+          }
+          AddGram(slice, D, d, model->head_gram[l].data() + h * d * d);
+        }
+        AddGram(group, D, d, model->group_gram[l].data() + g * d * d);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int64_t t = 1; t < workers; ++t) threads.emplace_back(gram_layers, t);
+  gram_layers(0);
+  for (std::thread& thread : threads) thread.join();
   if (stats_layers != 0 && stats_layers != L) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights[layers.*.query_mean]: query statistics were sent for ", stats_layers, " of ",
