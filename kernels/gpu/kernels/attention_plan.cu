@@ -4,13 +4,6 @@
 
 namespace kvtrim::gpu::attn {
 
-namespace {
-
-// Rounds `bytes` up to a multiple of 256 (every scratch region starts 256-byte aligned).
-size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
-}  // namespace
-
 bool IsAttentionScorer(ScorerKind kind) {
   return kind == ScorerKind::kSnapKV || kind == ScorerKind::kH2O || kind == ScorerKind::kTova ||
          kind == ScorerKind::kDropKV;

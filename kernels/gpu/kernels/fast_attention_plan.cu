@@ -10,9 +10,6 @@ namespace kvtrim::gpu::fast {
 
 namespace {
 
-/// Rounds `bytes` up to a multiple of 256.
-size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 /// Streaming multiprocessors of the current device (132 on an H100 SXM when unknown).
 int CurrentSmCount() {
   int device = 0;

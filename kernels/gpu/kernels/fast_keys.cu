@@ -22,9 +22,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-/// Rounds `bytes` up to a multiple of 256.
-size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 /// DP: d rounded up to 64, 128 or 256.
 int PaddedDim(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
 

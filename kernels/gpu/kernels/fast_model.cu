@@ -71,9 +71,6 @@ using namespace fast_tiles;  // CpAsync*, LdMatrixX4, SmemAddress, tiles
 constexpr int kStatsThreads = 512;
 constexpr float kLog2e = 1.4426950408889634f;
 
-/// Rounds up to a multiple of 256 bytes (scratch region alignment).
-constexpr size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 /// The padded dimension DP of head dimension d (8 <= d <= 128).
 constexpr int PaddedDim(int d) { return d <= 64 ? 64 : 128; }
 

@@ -24,8 +24,6 @@ namespace {
 
 constexpr int kRowThreads = 256;  // threads of the per-head kernel (8 warps, a row per warp)
 
-size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 /// The scratch layout of one layer.
 struct FastPerturbPlan {
   fast::FastAttentionPlan attn;  // DropKV's rows: the last `rows` window rows per query head

@@ -14,6 +14,10 @@
 
 namespace kvtrim::gpu {
 
+/// `bytes` rounded up to a multiple of 256: the alignment of every region a launcher carves
+/// out of its scratch (and of the arena's regions).
+constexpr size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
 /// One layer's tensors in device memory.
 struct DeviceLayer {
   const void* keys = nullptr;     // [H_kv, n, d] dtype, row-major

@@ -86,9 +86,6 @@ __host__ __device__ constexpr int TileTokens() {
   return E <= 16 ? 4 : 2;
 }
 
-/// Rounds up to a multiple of 256 bytes (scratch region alignment).
-constexpr size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // ---- ProjectedL1Kernel ------------------------------------------------------------------------
 
 struct L1Args {

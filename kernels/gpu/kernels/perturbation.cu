@@ -48,8 +48,6 @@ struct PerturbPlan {
   int64_t PartialWidth() const { return 2 * static_cast<int64_t>(d) + 4; }
 };
 
-size_t Align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 /// Plans the stages; false when the layer cannot be handled (then nothing is launched).
 bool MakePlan(const DeviceLayer& layer, int32_t num_lists, PerturbPlan* plan) {
   PerturbPlan p;

@@ -455,12 +455,15 @@ absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer
                                  const int64_t* offsets, int32_t num_lists,
                                  const int32_t* indices, double* out, void* scratch,
                                  size_t scratch_bytes, cudaStream_t stream) {
-  if (plan.params.fast && FastPerturbationScratchBytes(layer, plan.perturbation_rows) > 0) {
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchFastPerturbation(layer, plan.perturbation_rows, offsets, num_lists, indices, out,
-                               scratch, scratch_bytes, stream),
-        "LaunchFastPerturbation");
-    return absl::OkStatus();
+  if (plan.params.fast) {
+    // Layers the fast kernels do not take are refused before anything is launched.
+    const cudaError_t fast = LaunchFastPerturbation(layer, plan.perturbation_rows, offsets,
+                                                    num_lists, indices, out, scratch,
+                                                    scratch_bytes, stream);
+    if (fast != cudaErrorNotSupported) {
+      KVTRIM_CUDA_RETURN_IF_ERROR(fast, "LaunchFastPerturbation");
+      return absl::OkStatus();
+    }
   }
   KVTRIM_CUDA_RETURN_IF_ERROR(LaunchPerturbation(layer, offsets, num_lists, indices, out, scratch,
                                                  scratch_bytes, stream),
