@@ -17,6 +17,10 @@ absl::Status Malformed(absl::string_view field, absl::string_view what, absl::st
 }  // namespace
 
 absl::StatusOr<KeptLists> KeptLists::Of(const v1::LayerResult& result, absl::string_view field) {
+  if (result.output_written()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".output_written: the lists went to the layer's output region; read them there"));
+  }
   KeptLists view;
   view.result_ = &result;
   view.packed_ = result.has_packed();

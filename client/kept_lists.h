@@ -21,7 +21,8 @@ class KeptLists {
   /// (indices), and the repeated fields left empty; either form needs at least two offsets
   /// that start at 0, never decrease and end at the number of indices. Index values are not
   /// read (the server writes them ascending within [0, n)). Errors: DATA_LOSS naming the field
-  /// under `field` ("layer.packed.indices: ...").
+  /// under `field` ("layer.packed.indices: ..."); FAILED_PRECONDITION when the lists went to
+  /// the layer's output region (LayerResult.output_written).
   static absl::StatusOr<KeptLists> Of(const v1::LayerResult& result,
                                       absl::string_view field = "layer");
 

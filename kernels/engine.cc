@@ -299,6 +299,29 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
   v.queries = layer.queries;
   v.seed = policy.settings.seed;
   v.ready_event = layer.ready_event;
+  if (layer.output.present) {
+    if (policy.model_wide()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".output: model-wide policies answer every layer at finish; output regions "
+          "serve per-layer policies"));
+    }
+    if (layer.output.device != nullptr && !backend_.reads_device_memory()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ".output: a device output region (cuda_ipc) needs the GPU backend; this "
+          "kvtrimd computes on the ", backend_.name()));
+    }
+    const bool one_list = policy.settings.output_shape == OutputShape::kShared ||
+                          policy.settings.output_shape == OutputShape::kBlockAligned;
+    const int64_t lists = one_list ? 1 : v.shape.num_kv_heads;
+    const uint64_t needed = OutputTargetBytes(lists, v.shape.num_tokens);
+    if (layer.output.capacity < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".output: the region holds ", layer.output.capacity,
+          " bytes from the offset, but ", lists, " lists over n=", v.shape.num_tokens,
+          " tokens need up to ", needed, " (8 (L + 1) + 4 L n)"));
+    }
+    v.output = layer.output;
+  }
   return v;
 }
 

@@ -50,6 +50,22 @@ struct CompressionSettings {
   bool profile = false;
 };
 
+/// Where a layer's kept lists go instead of the answer (proto LayerInput.output): the CSR
+/// int64 offsets [L + 1] then int32 indices, from `device` (a device target, written by the
+/// GPU backend) or from a host target the service writes.
+struct OutputTarget {
+  bool present = false;    // the request names an output region
+  uint64_t capacity = 0;   // bytes from the target's start to its region's end
+  void* device = nullptr;  // device targets: the mapped address (8-byte aligned); else null
+  void* done_event = nullptr;  // device targets: a cudaEvent_t recorded after the write, or null
+};
+
+/// Bytes an output target needs for `lists` lists over `n` tokens: 8 (L + 1) + 4 L n.
+inline uint64_t OutputTargetBytes(int64_t lists, int64_t n) {
+  return 8 * static_cast<uint64_t>(lists + 1) +
+         4 * static_cast<uint64_t>(lists) * static_cast<uint64_t>(n);
+}
+
 /// The raw tensors of one layer, as received (any dtype, not yet validated).
 struct LayerRequest {
   int32_t layer_id = 0;
@@ -60,6 +76,8 @@ struct LayerRequest {
   /// Device tensors only: a cudaEvent_t (opaque here) the backend's stream waits on before
   /// reading them (the worker's IPC event), or null.
   void* ready_event = nullptr;
+  /// Where the kept lists go instead of the answer (not present: the answer carries them).
+  OutputTarget output;
 };
 
 /// Dimensions of a validated layer.
@@ -86,6 +104,7 @@ struct ValidatedLayer {
   float softmax_scale = 0;  // resolved (never 0)
   uint64_t seed = 0;
   void* ready_event = nullptr;  // as LayerRequest::ready_event
+  OutputTarget output;          // as LayerRequest::output (capacity checked)
   /// True when any present tensor lives in device memory.
   bool has_device_tensors() const {
     return keys.on_device() || values.on_device() || queries.on_device();
@@ -128,7 +147,7 @@ struct LayerDecision {
   int64_t num_tokens = 0;
   OutputShape output_shape = OutputShape::kPerHead;
   std::vector<int64_t> offsets;       // [H_kv + 1] per head, or [2] shared
-  std::vector<int32_t> indices;       // ascending within each list
+  std::vector<int32_t> indices;       // ascending within each list; empty when output_written
   std::vector<int32_t> kept_per_head; // [H_kv]
   std::vector<double> perturbation;   // [H_kv], empty when values or queries are absent
   int32_t perturbation_rows = 0;      // window rows per query head it averaged (0: none)
@@ -137,6 +156,9 @@ struct LayerDecision {
   Numerics numerics = Numerics::kExact;  // the mode that computed the scores
   /// Per-stage times, filled when CompressionSettings::profile was set.
   LayerProfile profile;
+  /// The lists went to the layer's output target (indices empty; offsets and
+  /// kept_per_head stay).
+  bool output_written = false;
 };
 
 }  // namespace kvtrim

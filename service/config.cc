@@ -44,6 +44,10 @@ ABSL_FLAG(int32_t, workers,
 ABSL_FLAG(int32_t, max_inflight, 64,
           "Most Compress and CompressSession calls served at once (1 .. 1048576); more get "
           "RESOURCE_EXHAUSTED \"max_inflight\".");
+ABSL_FLAG(int32_t, max_leases, 1024,
+          "Most Regions leases (open Regions streams of zero-copy clients) held at once "
+          "(1 .. 1048576); more get RESOURCE_EXHAUSTED \"max_leases\". An idle lease holds "
+          "no thread, only its registered regions.");
 ABSL_FLAG(std::string, backend, "auto",
           "Compute backend: auto | cpu | gpu. auto uses the GPU when this build has CUDA and a "
           "CUDA device is visible, else the CPU. gpu in a build without CUDA exits 2; gpu "
@@ -109,7 +113,8 @@ namespace {
 /// Every kvtrimd flag, in --help order.
 constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_file",
                                      "max_message_bytes",
-                                     "workers",         "max_inflight",   "backend",
+                                     "workers",         "max_inflight",   "max_leases",
+                                     "backend",
                                      "numerics",        "drain_timeout_s",
                                      "gpu_memory_limit_bytes", "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
@@ -234,6 +239,7 @@ absl::Status Config::Validate() const {
   }
   if (auto st = CheckRange("workers", workers, 1, 1024); !st.ok()) return st;
   if (auto st = CheckRange("max_inflight", max_inflight, 1, 1 << 20); !st.ok()) return st;
+  if (auto st = CheckRange("max_leases", max_leases, 1, 1 << 20); !st.ok()) return st;
   if (auto st = CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400); !st.ok()) return st;
   if (gpu_memory_limit_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -380,6 +386,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   config.workers = absl::GetFlag(FLAGS_workers);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  config.max_leases = absl::GetFlag(FLAGS_max_leases);
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
   config.gpu_launch_graphs = absl::GetFlag(FLAGS_gpu_launch_graphs);

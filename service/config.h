@@ -40,6 +40,8 @@ struct Config {
   int workers = 1;
   /// Most Compress + CompressSession calls served at once; more get RESOURCE_EXHAUSTED.
   int max_inflight = 64;
+  /// Most Regions leases held at once; more get RESOURCE_EXHAUSTED "max_leases".
+  int max_leases = 1024;
   /// Requested backend (auto resolves to cpu in a build without CUDA).
   BackendKind backend = BackendKind::kAuto;
   /// Seconds to wait for in-flight calls after SIGTERM/SIGINT before cancelling them.

@@ -49,6 +49,37 @@ const char* RegionKindName(RegionKind kind) {
 
 Region::~Region() {
   if (fd_ >= 0) close(fd_);
+  if (write_fd_ >= 0) close(write_fd_);
+}
+
+absl::Status Region::WriteHost(uint64_t offset, const void* src, size_t bytes,
+                               const std::string& field) const {
+  if (write_fd_ < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": shared-memory region '", id_, "' is not writable by kvtrimd (",
+        write_error_, "); give kvtrimd's user write access to the segment to use it as an "
+        "output region"));
+  }
+  if (offset + bytes > size_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": writing ", bytes, " bytes at offset ", offset, " passes the end of region '",
+        id_, "' (", size_, " bytes)"));
+  }
+  const auto* in = static_cast<const char*>(src);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t put =
+        pwrite(write_fd_, in + done, bytes - done, static_cast<off_t>(offset + done));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0) {
+      return absl::InternalError(absl::StrCat(
+          field, ": writing ", bytes, " bytes at offset ", offset, " of shared-memory region '",
+          id_, "' failed after ", done, " bytes (",
+          put < 0 ? std::strerror(errno) : "no progress", ")"));
+    }
+    done += static_cast<size_t>(put);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Region::ReadHost(uint64_t offset, void* dst, size_t bytes,
@@ -170,6 +201,9 @@ absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_i
       region = std::make_shared<Region>(RegionKind::kHostShm, "shm-" + RandomHex(), client_id,
                                         shm.size_bytes());
       region->fd_ = fd;
+      // Output regions are written through a second descriptor, when the segment allows it.
+      region->write_fd_ = shm_open(shm.name().c_str(), O_RDWR | O_CLOEXEC, 0);
+      if (region->write_fd_ < 0) region->write_error_ = std::strerror(errno);
       break;
     }
     case v1::RegisterRegion::kCudaIpc:

@@ -49,6 +49,11 @@ class Region {
   /// Reads `bytes` at `offset` of a host shm segment into `dst` (pread: a segment the
   /// client shrank gives an error, never SIGBUS). INVALID_ARGUMENT naming `field`.
   absl::Status ReadHost(uint64_t offset, void* dst, size_t bytes, const std::string& field) const;
+  /// Writes `bytes` from `src` at `offset` of a host shm segment (an output region; pwrite
+  /// through a read-write descriptor opened at registration). FAILED_PRECONDITION naming
+  /// `field` when kvtrimd could not open the segment for writing.
+  absl::Status WriteHost(uint64_t offset, const void* src, size_t bytes,
+                         const std::string& field) const;
 
  private:
   friend class RegionRegistry;
@@ -58,6 +63,8 @@ class Region {
   std::string client_id_;
   uint64_t size_;
   int fd_ = -1;
+  int write_fd_ = -1;        // host shm opened read-write (output regions), or -1
+  std::string write_error_;  // why it could not be
   std::unique_ptr<MappedDeviceMemory> memory_;
   std::unique_ptr<MappedDeviceEvent> event_;
   std::atomic<int> pins_{0};

@@ -94,7 +94,9 @@ void EncodeLayerResult(const LayerDecision& decision, v1::LayerResult* out, bool
   out->set_layer_id(decision.layer_id);
   out->set_num_tokens(decision.num_tokens);
   out->set_output_shape(EncodeOutputShape(decision.output_shape));
-  if (packed) {
+  if (decision.output_written) {
+    out->set_output_written(true);  // the lists are in the layer's output region
+  } else if (packed) {
     v1::PackedLists* lists = out->mutable_packed();
     const uint32_t width = v1::PackedIndexBytes(decision.num_tokens);
     v1::PackOffsets(decision.offsets.data(), decision.offsets.size(), lists->mutable_offsets());

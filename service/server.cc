@@ -116,6 +116,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   if (!loaded.ok()) return loaded.status();
   KvtrimService::Options service_options;
   service_options.max_inflight = config_.max_inflight;
+  service_options.max_leases = config_.max_leases;
   service_options.default_numerics = config_.numerics;
   service_ = std::make_unique<KvtrimService>(*engine_, *backend_, *metrics_, *models_,
                                              service_options, &log);
@@ -130,7 +131,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   region_options.allow_client_shm = config_.allow_client_shm;
   region_options.max_regions_per_client = config_.max_regions_per_client;
   regions_ = std::make_unique<RegionRegistry>(region_options, device_mapper_.get());
-  KvtrimService::TransportOptions transport_options;
+  TransportOptions transport_options;
   transport_options.max_layer_bytes = config_.max_layer_bytes;
   transport_options.session_read_ahead = config_.session_read_ahead;
   transport_options.host_buffer_pool_bytes = static_cast<size_t>(config_.host_buffer_pool_bytes);

@@ -252,6 +252,67 @@ absl::StatusOr<TensorView> DecodeRegionTensor(const v1::RegionSlice& slice, Regi
   return view;
 }
 
+/// LayerInput.output: the region (host_shm or cuda_ipc of the caller), its offset and
+/// capacity into out->request.output, a host target into out->host_output.
+absl::Status DecodeOutput(const v1::OutputRegion& output, const std::string& field,
+                          const DecodeContext& context, DecodedLayer* out) {
+  const bool on_device = output.target_case() == v1::OutputRegion::kCudaIpc;
+  if (output.target_case() == v1::OutputRegion::TARGET_NOT_SET) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": set host_shm or cuda_ipc (the region the lists go to)"));
+  }
+  const std::string slice_field = field + (on_device ? ".cuda_ipc" : ".host_shm");
+  const v1::RegionSlice& slice = on_device ? output.cuda_ipc() : output.host_shm();
+  if (context.regions == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(slice_field, ": output regions are not available here"));
+  }
+  if (slice.strides_elements_size() != 0 || slice.has_paged()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        slice_field, ": an output region is dense; leave strides_elements and paged empty"));
+  }
+  if (slice.offset_bytes() % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        slice_field, ".offset_bytes: ", slice.offset_bytes(), " is not a multiple of 8"));
+  }
+  auto pin = context.regions->Acquire(context.client_id, slice.region_id(),
+                                      on_device ? RegionKind::kCudaIpc : RegionKind::kHostShm,
+                                      slice_field + ".region_id");
+  if (!pin.ok()) return pin.status();
+  const Region& region = **pin;
+  if (slice.offset_bytes() >= region.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        slice_field, ".offset_bytes: ", slice.offset_bytes(), " is past the region's ",
+        region.size_bytes(), " bytes"));
+  }
+  OutputTarget& target = out->request.output;
+  target.present = true;
+  target.capacity = region.size_bytes() - slice.offset_bytes();
+  if (on_device) {
+    target.device = const_cast<char*>(region.device_base()) + slice.offset_bytes();
+  } else {
+    if (!output.done_event_id().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".done_event_id: events order device work; a host_shm output is complete "
+          "when the answer arrives"));
+    }
+    out->host_output = HostOutput{RegionPin(), slice.offset_bytes()};
+  }
+  if (!output.done_event_id().empty()) {
+    auto event = context.regions->Acquire(context.client_id, output.done_event_id(),
+                                          RegionKind::kCudaIpcEvent, field + ".done_event_id");
+    if (!event.ok()) return event.status();
+    target.done_event = (*event)->event();
+    out->pins.push_back(*std::move(event));
+  }
+  if (out->host_output.has_value()) {
+    out->host_output->region = *std::move(pin);
+  } else {
+    out->pins.push_back(*std::move(pin));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<int64_t> TensorByteSize(const v1::Tensor& tensor, TensorRole role,
@@ -368,6 +429,22 @@ absl::Status DecodeLayer(const v1::LayerInput& input, const EngineLimits& limits
     request.ready_event = (*pin)->event();
     out->pins.push_back(*std::move(pin));
   }
+  if (input.has_output()) return DecodeOutput(input.output(), field + ".output", context, out);
+  return absl::OkStatus();
+}
+
+absl::Status WriteHostOutput(const HostOutput& output, const std::string& field,
+                             LayerDecision* decision) {
+  const std::string where = field + ".output.host_shm";
+  const size_t offset_bytes = decision->offsets.size() * sizeof(int64_t);
+  KVTRIM_RETURN_IF_ERROR_STATUS(
+      output.region->WriteHost(output.offset, decision->offsets.data(), offset_bytes, where));
+  KVTRIM_RETURN_IF_ERROR_STATUS(output.region->WriteHost(
+      output.offset + offset_bytes, decision->indices.data(),
+      decision->indices.size() * sizeof(int32_t), where));
+  decision->indices.clear();
+  decision->indices.shrink_to_fit();
+  decision->output_written = true;
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,8 +90,16 @@ absl::StatusOr<int64_t> TensorByteSize(const v1::Tensor& tensor, TensorRole role
                                        const EngineLimits& limits, const std::string& field);
 
 /// A decoded layer: the kernel request plus the storage and regions its views use.
+/// A host_shm output region of a layer (LayerInput.output.host_shm): where the service
+/// writes the kept lists (WriteHostOutput) before it answers.
+struct HostOutput {
+  RegionPin region;     // pinned until the layer is answered
+  uint64_t offset = 0;  // bytes into the region
+};
+
 struct DecodedLayer {
   LayerRequest request;        // views alias the proto message, `owned` or regions
+  std::optional<HostOutput> host_output;  // a host_shm output region (request.output set)
   OwnedBuffers owned;          // copies (misaligned inline data, host shm reads, chunks)
   std::vector<RegionPin> pins; // regions read by this layer, pinned until it is answered
   TransportBytes transport;    // bytes per transport
@@ -100,11 +109,20 @@ struct DecodedLayer {
 /// Decodes one LayerInput: layer_id >= 0 ("<field>.layer_id"), keys required
 /// ("<field>.keys"), values and queries optional, softmax_scale finite and >= 0
 /// ("<field>.softmax_scale"), ready_event_id a cuda_ipc_event region of the client
-/// ("<field>.ready_event_id"), every present tensor through DecodeTensor. Cross-tensor
+/// ("<field>.ready_event_id"), `output` a host_shm or cuda_ipc region slice of the client
+/// without strides or paging, 8-byte aligned, with done_event_id only on cuda_ipc
+/// ("<field>.output..."; its capacity is the engine's check), every present tensor
+/// through DecodeTensor. Cross-tensor
 /// checks (matching dims, GQA, NaN/Inf) are the engine's. `input` must outlive `out`.
 absl::Status DecodeLayer(const v1::LayerInput& input, const EngineLimits& limits,
                          const std::string& field, const DecodeContext& context,
                          DecodedLayer* out);
+
+/// Writes `decision`'s kept lists (int64 offsets, then int32 indices) into the layer's
+/// host_shm output region and marks the decision output_written (its indices released).
+/// INVALID_ARGUMENT / FAILED_PRECONDITION naming "<field>.output.host_shm".
+absl::Status WriteHostOutput(const HostOutput& output, const std::string& field,
+                             LayerDecision* decision);
 
 /// Sum of the inline tensor bytes of `input` (for kvtrim_request_bytes_total), counted
 /// before any validation.

@@ -579,7 +579,8 @@ absl::Status FinishDecision(const LayerPlan& plan, int32_t layer_id, HostResults
   out->output_shape = plan.output_shape;
   out->offsets = offsets;
   out->indices = std::move(results.indices);
-  out->indices.resize(static_cast<size_t>(offsets.back()));
+  out->output_written = results.output_written;
+  if (!out->output_written) out->indices.resize(static_cast<size_t>(offsets.back()));
   out->kept_per_head.assign(static_cast<size_t>(heads), 0);
   for (int64_t h = 0; h < heads; ++h) {
     const size_t list = plan.num_lists() == 1 ? 0 : static_cast<size_t>(h);

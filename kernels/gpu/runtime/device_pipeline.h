@@ -208,7 +208,8 @@ void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
 /// Results copied back from the device, before conversion into a LayerDecision.
 struct HostResults {
   std::vector<int64_t> offsets;       // [num_lists + 1]
-  std::vector<int32_t> indices;       // [total_indices]
+  std::vector<int32_t> indices;       // [total_indices]; empty when output_written
+  bool output_written = false;        // the indices went to the layer's output target
   std::vector<double> perturbation;   // [H_kv] or empty
   unsigned long long first_nan = 0;   // kNoNaN when no NaN
 };

@@ -64,6 +64,35 @@ std::string GpuBackend::failure() const {
 
 namespace {
 
+/// A layer decided on the host whose lists go to a device output target: uploaded there
+/// (offsets, then indices), the worker's done event recorded, the stream synchronised.
+absl::Status WriteHostDecision(WorkerContext& context, const OutputTarget& target,
+                               LayerDecision* decision) {
+  cudaStream_t stream = context.stream();
+  char* base = static_cast<char*>(target.device);
+  const size_t offset_bytes = decision->offsets.size() * sizeof(int64_t);
+  KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(base, decision->offsets.data(), offset_bytes,
+                                              cudaMemcpyHostToDevice, stream),
+                              "cudaMemcpyAsync(output offsets)");
+  if (!decision->indices.empty()) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(base + offset_bytes, decision->indices.data(),
+                        decision->indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
+                        stream),
+        "cudaMemcpyAsync(output indices)");
+  }
+  if (target.done_event != nullptr) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(static_cast<cudaEvent_t>(target.done_event), stream),
+        "cudaEventRecord(output done_event)");
+  }
+  KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+  decision->indices.clear();
+  decision->output_written = true;
+  return absl::OkStatus();
+}
+
+
 /// Layers with d > kMaxGpuHeadDim run on the CPU fallback, which cannot read device tensors.
 absl::Status CheckHostOnly(const ValidatedLayer& layer) {
   if (!layer.has_device_tensors()) return absl::OkStatus();
@@ -219,6 +248,10 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
   step = Clock::now();
   KVTRIM_RETURN_IF_ERROR(run.Enqueue());
   KVTRIM_RETURN_IF_ERROR(run.Fetch());
+  if (outputs.decision != nullptr && layer.output.device != nullptr &&
+      !outputs.decision->output_written) {
+    KVTRIM_RETURN_IF_ERROR(WriteHostDecision(context, layer.output, outputs.decision));
+  }
   const double fetch = since(step);
   last_request_bytes_.store(run.arena_bytes());
   if (outputs.decision != nullptr && policy.settings.profile) {

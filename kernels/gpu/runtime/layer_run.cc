@@ -225,13 +225,14 @@ absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
     }
   }
   if (device_decision_ || context_.graphs().capacity() == 0) {
-    return EnqueueLaunches(events, copy_back);
+    KVTRIM_RETURN_IF_ERROR(EnqueueLaunches(events, copy_back));
+    return copy_back ? EnqueueOutputWrite() : absl::OkStatus();
   }
   // EnqueueLayer's sequence repeats for every layer of a session whose shapes, arena regions
   // and inputs' addresses repeat: replayed as one graph (launch_graph.h).
   LaunchKey key;
   AddEnqueueLayerKey(plan_, device_layer_, buffers_, events, &key);
-  key.Add(copy_back).Add(profiled_);
+  key.Add(copy_back).Add(profiled_).Add(writes_output());
   if (LaunchGraphCache::Checking()) {
     key.set_label(absl::StrCat(plan_.scorer_name, " H=", plan_.num_heads, " n=",
                                plan_.num_tokens, plan_.shared ? " shared" : "",
@@ -249,6 +250,36 @@ absl::Status LayerRun::Enqueue(const PipelineEvents* events, bool copy_back) {
     // A replayed graph records its stage events without calling EnqueueLaunches.
     context_.stage_events().MarkRecorded(StageEvents::kLaunched);
     if (copy_back) context_.stage_events().MarkRecorded(StageEvents::kCopied);
+  }
+  return copy_back ? EnqueueOutputWrite() : absl::OkStatus();
+}
+
+bool LayerRun::writes_output() const {
+  return layer_.output.device != nullptr && outputs_.decision != nullptr && !download_;
+}
+
+absl::Status LayerRun::EnqueueOutputWrite() {
+  if (!writes_output()) return absl::OkStatus();
+  // The lists stay on the device: offsets then indices into the worker's region (outside
+  // any launch graph: its address and event are the request's), then the worker's event.
+  cudaStream_t stream = context_.stream();
+  const size_t lists = static_cast<size_t>(plan_.num_lists());
+  char* target = static_cast<char*>(layer_.output.device);
+  KVTRIM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(target, buffers_.offsets, (lists + 1) * sizeof(int64_t),
+                      cudaMemcpyDeviceToDevice, stream),
+      "cudaMemcpyAsync(output offsets)");
+  if (plan_.total_indices > 0) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(target + (lists + 1) * sizeof(int64_t), buffers_.indices,
+                        static_cast<size_t>(plan_.total_indices) * sizeof(int32_t),
+                        cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync(output indices)");
+  }
+  if (layer_.output.done_event != nullptr) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        cudaEventRecord(static_cast<cudaEvent_t>(layer_.output.done_event), stream),
+        "cudaEventRecord(output done_event)");
   }
   return absl::OkStatus();
 }
@@ -268,8 +299,10 @@ absl::Status LayerRun::EnqueueLaunches(const PipelineEvents* events, bool copy_b
   const size_t lists = static_cast<size_t>(plan_.num_lists());
   const size_t heads = static_cast<size_t>(layer_.shape.num_kv_heads);
   KVTRIM_RETURN_IF_ERROR(CopyBack(pinned_.offsets, buffers_.offsets, (lists + 1) * sizeof(int64_t)));
-  KVTRIM_RETURN_IF_ERROR(CopyBack(pinned_.indices, buffers_.indices,
-                                  static_cast<size_t>(plan_.total_indices) * sizeof(int32_t)));
+  if (!writes_output()) {  // else the indices go to the worker's region, not back here
+    KVTRIM_RETURN_IF_ERROR(CopyBack(pinned_.indices, buffers_.indices,
+                                    static_cast<size_t>(plan_.total_indices) * sizeof(int32_t)));
+  }
   if (plan_.perturbation) {
     KVTRIM_RETURN_IF_ERROR(
         CopyBack(pinned_.perturbation, buffers_.perturbation, heads * sizeof(double)));
@@ -306,7 +339,11 @@ absl::Status LayerRun::FetchDecision() {
   const size_t heads = static_cast<size_t>(layer_.shape.num_kv_heads);
   HostResults results;
   results.offsets = Pinned<int64_t>(pinned_.offsets, lists + 1);
-  results.indices = Pinned<int32_t>(pinned_.indices, static_cast<size_t>(plan_.total_indices));
+  results.output_written = writes_output();
+  if (!results.output_written) {
+    results.indices =
+        Pinned<int32_t>(pinned_.indices, static_cast<size_t>(plan_.total_indices));
+  }
   if (plan_.perturbation) results.perturbation = Pinned<double>(pinned_.perturbation, heads);
   results.first_nan = Pinned<unsigned long long>(pinned_.first_nan, 1)[0];
   return FinishDecision(plan_, layer_.layer_id, std::move(results), outputs_.decision);

@@ -95,6 +95,11 @@ class LayerRun {
   /// `copy_back`), issued one by one: Enqueue runs them directly or through the worker's
   /// launch graphs.
   absl::Status EnqueueLaunches(const PipelineEvents* events, bool copy_back);
+  /// Whether the kept lists go device to device into the layer's output target (a device
+  /// target, on a layer decided on the device) instead of coming back.
+  bool writes_output() const;
+  /// Enqueues that write and the worker's done event (after the launches; no-op otherwise).
+  absl::Status EnqueueOutputWrite();
   /// Enqueues the copy of a device word into the pinned buffer at `at`.
   absl::Status CopyBack(size_t at, const void* device, size_t bytes);
   /// Enqueue / Fetch of the resident LaProx candidates.

@@ -1,0 +1,255 @@
+// CompressSession: a bidirectional stream, begin -> layer* -> finish. Two lanes on the
+// work pool per call: the front end (assembling, decoding, protocol checks, validation of
+// layer l + 1) and the computation (layer l), so they overlap; neither holds a thread
+// while the session waits for its client.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "service/layer_runner.h"
+#include "service/reactors.h"
+#include "service/rpcs.h"
+#include "service/session_front_end.h"
+#include "service/session_input.h"
+
+namespace kvtrim::service {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// The reactor of one session. At most `--session_read_ahead` decoded layers wait for the
+/// computation; beyond that no read is started, so a fast client is slowed by gRPC flow
+/// control, not by memory. A failure ends the call with its own status, after a last
+/// `error` message carrying the same code and message.
+class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionResponse> {
+ public:
+  SessionCall(ServiceCore& core, grpc::CallbackServerContext* context)
+      : core_(core),
+        context_(context),
+        guard_(core, CallSlot::kInflight),
+        input_(core.engine().limits(), core.MakeDecodeContext(*context),
+               core.transport_options().max_layer_bytes),
+        front_end_(core),
+        runner_(core),
+        read_ahead_(std::max(1, core.transport_options().session_read_ahead)),
+        front_lane_(core.pool()),
+        compute_lane_(core.pool()) {
+    summary_.set_backend(std::string(core_.engine().backend_name()));
+    if (!guard_.status().ok()) {
+      End(guard_.status(), /*tell_client=*/false);
+      return;
+    }
+    RequestRead();
+  }
+
+  void OnReadDone(bool ok) override {
+    const auto received = Clock::now();
+    std::shared_ptr<v1::SessionRequest> message;
+    if (ok) {
+      message = std::make_shared<v1::SessionRequest>(std::move(incoming_));
+      incoming_.Clear();
+    }
+    Hold();
+    front_lane_.Post([this, ok, message, received] {
+      FrontEnd(ok, message, received);
+      Release();
+    });
+  }
+
+ private:
+  /// Front lane: one message (or the end of the stream) into an item for the computation.
+  void FrontEnd(bool ok, const std::shared_ptr<v1::SessionRequest>& message,
+                Clock::time_point received) {
+    if (ended_.load()) return;
+    std::optional<SessionItem> item =
+        ok ? input_.Take(std::make_unique<v1::SessionRequest>(std::move(*message)), received)
+           : input_.End(context_->IsCancelled());
+    if (!item.has_value()) {  // a layer's chunks are still coming
+      RequestRead();
+      return;
+    }
+    front_end_.Process(&*item);
+    item->ready = Clock::now();
+    bool read_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (item->kind == SessionItem::Kind::kLayer) ++pending_layers_;
+      if (!item->last()) {
+        read_now = pending_layers_ < read_ahead_;
+        read_paused_ = !read_now;
+      }
+      items_.push_back(std::move(*item));
+    }
+    Hold();
+    compute_lane_.Post([this] {
+      Compute();
+      Release();
+    });
+    if (read_now) RequestRead();
+  }
+
+  /// Compute lane: the oldest item.
+  void Compute() {
+    SessionItem item;
+    bool read_now = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      item = std::move(items_.front());
+      items_.pop_front();
+      if (item.kind == SessionItem::Kind::kLayer) --pending_layers_;
+      if (read_paused_ && pending_layers_ < read_ahead_) {
+        read_paused_ = false;
+        read_now = true;
+      }
+    }
+    if (read_now) RequestRead();
+    if (ended_.load()) return;  // what follows the end is dropped
+    bool finished = false;
+    const absl::Status status = Handle(&item, &finished);
+    if (!status.ok() || finished) End(status, /*tell_client=*/true);
+  }
+
+  /// One item in stream order; `finished` once the summary is sent.
+  absl::Status Handle(SessionItem* item, bool* finished) {
+    switch (item->kind) {
+      case SessionItem::Kind::kBegin:
+        label_ = core_.PolicyLabel(item->request->begin().policy().name());
+        request_id_ = item->request->begin().request_id();
+        policy_ = item->policy;
+        return absl::OkStatus();
+      case SessionItem::Kind::kLayer:
+        return Layer(item);
+      case SessionItem::Kind::kFinish:
+        *finished = true;
+        return FinishSession(*item);
+      case SessionItem::Kind::kError:
+        core_.metrics().AddRequestBytes(Rpc::kCompressSession, item->wire_bytes);
+        if (item->request != nullptr && item->request->has_begin()) {
+          label_ = core_.PolicyLabel(item->request->begin().policy().name());
+          request_id_ = item->request->begin().request_id();
+        }
+        return item->status;
+      case SessionItem::Kind::kEnd:
+      default:
+        if (auto st = CheckCallAlive(*context_, "the end of the stream"); !st.ok()) return st;
+        return absl::InvalidArgumentError(
+            "finish: the client closed the stream without sending finish; layers already "
+            "answered stand, the session is abandoned");
+    }
+  }
+
+  /// A validated layer: answered now, or (model-wide policies) scored for the finish.
+  absl::Status Layer(SessionItem* item) {
+    core_.metrics().AddRequestBytes(Rpc::kCompressSession, item->wire_bytes);
+    core_.CountTransportBytes(item->decoded->transport);
+    if (auto st = CheckCallAlive(*context_, "layer"); !st.ok()) return st;
+    policy_ = item->policy;  // num_layers grows with the layers seen when begin left it 0
+    const ResolvedPolicy& policy = *item->policy;
+    if (policy.model_wide()) {
+      // Answered at finish: keep this layer's scores only (never K/V).
+      return runner_.ScoreValidated(policy, *item->validated, item->validate_seconds, &buffered_);
+    }
+    const auto start = Clock::now();
+    auto decision = runner_.CompressValidated(policy, *item->validated, item->validate_seconds);
+    if (!decision.ok()) return decision.status();
+    if (item->decoded->host_output.has_value()) {
+      if (auto st = WriteHostOutput(*item->decoded->host_output, "layer", &*decision); !st.ok()) {
+        return st;
+      }
+    }
+    item->validated.reset();
+    item->decoded.reset();  // releases the layer's region pins and buffers
+    decision->profile.decode = item->decode_seconds;
+    decision->profile.queued =
+        std::max(0.0, std::chrono::duration<double>(start - item->ready).count());
+    v1::SessionResponse response;
+    runner_.Encode(policy.settings, item->received, &*decision, response.mutable_layer());
+    Send(std::move(response));
+    Count(*decision);
+    return absl::OkStatus();
+  }
+
+  /// finish: the model-wide decision's layers, then the summary.
+  absl::Status FinishSession(const SessionItem& item) {
+    if (policy_ != nullptr && policy_->model_wide()) {
+      auto decided = runner_.DecideModelWide(*policy_, &buffered_);
+      if (!decided.ok()) return decided.status();
+      for (LayerDecision& decision : *decided) {
+        v1::SessionResponse response;
+        runner_.Encode(policy_->settings, item.received, &decision, response.mutable_layer());
+        Send(std::move(response));
+        Count(decision);
+      }
+    }
+    v1::SessionResponse response;
+    *response.mutable_finished() = summary_;
+    Send(std::move(response));
+    return absl::OkStatus();
+  }
+
+  /// Records an answered layer in the metrics and the summary.
+  void Count(const LayerDecision& decision) {
+    core_.metrics().RecordLayer(label_, decision);
+    summary_.set_layers(summary_.layers() + 1);
+    for (int32_t kept : decision.kept_per_head) {
+      summary_.set_tokens_in(summary_.tokens_in() + decision.num_tokens);
+      summary_.set_tokens_kept(summary_.tokens_kept() + kept);
+    }
+  }
+
+  /// Ends the session with `status`: a failure is first sent as a last `error` message
+  /// (`tell_client`), then the call finishes with the same status. Once.
+  void End(const absl::Status& status, bool tell_client) {
+    if (ended_.exchange(true)) return;
+    const grpc::Status wire = ToGrpcStatus(status);
+    if (!status.ok() && tell_client) {
+      v1::SessionResponse failure;
+      failure.mutable_error()->set_code(static_cast<int32_t>(wire.error_code()));
+      failure.mutable_error()->set_message(wire.error_message());
+      Send(std::move(failure));  // dropped when the client is gone
+    }
+    core_.LogServerError(Rpc::kCompressSession, request_id_, status);
+    core_.metrics().RecordRequest(Rpc::kCompressSession, label_, status.code(),
+                                  SecondsSince(start_));
+    FinishAfterWrites(wire);
+  }
+
+  ServiceCore& core_;
+  grpc::CallbackServerContext* context_;
+  const Clock::time_point start_ = Clock::now();
+  CallGuard guard_;
+  // Front lane only:
+  SessionInput input_;
+  SessionFrontEnd front_end_;
+  // Compute lane only (and End, once):
+  LayerRunner runner_;
+  std::shared_ptr<const ResolvedPolicy> policy_;
+  ModelWideScores buffered_;  // model-wide policies: per-layer scores until finish
+  v1::SessionSummary summary_;
+  std::string label_ = kNoPolicy;
+  std::string request_id_;
+  // Shared by the lanes:
+  const int read_ahead_;
+  std::mutex mutex_;  // guards items_, pending_layers_, read_paused_
+  std::deque<SessionItem> items_;
+  int pending_layers_ = 0;
+  bool read_paused_ = false;
+  std::atomic<bool> ended_{false};
+  SerialLane front_lane_;
+  SerialLane compute_lane_;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* StartCompressSession(
+    ServiceCore& core, grpc::CallbackServerContext* context) {
+  return new SessionCall(core, context);
+}
+
+}  // namespace kvtrim::service

@@ -1,0 +1,188 @@
+#include "service/service_core.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "service/response_codec.h"
+
+namespace kvtrim::service {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::Status CheckCallAlive(const grpc::ServerContextBase& context, const std::string& before) {
+  if (context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline exceeded before ", before, "; no further work was done"));
+  }
+  if (context.IsCancelled()) {
+    return absl::CancelledError(absl::StrCat("call cancelled by the client before ", before));
+  }
+  return absl::OkStatus();
+}
+
+ServiceCore::ServiceCore(const PolicyEngine& engine, const Backend& backend, Metrics& metrics,
+                         ModelStore& models, ServiceOptions options, std::ostream* error_log)
+    : engine_(engine),
+      metrics_(metrics),
+      models_(models),
+      options_{std::max(1, options.max_inflight), std::max(1, options.max_leases),
+               options.default_numerics},
+      error_log_(error_log) {
+  // Each admitted call runs at most two tasks at once (a session's front end and its
+  // compute); the rest is model registration.
+  pool_ = std::make_unique<WorkPool>(2 * options_.max_inflight + 16);
+  EncodePolicies(engine_.registry(), backend, &policies_);
+  for (const auto& info : policies_.policies()) policy_names_.insert(info.name());
+}
+
+void ServiceCore::SetTransports(RegionRegistry* regions, TransportOptions options) {
+  regions_ = regions;
+  transport_options_ = options;
+  buffers_ = options.host_buffer_pool_bytes > 0
+                 ? std::make_shared<HostBufferPool>(options.host_buffer_pool_bytes)
+                 : nullptr;
+}
+
+std::string ServiceCore::PolicyLabel(const std::string& name) const {
+  return policy_names_.count(name) != 0 ? name : std::string(kInvalidPolicy);
+}
+
+void ServiceCore::LogServerError(Rpc rpc, const std::string& request_id,
+                                 const absl::Status& status) {
+  const auto code = status.code();
+  if (error_log_ == nullptr || (code != absl::StatusCode::kInternal &&
+                                code != absl::StatusCode::kUnknown &&
+                                code != absl::StatusCode::kDataLoss)) {
+    return;
+  }
+  std::lock_guard<std::mutex> lock(log_mutex_);
+  *error_log_ << "kvtrimd: " << RpcName(rpc) << " request_id='" << request_id
+              << "' failed: " << status << std::endl;
+}
+
+void ServiceCore::ReportBackendFailure(const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kInternal && backend_failure_hook_) {
+    backend_failure_hook_(status);
+  }
+}
+
+absl::StatusOr<ResolvedPolicy> ServiceCore::PreparePolicy(const CompressionSettings& settings,
+                                                          const std::string& field) {
+  const std::string& model_digest = settings.model_digest;
+  auto policy = engine_.Prepare(settings, field);
+  if (!policy.ok()) return policy.status();
+  std::shared_ptr<const RegisteredModel> model;
+  if (!model_digest.empty()) {
+    model = models_.Find(model_digest);
+    if (model == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ".model_digest: unknown model digest '", model_digest,
+          "'; register the model (RegisterModel) and retry"));
+    }
+  }
+  if (auto st = engine_.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
+  return policy;
+}
+
+DecodeContext ServiceCore::MakeDecodeContext(const grpc::ServerContextBase& context) const {
+  DecodeContext decode;
+  decode.regions = regions_;
+  decode.buffers = buffers_;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientIdMetadata);
+  if (it != metadata.end()) decode.client_id.assign(it->second.data(), it->second.size());
+  return decode;
+}
+
+void ServiceCore::CountTransportBytes(const TransportBytes& bytes) {
+  metrics_.AddTransportBytes(Transport::kInline, bytes.inline_bytes);
+  metrics_.AddTransportBytes(Transport::kHostShm, bytes.host_shm);
+  metrics_.AddTransportBytes(Transport::kCudaIpc, bytes.cuda_ipc);
+}
+
+void ServiceCore::PublishRegionMetrics() {
+  if (regions_ == nullptr) return;
+  const auto counts = regions_->CountByKind();
+  metrics_.SetRegions(counts.at(RegionKind::kHostShm), counts.at(RegionKind::kCudaIpc),
+                      counts.at(RegionKind::kCudaIpcEvent), regions_->clients());
+}
+
+void ServiceCore::StartDraining() {
+  std::lock_guard<std::mutex> lock(calls_mutex_);
+  draining_ = true;
+}
+
+bool ServiceCore::WaitIdle(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(calls_mutex_);
+  return calls_idle_.wait_until(lock, deadline, [this] { return active_calls_ == 0; });
+}
+
+namespace {
+
+/// Takes one slot of `counter` when it is below `limit`.
+bool TryAcquire(std::atomic<int>& counter, int limit) {
+  int current = counter.load();
+  while (current < limit) {
+    if (counter.compare_exchange_weak(current, current + 1)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+CallGuard::CallGuard(ServiceCore& core, CallSlot slot) : core_(core), slot_(slot) {
+  {
+    std::lock_guard<std::mutex> lock(core_.calls_mutex_);
+    if (core_.draining_) {
+      status_ = absl::UnavailableError(
+          "draining: kvtrimd is shutting down and accepts no new calls; retry on another "
+          "replica");
+      return;
+    }
+    if (slot_ != CallSlot::kLease) {
+      ++core_.active_calls_;
+      counted_ = true;
+    }
+  }
+  switch (slot_) {
+    case CallSlot::kNone:
+      return;
+    case CallSlot::kInflight:
+      admitted_ = TryAcquire(core_.inflight_, core_.options_.max_inflight);
+      if (admitted_) {
+        core_.metrics_.InflightChanged(+1);
+      } else {
+        status_ = absl::ResourceExhaustedError(absl::StrCat(
+            "max_inflight: ", core_.options_.max_inflight,
+            " Compress/CompressSession calls are already in flight; retry with backoff"));
+      }
+      return;
+    case CallSlot::kLease:
+      admitted_ = TryAcquire(core_.leases_, core_.options_.max_leases);
+      if (!admitted_) {
+        status_ = absl::ResourceExhaustedError(absl::StrCat(
+            "max_leases: ", core_.options_.max_leases,
+            " Regions leases are already held; close an idle lease or retry with backoff"));
+      }
+      return;
+  }
+}
+
+CallGuard::~CallGuard() {
+  if (admitted_) {
+    if (slot_ == CallSlot::kInflight) {
+      core_.inflight_.fetch_sub(1);
+      core_.metrics_.InflightChanged(-1);
+    } else {
+      core_.leases_.fetch_sub(1);
+    }
+  }
+  if (counted_) {
+    std::lock_guard<std::mutex> lock(core_.calls_mutex_);
+    if (--core_.active_calls_ == 0) core_.calls_idle_.notify_all();
+  }
+}
+
+}  // namespace kvtrim::service
