@@ -68,6 +68,11 @@ run ipc_128k_serial_sampled 90 --transport=cuda_ipc --tokens=131072 --prefills=2
   --warmup_prefills=1 --serial --perturbation=sampled
 run ipc_128k_serial_off 90 --transport=cuda_ipc --tokens=131072 --prefills=2 --warmup_prefills=1 \
   --serial --perturbation=off
+# The kept lists into a device output region of the worker (no device-to-host copy of them).
+run ipc_32k_serial_off_output 60 --transport=cuda_ipc --tokens=32768 --prefills=3 \
+  --warmup_prefills=1 --serial --perturbation=off --output_region
+run ipc_128k_serial_off_output 90 --transport=cuda_ipc --tokens=131072 --prefills=2 \
+  --warmup_prefills=1 --serial --perturbation=off --output_region
 run shm_32k 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k_w8 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 --workers=8

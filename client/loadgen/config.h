@@ -53,6 +53,7 @@ struct LoadgenConfig {
   int32_t max_message_bytes = 64 << 20;  // channel's message cap
   double timeout_s = 600;                // deadline of each session stream
   bool rewrite_per_layer = false;        // host_shm: copy the layer into the segment per layer
+  bool output_region = false;            // cuda_ipc: the lists go to a device output region
   std::string json_out;                  // "" = no JSON file
   v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
   bool packed_answer = true;             // answer_encoding PACKED (false: REPEATED)

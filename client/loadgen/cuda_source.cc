@@ -12,13 +12,16 @@ namespace {
 /// registered once.
 class CudaIpcSource final : public LayerSource {
  public:
+  /// `output_offset` > 0: each slot's lists go to that offset of the slot.
   CudaIpcSource(const HostLayer& layer, std::unique_ptr<DeviceBuffer> buffer,
-                std::unique_ptr<RegionLease> lease, std::string region_id, std::string event_id)
+                std::unique_ptr<RegionLease> lease, std::string region_id, std::string event_id,
+                uint64_t output_offset)
       : layer_(layer),
         buffer_(std::move(buffer)),
         lease_(std::move(lease)),
         region_id_(std::move(region_id)),
-        event_id_(std::move(event_id)) {}
+        event_id_(std::move(event_id)),
+        output_offset_(output_offset) {}
 
   /// Releases the regions (closing the lease) before the device memory is freed.
   ~CudaIpcSource() override { lease_->Close().IgnoreError(); }
@@ -33,6 +36,13 @@ class CudaIpcSource final : public LayerSource {
     Slice(input.mutable_keys(), base + layer_.keys_offset());
     if (input.has_values()) Slice(input.mutable_values(), base + layer_.values_offset());
     if (input.has_queries()) Slice(input.mutable_queries(), base + layer_.queries_offset());
+    if (output_offset_ > 0) {
+      // The lists stay on the device; the same event marks them written.
+      v1::OutputRegion* output = input.mutable_output();
+      output->mutable_cuda_ipc()->set_region_id(region_id_);
+      output->mutable_cuda_ipc()->set_offset_bytes(base + output_offset_);
+      output->set_done_event_id(event_id_);
+    }
     return input;
   }
 
@@ -54,16 +64,24 @@ class CudaIpcSource final : public LayerSource {
   std::unique_ptr<RegionLease> lease_;
   const std::string region_id_;
   const std::string event_id_;
+  const uint64_t output_offset_;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LayerSource>> MakeCudaIpcSource(const HostLayer& layer,
                                                                int32_t layers, int32_t device,
-                                                               Client& client) {
+                                                               bool output_region,
+                                                               int32_t kv_heads, Client& client) {
   std::string note;
+  // The output area follows the slot's tensors: 8 (H_kv + 1) + 4 H_kv n bytes.
+  const uint64_t output_offset = output_region ? (layer.bytes() + 255) / 256 * 256 : 0;
+  const uint64_t lists = static_cast<uint64_t>(kv_heads);
+  const uint64_t tokens = static_cast<uint64_t>(layer.kv_shape[1]);
+  const uint64_t slot_bytes =
+      output_region ? output_offset + 8 * (lists + 1) + 4 * lists * tokens : layer.bytes();
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> buffer =
-      DeviceBuffer::Create(device, layer.bytes(), layers, &note);
+      DeviceBuffer::Create(device, slot_bytes, layers, &note);
   if (!buffer.ok()) return buffer.status();
   for (const auto& [offset, bytes] :
        {std::pair<uint64_t, const std::string*>{layer.keys_offset(), &layer.keys},
@@ -92,7 +110,8 @@ absl::StatusOr<std::unique_ptr<LayerSource>> MakeCudaIpcSource(const HostLayer& 
   }
   client.SetClientId((*lease)->client_id());
   auto source = std::make_unique<CudaIpcSource>(layer, std::move(*buffer), std::move(*lease),
-                                                std::move(*region), std::move(*event));
+                                                std::move(*region), std::move(*event),
+                                                output_offset);
   if (!note.empty()) source->AddNote(std::move(note));
   return std::unique_ptr<LayerSource>(std::move(source));
 }

@@ -14,7 +14,8 @@ absl::StatusOr<std::unique_ptr<LayerSource>> MakeLayerSource(const LoadgenConfig
       return MakeHostShmSource(layer, config.rewrite_per_layer, client);
     case Transport::kCudaIpc:
 #if KVTRIM_LOADGEN_CUDA
-      return MakeCudaIpcSource(layer, config.layers, config.device, client);
+      return MakeCudaIpcSource(layer, config.layers, config.device, config.output_region,
+                               config.kv_heads, client);
 #else
       return absl::UnimplementedError(
           "--transport=cuda_ipc: kvtrim-loadgen was built without CUDA");

@@ -55,8 +55,12 @@ absl::StatusOr<std::unique_ptr<LayerSource>> MakeHostShmSource(const HostLayer& 
 /// The cuda_ipc source (builds with CUDA only): one device buffer with a slot per layer
 /// (one shared slot when `layers` slots do not fit in free device memory), registered once,
 /// and one interprocess event recorded before each layer and named in ready_event_id.
+/// With `output_region`, each layer's slot also holds room for its kept lists (H_kv =
+/// `kv_heads` lists at most), named as the layer's output region with the slot's event
+/// as its done event.
 absl::StatusOr<std::unique_ptr<LayerSource>> MakeCudaIpcSource(const HostLayer& layer,
                                                                int32_t layers, int32_t device,
-                                                               Client& client);
+                                                               bool output_region,
+                                                               int32_t kv_heads, Client& client);
 
 }  // namespace kvtrim::loadgen

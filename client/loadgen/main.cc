@@ -68,6 +68,9 @@ ABSL_FLAG(uint64_t, seed, 0, "seed of the synthetic data (and of the settings)")
 ABSL_FLAG(int32_t, device, 0, "cuda_ipc: CUDA device ordinal");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "largest gRPC message sent or received");
 ABSL_FLAG(double, timeout_s, 600, "deadline in seconds of each session stream");
+ABSL_FLAG(bool, output_region, false,
+          "cuda_ipc: kvtrim writes each layer's kept lists into a device output region of the "
+          "worker (LayerInput.output) and records its event; the answer carries no lists");
 ABSL_FLAG(bool, rewrite_per_layer, false,
           "host_shm: copy the layer into the segment again before each layer (counted in "
           "the layer's latency)");
@@ -87,8 +90,8 @@ std::string Usage() {
       "them in its inputs or optional inputs.\n\n"
       "JSON (--json_out): config{target, transport, policy, keep_fraction, layers, tokens,\n"
       "kv_heads, q_heads, head_dim, window, dtype, workers, prefills, warmup_prefills,\n"
-      "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, send_values,\n"
-      "send_queries, numerics, profile, perturbation}, backend, layer_latency_s,\n"
+      "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, output_region,\n"
+      "send_values, send_queries, numerics, profile, perturbation}, backend, layer_latency_s,\n"
       "layer_prepare_s,\n"
       "server_compute_s, prefill_wall_s (each {count, mean, p50, p99, min, max}),\n"
       "wire_bytes_per_prefill, layers_by_numerics{fast, exact}, stage_profile{order[],\n"
@@ -135,6 +138,7 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   config.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   config.rewrite_per_layer = absl::GetFlag(FLAGS_rewrite_per_layer);
+  config.output_region = absl::GetFlag(FLAGS_output_region);
   config.json_out = absl::GetFlag(FLAGS_json_out);
   config.numerics = *numerics;
   const std::string perturbation = absl::GetFlag(FLAGS_perturbation);

@@ -148,6 +148,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"device", c.device},
       {"max_message_bytes", c.max_message_bytes},
       {"rewrite_per_layer", c.rewrite_per_layer},
+      {"output_region", c.output_region},
       {"send_values", report.needs.values},
       {"send_queries", report.needs.queries},
       {"numerics", NumericsLabel(c.numerics)},

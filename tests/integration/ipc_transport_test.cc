@@ -2,7 +2,7 @@
 // device buffers and exports them), a real `kvtrimd --backend=gpu --allow_client_shm` child
 // maps them. Sessions over CUDA IPC (dense, token-major strided and paged layouts, with a
 // ready event), over host shared memory and over inline bytes, plain and chunked, give the
-// indices of inline Compress; region
+// indices of inline Compress; output regions on the device hold the lists of inline Compress; region
 // misuse gets clear errors and the server keeps serving. Skips without a GPU.
 #include <cuda_runtime.h>
 
@@ -286,6 +286,82 @@ TEST_F(IpcTransportTest, CudaIpcSessionsMatchInlineCompressInEveryLayout) {
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(response->backend(), "gpu");
   EXPECT_TRUE((*lease)->Close().ok());
+}
+
+TEST_F(IpcTransportTest, CudaIpcOutputRegionsHoldTheListsOfEveryOutputShape) {
+  // The worker's output buffer and its done event: kvtrim writes every layer's lists there
+  // device to device and records the event; the worker reads them after waiting on it.
+  constexpr uint64_t kSlot = 64 << 10;  // per layer; needs 8 (L + 1) + 4 L n = 2424 bytes
+  void* output = nullptr;
+  ASSERT_EQ(cudaMalloc(&output, kLayers * kSlot), cudaSuccess);
+  cudaIpcMemHandle_t output_handle;
+  ASSERT_EQ(cudaIpcGetMemHandle(&output_handle, output), cudaSuccess);
+  cudaEvent_t done = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming | cudaEventInterprocess),
+            cudaSuccess);
+  cudaIpcEventHandle_t done_handle;
+  ASSERT_EQ(cudaIpcGetEventHandle(&done_handle, done), cudaSuccess);
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  auto region = (*lease)->RegisterCudaIpc(handle_, 0, uuid_, bytes_);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto out_region = (*lease)->RegisterCudaIpc(
+      std::string(reinterpret_cast<const char*>(&output_handle), sizeof output_handle), 0, uuid_,
+      kLayers * kSlot);
+  ASSERT_TRUE(out_region.ok()) << out_region.status();
+  auto done_event = (*lease)->RegisterCudaIpcEvent(
+      std::string(reinterpret_cast<const char*>(&done_handle), sizeof done_handle), uuid_);
+  ASSERT_TRUE(done_event.ok()) << done_event.status();
+  for (const std::string policy : {"dropkv", "snapkv", "knorm"}) {
+    for (v1::OutputShape shape : {v1::PER_HEAD, v1::SHARED, v1::BLOCK_ALIGNED, v1::EQUAL_COUNT}) {
+      SCOPED_TRACE(policy + " " + v1::OutputShape_Name(shape));
+      v1::CompressionSettings settings = Settings(policy);
+      settings.set_output_shape(shape);
+      if (shape == v1::BLOCK_ALIGNED) settings.set_block_size(16);
+      v1::CompressRequest reference;
+      *reference.mutable_settings() = settings;
+      for (int l = 0; l < kLayers; ++l) *reference.add_layers() = InlineLayer(l);
+      auto expected = client_->Compress(reference);
+      ASSERT_TRUE(expected.ok()) << expected.status();
+      ASSERT_EQ(cudaMemset(output, 0xAB, kLayers * kSlot), cudaSuccess);
+      auto session = client_->OpenSession(settings);
+      ASSERT_TRUE(session.ok()) << session.status();
+      for (int l = 0; l < kLayers; ++l) {
+        v1::LayerInput layer = IpcLayer(l, *region, Layout::kDense, "");
+        v1::OutputRegion* target = layer.mutable_output();
+        target->mutable_cuda_ipc()->set_region_id(*out_region);
+        target->mutable_cuda_ipc()->set_offset_bytes(l * kSlot);
+        if (l % 2 == 0) target->set_done_event_id(*done_event);
+        ASSERT_TRUE((*session)->SendLayer(std::move(layer)).ok());
+      }
+      auto result = (*session)->Finish();
+      ASSERT_TRUE(result.ok()) << result.status();
+      ASSERT_EQ(result->layers.size(), static_cast<size_t>(kLayers));
+      // The worker's stream orders after kvtrim's write (the answer also says it is done).
+      ASSERT_EQ(cudaStreamWaitEvent(0, done, 0), cudaSuccess);
+      std::vector<char> host(kLayers * kSlot);
+      ASSERT_EQ(cudaMemcpy(host.data(), output, host.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (const v1::LayerResult& answer : result->layers) {
+        const v1::LayerResult& want = expected->layers(answer.layer_id());
+        EXPECT_TRUE(answer.output_written());
+        EXPECT_EQ(answer.indices_size(), 0);
+        ASSERT_EQ(answer.heads_size(), want.heads_size());
+        const char* slot = host.data() + answer.layer_id() * kSlot;
+        std::vector<int64_t> offsets(static_cast<size_t>(want.offsets_size()));
+        std::memcpy(offsets.data(), slot, offsets.size() * sizeof(int64_t));
+        EXPECT_EQ(offsets, std::vector<int64_t>(want.offsets().begin(), want.offsets().end()));
+        std::vector<int32_t> indices(static_cast<size_t>(want.indices_size()));
+        std::memcpy(indices.data(), slot + offsets.size() * sizeof(int64_t),
+                    indices.size() * sizeof(int32_t));
+        EXPECT_EQ(indices, std::vector<int32_t>(want.indices().begin(), want.indices().end()))
+            << "layer " << answer.layer_id();
+      }
+    }
+  }
+  EXPECT_TRUE((*lease)->Close().ok());
+  cudaEventDestroy(done);
+  cudaFree(output);
 }
 
 TEST_F(IpcTransportTest, HostShmSessionOnTheGpuBackendMatchesInline) {
