@@ -78,8 +78,10 @@ absl::StatusOr<std::unique_ptr<LayerSource>> MakeCudaIpcSource(const HostLayer& 
   const uint64_t output_offset = output_region ? (layer.bytes() + 255) / 256 * 256 : 0;
   const uint64_t lists = static_cast<uint64_t>(kv_heads);
   const uint64_t tokens = static_cast<uint64_t>(layer.kv_shape[1]);
+  // Slots stay 256-byte aligned (the tensors are then read in place).
   const uint64_t slot_bytes =
-      output_region ? output_offset + 8 * (lists + 1) + 4 * lists * tokens : layer.bytes();
+      output_region ? (output_offset + 8 * (lists + 1) + 4 * lists * tokens + 255) / 256 * 256
+                    : layer.bytes();
   absl::StatusOr<std::unique_ptr<DeviceBuffer>> buffer =
       DeviceBuffer::Create(device, slot_bytes, layers, &note);
   if (!buffer.ok()) return buffer.status();

@@ -364,6 +364,56 @@ TEST_F(IpcTransportTest, CudaIpcOutputRegionsHoldTheListsOfEveryOutputShape) {
   cudaFree(output);
 }
 
+TEST_F(IpcTransportTest, ElementAlignedCudaIpcTensorsAreCopiedNotMisread) {
+  // Tensors at offsets that are a multiple of the element size only (2 bytes for bf16):
+  // legal, and read through an aligned copy, never by misaligned vector loads (which would
+  // be a sticky device error that stops kvtrimd).
+  const size_t kv = kHeads * kTokens * kDim * 2, q = kQHeads * kWindow * kDim * 2;
+  const uint64_t keys_at = 2, values_at = keys_at + kv + 6, queries_at = values_at + kv + 10;
+  void* buffer = nullptr;
+  ASSERT_EQ(cudaMalloc(&buffer, queries_at + q), cudaSuccess);
+  char* base = static_cast<char*>(buffer);
+  ASSERT_EQ(cudaMemcpy(base + keys_at, layers_[0].keys.data(), kv, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(base + values_at, layers_[0].values.data(), kv, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(base + queries_at, layers_[0].queries.data(), q, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  cudaIpcMemHandle_t handle;
+  ASSERT_EQ(cudaIpcGetMemHandle(&handle, buffer), cudaSuccess);
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  auto region = (*lease)->RegisterCudaIpc(
+      std::string(reinterpret_cast<const char*>(&handle), sizeof handle), 0, uuid_,
+      queries_at + q);
+  ASSERT_TRUE(region.ok()) << region.status();
+  for (const std::string policy : {"dropkv", "snapkv", "knorm", "keydiff"}) {
+    SCOPED_TRACE(policy);
+    v1::CompressRequest reference;
+    *reference.mutable_settings() = Settings(policy);
+    *reference.add_layers() = InlineLayer(0);
+    auto expected = client_->Compress(reference);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings(policy);
+    v1::LayerInput* layer = request.add_layers();
+    *layer->mutable_keys() = IpcTensor(*region, keys_at, {kHeads, kTokens, kDim}, Layout::kDense);
+    *layer->mutable_values() =
+        IpcTensor(*region, values_at, {kHeads, kTokens, kDim}, Layout::kDense);
+    *layer->mutable_queries() =
+        IpcTensor(*region, queries_at, {kQHeads, kWindow, kDim}, Layout::kDense);
+    auto answer = client_->Compress(request);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(std::vector<int32_t>(answer->layers(0).indices().begin(),
+                                   answer->layers(0).indices().end()),
+              std::vector<int32_t>(expected->layers(0).indices().begin(),
+                                   expected->layers(0).indices().end()));
+  }
+  EXPECT_TRUE((*lease)->Close().ok());
+  cudaFree(buffer);
+}
+
 TEST_F(IpcTransportTest, HostShmSessionOnTheGpuBackendMatchesInline) {
   auto lease = client_->OpenRegionLease();
   ASSERT_TRUE(lease.ok()) << lease.status();

@@ -57,7 +57,10 @@ void DeviceInputStage::AddSlots(const ValidatedLayer& layer, bool reads_keys, bo
       continue;
     }
     in.view = views[i];
-    in.in_place = views[i]->on_device() && views[i]->layout == nullptr;
+    // The kernels' vector loads (and TMA) need aligned rows: a dense device tensor at an
+    // address that is only element-aligned is copied into the arena first.
+    in.in_place = views[i]->on_device() && views[i]->layout == nullptr &&
+                  reinterpret_cast<uintptr_t>(views[i]->data) % kInPlaceAlignment == 0;
     in.dense_at = layout->Add(in.in_place ? 0 : static_cast<size_t>(views[i]->nbytes()));
     if (views[i]->on_device() && views[i]->layout != nullptr &&
         views[i]->layout->block_tokens > 0) {
@@ -102,6 +105,12 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
     }
     if (in.in_place) {
       in.device_data = view.data;
+    } else if (view.layout == nullptr) {  // dense but misaligned
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(base + in.dense_at, view.data, static_cast<size_t>(view.nbytes()),
+                          cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpyAsync(misaligned input)");
+      in.device_data = base + in.dense_at;
     } else {
       const int32_t* table = nullptr;
       if (in.table_bytes > 0) {

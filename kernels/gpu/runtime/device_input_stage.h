@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@
 
 namespace kvtrim::gpu {
 
+/// Device tensors at addresses that are a multiple of this are read in place.
+inline constexpr uintptr_t kInPlaceAlignment = 256;
+
 /// Where one input tensor of a layer is read from on the device.
 struct StagedInput {
   const TensorView* view = nullptr;  // the layer's tensor (null when not read)
@@ -23,7 +27,7 @@ struct StagedInput {
   size_t dense_at = 0;               // arena offset of its dense copy (when it needs one)
   size_t table_at = 0;               // arena offset of its block table (paged only)
   size_t table_bytes = 0;
-  bool in_place = false;             // dense device tensor: read where it is
+  bool in_place = false;             // dense, 256-byte aligned device tensor: read where it is
   const void* device_data = nullptr; // set by Stage(): what the kernels read
 };
 
