@@ -23,6 +23,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+/// True when taking `message` costs microseconds: no tensor bytes to copy, read or scan.
+bool CheapToDecode(const v1::SessionRequest& message) {
+  if (message.message_case() == v1::SessionRequest::kTensorChunk) return false;
+  if (message.message_case() != v1::SessionRequest::kLayer) return true;
+  const v1::LayerInput& layer = message.layer();
+  for (const v1::Tensor* tensor : {&layer.keys(), &layer.values(), &layer.queries()}) {
+    const auto data = tensor->data_case();
+    if (data != v1::Tensor::DATA_NOT_SET && data != v1::Tensor::kCudaIpc) return false;
+  }
+  return true;
+}
+
 /// The reactor of one session. At most `--session_read_ahead` decoded layers wait for the
 /// computation; beyond that no read is started, so a fast client is slowed by gRPC flow
 /// control, not by memory. A failure ends the call with its own status, after a last
@@ -56,10 +68,18 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
       incoming_.Clear();
     }
     Hold();
-    front_lane_.Post([this, ok, message, received] {
+    auto task = [this, ok, message, received] {
       FrontEnd(ok, message, received);
       Release();
-    });
+    };
+    // A message whose decoding is a few lookups (CUDA IPC tensors, begin, finish) is taken
+    // on gRPC's thread when the front end is idle: no hand-off to the pool. Reading host
+    // shm, copying chunks or scanning inline bytes goes to the pool.
+    if (!ok || CheapToDecode(*message)) {
+      front_lane_.RunOrPost(std::move(task));
+    } else {
+      front_lane_.Post(std::move(task));
+    }
   }
 
  private:

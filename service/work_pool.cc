@@ -80,6 +80,25 @@ void SerialLane::Post(WorkPool::Task task) {
   state_->pool.Post([state = state_] { Drain(state); });
 }
 
+void SerialLane::RunOrPost(WorkPool::Task task) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->running || !state_->tasks.empty()) {
+      state_->tasks.push_back(std::move(task));
+      return;
+    }
+    state_->running = true;  // ours: tasks posted meanwhile wait behind it
+  }
+  std::shared_ptr<State> state = state_;  // the task may destroy the lane
+  task();
+  std::lock_guard<std::mutex> lock(state->mutex);
+  if (state->tasks.empty()) {
+    state->running = false;
+  } else {
+    state->pool.Post([state] { Drain(state); });  // what queued meanwhile, on the pool
+  }
+}
+
 void SerialLane::Drain(const std::shared_ptr<State>& state) {
   while (true) {
     WorkPool::Task task;

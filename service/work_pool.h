@@ -65,6 +65,9 @@ class SerialLane {
 
   /// Queues `task` after every task posted before it.
   void Post(WorkPool::Task task);
+  /// Runs `task` on the calling thread when the lane is idle (no task queued or running),
+  /// else queues it like Post. For short tasks on threads that must not block long.
+  void RunOrPost(WorkPool::Task task);
 
  private:
   /// The queue, shared with the pool task that drains it.

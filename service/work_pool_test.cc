@@ -110,5 +110,28 @@ TEST(SerialLaneTest, ATaskMayDestroyItsLane) {
   ASSERT_EQ(finished.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
 }
 
+TEST(SerialLaneTest, RunOrPostRunsInlineOnlyWhenIdle) {
+  WorkPool pool(2);
+  SerialLane lane(pool);
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  lane.RunOrPost([&] { ran_on = std::this_thread::get_id(); });
+  EXPECT_EQ(ran_on, caller);  // idle: on the calling thread
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> busy_started;
+  lane.Post([&] {
+    busy_started.set_value();
+    released.wait();
+  });
+  busy_started.get_future().wait();
+  std::promise<std::thread::id> second;
+  lane.RunOrPost([&] { second.set_value(std::this_thread::get_id()); });  // busy: queued
+  release.set_value();
+  auto ran = second.get_future();
+  ASSERT_EQ(ran.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_NE(ran.get(), caller);
+}
+
 }  // namespace
 }  // namespace kvtrim::service
