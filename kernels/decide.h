@@ -39,6 +39,7 @@ struct LayerScores {
   std::shared_ptr<const ResidentScores> resident;
   LayerBudget budget;             // uniform k and its clamped protection
   Numerics numerics = Numerics::kExact;  // the mode that computed the scores
+  int32_t device = -1;            // CUDA device ordinal that scored the layer (-1: CPU)
 };
 
 /// Per-head token counts of the layer's allocator (uniform, pyramid, adakv, lukv) for the

@@ -159,6 +159,8 @@ struct LayerDecision {
   /// The lists went to the layer's output target (indices empty; offsets and
   /// kept_per_head stay).
   bool output_written = false;
+  /// The CUDA device ordinal that computed the layer (-1: the CPU backend).
+  int32_t device = -1;
 };
 
 }  // namespace kvtrim

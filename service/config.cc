@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 
 #ifndef KVTRIM_VERSION
@@ -66,6 +67,11 @@ ABSL_FLAG(int64_t, gpu_memory_limit_bytes, 0,
           "GPU backend: device memory all worker arenas may hold together, in bytes; each "
           "worker's arena is capped at this / --workers, and a layer needing more is answered "
           "RESOURCE_EXHAUSTED. 0 = no cap but the device's free memory.");
+ABSL_FLAG(std::string, devices, "all",
+          "GPU backend: the CUDA devices kvtrimd computes on: \"all\" (every visible device) "
+          "or ordinals such as \"0,2\". A CUDA IPC region is computed on the device it lives "
+          "on; host layers go to the least loaded device. The gpu memory cap and --workers "
+          "apply per device.");
 
 ABSL_FLAG(int32_t, gpu_launch_graphs, 0,
           "GPU backend, experimental: launch sequences each worker keeps as CUDA graphs "
@@ -116,7 +122,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "workers",         "max_inflight",   "max_leases",
                                      "backend",
                                      "numerics",        "drain_timeout_s",
-                                     "gpu_memory_limit_bytes", "gpu_launch_graphs",
+                                     "gpu_memory_limit_bytes", "devices", "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_layer_bytes", "session_read_ahead",
@@ -378,6 +384,30 @@ std::string UsageText() {
   return out;
 }
 
+absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
+  std::vector<int> devices;
+  const std::string trimmed(absl::StripAsciiWhitespace(text));
+  if (trimmed.empty() || trimmed == "all") return devices;
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--devices: '", trimmed.substr(0, 64), trimmed.size() > 64 ? "...'" : "'", " ", why,
+        "; give \"all\" or CUDA ordinals such as \"0,2\""));
+  };
+  for (absl::string_view part : absl::StrSplit(trimmed, ',')) {
+    int ordinal = 0;
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(part), &ordinal) || ordinal < 0 ||
+        ordinal > 1023) {
+      return bad(absl::StrCat("has '", part.substr(0, 16), "', not an ordinal in [0, 1023]"));
+    }
+    if (std::find(devices.begin(), devices.end(), ordinal) != devices.end()) {
+      return bad(absl::StrCat("names device ", ordinal, " twice"));
+    }
+    devices.push_back(ordinal);
+    if (devices.size() > 64) return bad("names more than 64 devices");
+  }
+  return devices;
+}
+
 absl::StatusOr<Config> ConfigFromFlags() {
   Config config;
   config.listen = absl::GetFlag(FLAGS_listen);
@@ -390,6 +420,9 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
   config.gpu_launch_graphs = absl::GetFlag(FLAGS_gpu_launch_graphs);
+  auto devices = ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (!devices.ok()) return devices.status();
+  config.devices = *std::move(devices);
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
   config.max_models = absl::GetFlag(FLAGS_max_models);
   config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +55,8 @@ struct Config {
   /// arena regions and input addresses repeat is replayed as one graph. 0 = off (default:
   /// experimental, docs/gpu.md "Launch graphs").
   int gpu_launch_graphs = 0;
+  /// GPU backend: CUDA ordinals to compute on (--devices); empty = every visible device.
+  std::vector<int> devices;
   /// Directory where registered models are persisted, one "<hex>.kvtmodel" file each, and
   /// loaded from at start-up; created when missing. Empty = models live in memory only and
   /// are lost on restart.
@@ -108,6 +111,10 @@ std::string UsageText();
 
 /// Reads the kvtrimd flags into a Config and validates it.
 absl::StatusOr<Config> ConfigFromFlags();
+
+/// --devices: "all" (or "") -> empty (every visible device), else comma-separated distinct
+/// CUDA ordinals in [0, 1023], at most 64. INVALID_ARGUMENT naming --devices otherwise.
+absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text);
 
 /// The kvtrim version ("0.1.0"), from the CMake project version.
 std::string KvtrimVersion();

@@ -99,6 +99,20 @@ TEST(ConfigTest, GoodAddresses) {
   }
 }
 
+TEST(ConfigTest, DevicesAreParsed) {
+  EXPECT_TRUE(ParseDevices("all")->empty());
+  EXPECT_TRUE(ParseDevices("")->empty());
+  EXPECT_EQ(*ParseDevices("0"), std::vector<int>({0}));
+  EXPECT_EQ(*ParseDevices(" 2, 0 ,5"), std::vector<int>({2, 0, 5}));
+  for (const char* bad : {"-1", "0,0", "x", "1,", "1024", "0;1"}) {
+    const auto parsed = ParseDevices(bad);
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(parsed.status().message()), ::testing::HasSubstr("--devices")) << bad;
+  }
+  EXPECT_THAT(std::string(ParseDevices("3,3").status().message()),
+              ::testing::HasSubstr("names device 3 twice"));
+}
+
 TEST(ConfigTest, GpuWithoutCudaBuild) {
   if (BuiltWithCuda()) GTEST_SKIP() << "CUDA build";
   Config config;

@@ -56,10 +56,16 @@ class CudaDeviceMapper final : public DeviceMapper {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(int device) {
-  auto uuid = gpu::DeviceUuid(device);
-  if (!uuid.ok()) return uuid.status();
-  return std::unique_ptr<DeviceMapper>(new CudaDeviceMapper(device, *std::move(uuid)));
+absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(
+    const std::vector<int>& devices) {
+  std::vector<std::unique_ptr<DeviceMapper>> mappers;
+  for (int device : devices) {
+    auto uuid = gpu::DeviceUuid(device);
+    if (!uuid.ok()) return uuid.status();
+    mappers.push_back(std::make_unique<CudaDeviceMapper>(device, *std::move(uuid)));
+  }
+  if (mappers.size() == 1) return std::move(mappers.front());
+  return std::unique_ptr<DeviceMapper>(std::make_unique<MultiDeviceMapper>(std::move(mappers)));
 }
 
 }  // namespace kvtrim::service

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -42,10 +43,43 @@ class DeviceMapper {
   /// Opens a cudaIpcEventHandle. INVALID_ARGUMENT naming `field` + ".handle".
   virtual absl::StatusOr<std::unique_ptr<MappedDeviceEvent>> OpenEvent(
       const std::string& handle, const std::string& field) = 0;
+  /// The mapper of the served device whose UUID is `uuid16`, or null when kvtrimd does not
+  /// compute on it. One device: itself when the UUID matches.
+  virtual DeviceMapper* ForUuid(const std::string& uuid16) {
+    return uuid16 == device_uuid() ? this : nullptr;
+  }
+  /// The served devices for messages ("GPU-…, GPU-…").
+  virtual std::string ServedDevices() const { return FormatUuid(device_uuid()); }
 };
 
-/// The CUDA implementation on device ordinal `device`, or null when this kvtrimd was built
-/// without CUDA. INTERNAL when the device cannot be queried.
-absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(int device);
+/// Several devices' mappers behind one: ForUuid picks the device; the rest is the first
+/// device's. Built by MakeCudaDeviceMapper for more than one device.
+class MultiDeviceMapper final : public DeviceMapper {
+ public:
+  explicit MultiDeviceMapper(std::vector<std::unique_ptr<DeviceMapper>> devices)
+      : devices_(std::move(devices)) {}
+  const std::string& device_uuid() const override { return devices_.front()->device_uuid(); }
+  std::string FormatUuid(const std::string& uuid16) const override {
+    return devices_.front()->FormatUuid(uuid16);
+  }
+  absl::StatusOr<std::unique_ptr<MappedDeviceMemory>> OpenMemory(
+      const std::string& handle, uint64_t size_bytes, const std::string& field) override {
+    return devices_.front()->OpenMemory(handle, size_bytes, field);
+  }
+  absl::StatusOr<std::unique_ptr<MappedDeviceEvent>> OpenEvent(
+      const std::string& handle, const std::string& field) override {
+    return devices_.front()->OpenEvent(handle, field);
+  }
+  DeviceMapper* ForUuid(const std::string& uuid16) override;
+  std::string ServedDevices() const override;
+
+ private:
+  std::vector<std::unique_ptr<DeviceMapper>> devices_;
+};
+
+/// The CUDA implementation on the device ordinals `devices` (one mapper, or a
+/// MultiDeviceMapper over several), or null when this kvtrimd was built without CUDA.
+/// INTERNAL when a device cannot be queried.
+absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(const std::vector<int>& devices);
 
 }  // namespace kvtrim::service

@@ -154,6 +154,7 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "fast"}}), 0);
   EXPECT_EQ(Counter("kvtrim_tokens_in_total", {{"policy", "snapkv"}}), 3 * 2 * 64);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "snapkv"}}), 3 * 2 * 32);
+  EXPECT_EQ(Counter("kvtrim_device_layers_total", {{"device", "cpu"}}), 3);
   EXPECT_EQ(HistogramCount(*server_, "kvtrim_kept_ratio", {{"policy", "snapkv"}}), 3u * 2);
   EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio",
                            {{"policy", "snapkv"}, {"rows", "all"}}),

@@ -138,6 +138,11 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
       leases_family_(prometheus::BuildGauge()
                          .Name("kvtrim_region_leases")
                          .Help("Open Regions streams (client leases)")
+                         .Register(*registry_)),
+      device_layers_(prometheus::BuildCounter()
+                         .Name("kvtrim_device_layers_total")
+                         .Help("Layers answered, by the device that computed them (a CUDA "
+                               "ordinal, or \"cpu\")")
                          .Register(*registry_)) {
   for (Transport t : {Transport::kInline, Transport::kHostShm, Transport::kCudaIpc}) {
     transport_[static_cast<size_t>(t)] = &transport_bytes_.Add({{"transport", TransportName(t)}});
@@ -207,6 +212,17 @@ void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decisi
   s.layers[NumericsIndex(decision.numerics)]->Increment();
   s.tokens_in->Increment(static_cast<double>(heads * decision.num_tokens));
   s.tokens_kept->Increment(static_cast<double>(kept));
+  DeviceCounter(decision.device).Increment();
+}
+
+prometheus::Counter& Metrics::DeviceCounter(int32_t device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = device_series_.find(device);
+  if (it != device_series_.end()) return *it->second;
+  const std::string label = device < 0 ? std::string("cpu") : std::to_string(device);
+  prometheus::Counter& counter = device_layers_.Add({{"device", label}});
+  device_series_.emplace(device, &counter);
+  return counter;
 }
 
 void Metrics::AddRequestBytes(Rpc rpc, int64_t bytes) {

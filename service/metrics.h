@@ -69,7 +69,8 @@ class Metrics {
   /// computed it, "fast" / "exact"), kvtrim_tokens_in_total (H_kv * n),
   /// kvtrim_tokens_kept_total, one kvtrim_kept_ratio observation per head and one
   /// kvtrim_perturbation_ratio{policy, rows} observation per head when perturbation was
-  /// computed (rows "all" or "sampled": LayerDecision::perturbation_sampled).
+  /// computed (rows "all" or "sampled": LayerDecision::perturbation_sampled), and
+  /// kvtrim_device_layers_total{device} (LayerDecision::device: a CUDA ordinal or "cpu").
   void RecordLayer(const std::string& policy, const LayerDecision& decision);
   /// Adds received tensor bytes (kvtrim_request_bytes_total).
   void AddRequestBytes(Rpc rpc, int64_t bytes);
@@ -92,6 +93,9 @@ class Metrics {
     std::array<prometheus::Histogram*, 2> perturbation{};  // by rows: all, sampled
   };
   PolicySeries& SeriesFor(const std::string& policy);
+  /// kvtrim_device_layers_total{device} of a CUDA ordinal (-1: "cpu"); bounded by the
+  /// devices the backend serves.
+  prometheus::Counter& DeviceCounter(int32_t device);
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
@@ -108,6 +112,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& transport_bytes_;
   prometheus::Family<prometheus::Gauge>& regions_;
   prometheus::Family<prometheus::Gauge>& leases_family_;
+  prometheus::Family<prometheus::Counter>& device_layers_;
 
   std::array<prometheus::Histogram*, 7> rpc_duration_{};   // by Rpc
   std::array<prometheus::Counter*, 7> rpc_bytes_{};        // by Rpc
@@ -119,6 +124,7 @@ class Metrics {
 
   std::mutex mutex_;  // guards series_
   std::map<std::string, PolicySeries> series_;
+  std::map<int32_t, prometheus::Counter*> device_series_;  // guarded by mutex_
 };
 
 }  // namespace kvtrim::service

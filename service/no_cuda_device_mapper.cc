@@ -3,8 +3,9 @@
 
 namespace kvtrim::service {
 
-absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(int device) {
-  (void)device;
+absl::StatusOr<std::unique_ptr<DeviceMapper>> MakeCudaDeviceMapper(
+    const std::vector<int>& devices) {
+  (void)devices;
   return std::unique_ptr<DeviceMapper>();
 }
 

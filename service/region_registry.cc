@@ -222,22 +222,23 @@ absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_i
         return absl::InvalidArgumentError(absl::StrCat(
             field, ".device_uuid: ", uuid.size(), " bytes; send the 16-byte cudaDeviceProp.uuid"));
       }
-      if (uuid != mapper_->device_uuid()) {
+      DeviceMapper* mapper = mapper_->ForUuid(uuid);
+      if (mapper == nullptr) {
         return absl::FailedPreconditionError(absl::StrCat(
             field, ".device_uuid: the memory is on device ", mapper_->FormatUuid(uuid),
             is_event ? "" : absl::StrCat(" (the worker's ordinal ", request.cuda_ipc().device(), ")"),
-            " but this kvtrimd computes on ", mapper_->FormatUuid(mapper_->device_uuid()),
+            " but this kvtrimd computes on ", mapper_->ServedDevices(),
             "; register with the kvtrimd of that GPU"));
       }
       if (is_event) {
-        auto event = mapper_->OpenEvent(request.cuda_ipc_event().handle(), field);
+        auto event = mapper->OpenEvent(request.cuda_ipc_event().handle(), field);
         if (!event.ok()) return event.status();
         region = std::make_shared<Region>(RegionKind::kCudaIpcEvent, "evt-" + RandomHex(),
                                           client_id, 0);
         region->event_ = *std::move(event);
       } else {
         auto memory =
-            mapper_->OpenMemory(request.cuda_ipc().handle(), request.cuda_ipc().size_bytes(), field);
+            mapper->OpenMemory(request.cuda_ipc().handle(), request.cuda_ipc().size_bytes(), field);
         if (!memory.ok()) return memory.status();
         region = std::make_shared<Region>(RegionKind::kCudaIpc, "ipc-" + RandomHex(), client_id,
                                           request.cuda_ipc().size_bytes());

@@ -99,7 +99,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   if (backend != nullptr) {
     backend_ = std::move(backend);
   } else {
-    auto created = CreateBackend(config_, &backend_detail_);
+    auto created = CreateBackend(config_, &backend_detail_, &devices_);
     if (!created.ok()) return created.status();
     backend_ = *std::move(created);
   }
@@ -121,9 +121,11 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   service_ = std::make_unique<KvtrimService>(*engine_, *backend_, *metrics_, *models_,
                                              service_options, &log);
   service_->SetBackendFailureHook([this](const absl::Status& status) { OnBackendFailure(status); });
-  // Zero-copy transports: CUDA IPC regions are mapped on the GPU backend's device (0).
+  // Zero-copy transports: a CUDA IPC region is mapped on the device it lives on (an
+  // injected GPU backend: device 0).
   if (std::string(backend_->name()) == "gpu") {
-    auto mapper = MakeCudaDeviceMapper(0);
+    if (devices_.empty()) devices_.push_back(0);
+    auto mapper = MakeCudaDeviceMapper(devices_);
     if (!mapper.ok()) return mapper.status();
     device_mapper_ = *std::move(mapper);
   }

@@ -107,6 +107,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<ModelStore> models_;
   std::unique_ptr<DeviceMapper> device_mapper_;  // GPU backend only
+  std::vector<int> devices_;                     // CUDA ordinals served (GPU backend)
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<KvtrimService> service_;
   std::unique_ptr<grpc::Server> server_;

@@ -21,6 +21,15 @@ DeviceCensus CountCudaDevices() {
   return census;
 }
 
+int DeviceOfAddress(const void* address) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return attributes.type == cudaMemoryTypeDevice ? attributes.device : -1;
+}
+
 std::string DescribeCudaDevice(int device) {
   cudaDeviceProp prop{};
   const cudaError_t err = cudaGetDeviceProperties(&prop, device);

@@ -16,6 +16,10 @@ struct DeviceCensus {
 /// fails itself: a machine without a driver or a GPU has count 0 and a reason.
 DeviceCensus CountCudaDevices();
 
+/// The CUDA ordinal of the device that holds `address` (cudaPointerGetAttributes; mapped
+/// CUDA IPC memory included), or -1 when it is not device memory of this process.
+int DeviceOfAddress(const void* address);
+
 /// "NVIDIA H100 80GB HBM3 (device 0, sm_90, 79.1 GiB)" for the start-up line; a short
 /// error text when the properties cannot be read.
 std::string DescribeCudaDevice(int device);

@@ -112,7 +112,9 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   }
   Outputs outputs;
   outputs.decision = out;
-  return Run(policy, layer, budget, outputs);
+  const absl::Status status = Run(policy, layer, budget, outputs);
+  out->device = options_.device;  // after Run: a host decision replaces *out whole
+  return status;
 }
 
 absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
@@ -123,7 +125,9 @@ absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const Validate
   }
   Outputs outputs;
   outputs.raw = out;
-  return Run(policy, layer, budget, outputs);
+  const absl::Status status = Run(policy, layer, budget, outputs);
+  out->device = options_.device;  // after Run: a host decision replaces *out whole
+  return status;
 }
 
 absl::Status GpuBackend::ScoreLayerForModelWide(const ResolvedPolicy& policy,
@@ -137,7 +141,9 @@ absl::Status GpuBackend::ScoreLayerForModelWide(const ResolvedPolicy& policy,
   Outputs outputs;
   outputs.resident = out;
   outputs.normalize = laprox->normalize;
-  return Run(policy, layer, budget, outputs);
+  const absl::Status status = Run(policy, layer, budget, outputs);
+  out->device = options_.device;
+  return status;
 }
 
 absl::StatusOr<std::vector<LayerDecision>> GpuBackend::DecideModelWide(
@@ -147,6 +153,7 @@ absl::StatusOr<std::vector<LayerDecision>> GpuBackend::DecideModelWide(
   KVTRIM_RETURN_IF_ERROR(OnWorker([&](WorkerContext& context) {
     return DecideModelWideOnDevice(context, *score_store_, policy, layers, &decisions);
   }));
+  for (LayerDecision& decision : decisions) decision.device = options_.device;
   return decisions;
 }
 
