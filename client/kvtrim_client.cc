@@ -1,3 +1,4 @@
+#include "kvtrim/v1/http2_window.h"
 #include "client/kvtrim_client.h"
 
 #include <algorithm>
@@ -50,6 +51,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options.max_message_bytes);
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  if (options.http2_window_bytes > 0) {
+    for (const auto& [name, value] : v1::Http2WindowArguments(options.http2_window_bytes)) {
+      args.SetInt(name, value);
+    }
+  }
+  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::ChannelCredentials> creds =
       options.credentials ? options.credentials : grpc::InsecureChannelCredentials();
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, creds, args);

@@ -39,6 +39,14 @@ struct ClientOptions {
   /// Largest message the channel sends or receives, in bytes (gRPC's default cap is 4 MiB;
   /// the server's --max_message_bytes must allow at least as much).
   int max_message_bytes = 64 << 20;
+  /// HTTP/2 flow-control window and largest frame, bytes: positive values replace gRPC's
+  /// defaults (64 KiB windows grown by its BDP probe; 16 KiB frames) with this window
+  /// (frames up to 16 MiB - 1) and turn the probe off. 0 = gRPC's defaults.
+  int http2_window_bytes = 0;
+  /// True: this client's channel opens its own connection instead of sharing one with the
+  /// process's other clients of the same target (gRPC's global subchannel pool), so several
+  /// clients (e.g. the load generator's workers) do not queue on one TCP connection.
+  bool own_connection = false;
   /// When positive, Connect waits this long for the channel to become ready and fails with
   /// UNAVAILABLE otherwise. Zero: connect lazily on the first call.
   absl::Duration connect_timeout = absl::ZeroDuration();

@@ -76,7 +76,30 @@ run ipc_128k_serial_off_output 90 --transport=cuda_ipc --tokens=131072 --prefill
 run shm_32k 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k_w8 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 --workers=8
+run inline_32k_w8_shared 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 \
+  --workers=8 --shared_connection
 kill -TERM "$pid"
 wait "$pid" || { echo "kvtrimd exit status $?"; RC=1; }
 tail -n 3 "$server_log"
+
+# Inline again with 64 MiB HTTP/2 windows on both sides (gRPC's defaults above).
+echo "== kvtrimd --http2_window_bytes=67108864"
+server_log="$OUT/kvtrimd_transport_window.log"
+"$BIN/kvtrimd" --backend=gpu --listen=127.0.0.1:0 --metrics_listen= --workers=2 \
+  --max_message_bytes=$((64 << 20)) --http2_window_bytes=$((64 << 20)) >"$server_log" 2>&1 &
+pid=$!
+address=""
+for _ in $(seq 1 600); do
+  address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$server_log" | head -n 1)
+  [ -n "$address" ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+[ -n "$address" ] || { echo "kvtrimd (window) did not start"; cat "$server_log"; exit 1; }
+run inline_32k_window 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1 \
+  --http2_window_bytes=$((64 << 20))
+run inline_32k_w8_window 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 \
+  --workers=8 --http2_window_bytes=$((64 << 20))
+kill -TERM "$pid"
+wait "$pid" || { echo "kvtrimd (window) exit status $?"; RC=1; }
 exit "$RC"

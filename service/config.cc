@@ -67,6 +67,10 @@ ABSL_FLAG(int64_t, gpu_memory_limit_bytes, 0,
           "GPU backend: device memory all worker arenas may hold together, in bytes; each "
           "worker's arena is capped at this / --workers, and a layer needing more is answered "
           "RESOURCE_EXHAUSTED. 0 = no cap but the device's free memory.");
+ABSL_FLAG(int32_t, http2_window_bytes, 0,
+          "HTTP/2 flow-control window and largest frame of every connection, bytes "
+          "(0 .. 1073741824): positive values replace gRPC's 64 KiB windows grown by its BDP "
+          "probe with this fixed window (frames up to 16 MiB); 0 = gRPC's defaults.");
 ABSL_FLAG(std::string, devices, "all",
           "GPU backend: the CUDA devices kvtrimd computes on: \"all\" (every visible device) "
           "or ordinals such as \"0,2\". A CUDA IPC region is computed on the device it lives "
@@ -122,7 +126,8 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "workers",         "max_inflight",   "max_leases",
                                      "backend",
                                      "numerics",        "drain_timeout_s",
-                                     "gpu_memory_limit_bytes", "devices", "gpu_launch_graphs",
+                                     "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
+                                     "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_layer_bytes", "session_read_ahead",
@@ -246,6 +251,9 @@ absl::Status Config::Validate() const {
   if (auto st = CheckRange("workers", workers, 1, 1024); !st.ok()) return st;
   if (auto st = CheckRange("max_inflight", max_inflight, 1, 1 << 20); !st.ok()) return st;
   if (auto st = CheckRange("max_leases", max_leases, 1, 1 << 20); !st.ok()) return st;
+  if (auto st = CheckRange("http2_window_bytes", http2_window_bytes, 0, 1 << 30); !st.ok()) {
+    return st;
+  }
   if (auto st = CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400); !st.ok()) return st;
   if (gpu_memory_limit_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -420,6 +428,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
   config.gpu_launch_graphs = absl::GetFlag(FLAGS_gpu_launch_graphs);
+  config.http2_window_bytes = absl::GetFlag(FLAGS_http2_window_bytes);
   auto devices = ParseDevices(absl::GetFlag(FLAGS_devices));
   if (!devices.ok()) return devices.status();
   config.devices = *std::move(devices);

@@ -55,6 +55,9 @@ struct Config {
   /// arena regions and input addresses repeat is replayed as one graph. 0 = off (default:
   /// experimental, docs/gpu.md "Launch graphs").
   int gpu_launch_graphs = 0;
+  /// HTTP/2 flow-control window and largest frame, bytes (--http2_window_bytes); 0 = gRPC's
+  /// defaults (64 KiB grown by its BDP probe).
+  int32_t http2_window_bytes = 0;
   /// GPU backend: CUDA ordinals to compute on (--devices); empty = every visible device.
   std::vector<int> devices;
   /// Directory where registered models are persisted, one "<hex>.kvtmodel" file each, and

@@ -73,6 +73,8 @@ TEST(ConfigTest, EveryBadValueNamesItsFlag) {
       {[](Config& c) { c.max_message_bytes = 10; }, "--max_message_bytes"},
       {[](Config& c) { c.max_message_bytes = int64_t{1} << 40; }, "--max_message_bytes"},
       {[](Config& c) { c.workers = 0; }, "--workers"},
+      {[](Config& c) { c.max_leases = 0; }, "--max_leases"},
+      {[](Config& c) { c.http2_window_bytes = -1; }, "--http2_window_bytes"},
       {[](Config& c) { c.max_inflight = 0; }, "--max_inflight"},
       {[](Config& c) { c.drain_timeout_s = -1; }, "--drain_timeout_s"},
       {[](Config& c) { c.gpu_launch_graphs = -1; }, "--gpu_launch_graphs"},

@@ -1,3 +1,4 @@
+#include "kvtrim/v1/http2_window.h"
 #include "service/server.h"
 
 #include <csignal>
@@ -146,6 +147,11 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_message_bytes));
   // A second kvtrimd on the same port is an error, not a silent load-balancing partner.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  if (config_.http2_window_bytes > 0) {
+    for (const auto& [name, value] : v1::Http2WindowArguments(config_.http2_window_bytes)) {
+      builder.AddChannelArgument(name, value);
+    }
+  }
   builder.RegisterService(service_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || selected_port == 0) {

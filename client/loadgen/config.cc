@@ -91,6 +91,9 @@ absl::Status ValidateConfig(const LoadgenConfig& c) {
                "must leave 64 KiB of --max_message_bytes for the message's other fields");
   }
   if (!(c.timeout_s > 0)) return bad("timeout_s", c.timeout_s, "must be positive");
+  if (c.http2_window_bytes < 0) {
+    return bad("http2_window_bytes", c.http2_window_bytes, "must be >= 0");
+  }
   if (c.output_region && c.transport != Transport::kCudaIpc) {
     return absl::InvalidArgumentError("--output_region: needs --transport=cuda_ipc");
   }

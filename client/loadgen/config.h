@@ -54,6 +54,8 @@ struct LoadgenConfig {
   double timeout_s = 600;                // deadline of each session stream
   bool rewrite_per_layer = false;        // host_shm: copy the layer into the segment per layer
   bool output_region = false;            // cuda_ipc: the lists go to a device output region
+  int32_t http2_window_bytes = 0;        // channel's HTTP/2 window (0 = gRPC's defaults)
+  bool shared_connection = false;        // workers share one connection (gRPC's default)
   std::string json_out;                  // "" = no JSON file
   v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
   bool packed_answer = true;             // answer_encoding PACKED (false: REPEATED)

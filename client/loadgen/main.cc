@@ -68,6 +68,12 @@ ABSL_FLAG(uint64_t, seed, 0, "seed of the synthetic data (and of the settings)")
 ABSL_FLAG(int32_t, device, 0, "cuda_ipc: CUDA device ordinal");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20, "largest gRPC message sent or received");
 ABSL_FLAG(double, timeout_s, 600, "deadline in seconds of each session stream");
+ABSL_FLAG(int32_t, http2_window_bytes, 0,
+          "HTTP/2 flow-control window and largest frame of each worker's channel, bytes "
+          "(0 = gRPC's defaults); kvtrimd has the same flag for its side");
+ABSL_FLAG(bool, shared_connection, false,
+          "workers share one connection (gRPC's process-wide subchannel pool) instead of one "
+          "each");
 ABSL_FLAG(bool, output_region, false,
           "cuda_ipc: kvtrim writes each layer's kept lists into a device output region of the "
           "worker (LayerInput.output) and records its event; the answer carries no lists");
@@ -91,6 +97,7 @@ std::string Usage() {
       "JSON (--json_out): config{target, transport, policy, keep_fraction, layers, tokens,\n"
       "kv_heads, q_heads, head_dim, window, dtype, workers, prefills, warmup_prefills,\n"
       "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, output_region,\n"
+      "http2_window_bytes, shared_connection,\n"
       "send_values, send_queries, numerics, profile, perturbation}, backend, layer_latency_s,\n"
       "layer_prepare_s,\n"
       "server_compute_s, prefill_wall_s (each {count, mean, p50, p99, min, max}),\n"
@@ -139,6 +146,8 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.timeout_s = absl::GetFlag(FLAGS_timeout_s);
   config.rewrite_per_layer = absl::GetFlag(FLAGS_rewrite_per_layer);
   config.output_region = absl::GetFlag(FLAGS_output_region);
+  config.http2_window_bytes = absl::GetFlag(FLAGS_http2_window_bytes);
+  config.shared_connection = absl::GetFlag(FLAGS_shared_connection);
   config.json_out = absl::GetFlag(FLAGS_json_out);
   config.numerics = *numerics;
   const std::string perturbation = absl::GetFlag(FLAGS_perturbation);

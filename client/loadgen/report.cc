@@ -149,6 +149,8 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"max_message_bytes", c.max_message_bytes},
       {"rewrite_per_layer", c.rewrite_per_layer},
       {"output_region", c.output_region},
+      {"http2_window_bytes", c.http2_window_bytes},
+      {"shared_connection", c.shared_connection},
       {"send_values", report.needs.values},
       {"send_queries", report.needs.queries},
       {"numerics", NumericsLabel(c.numerics)},

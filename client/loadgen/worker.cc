@@ -103,6 +103,8 @@ void RunWorker(int index, const LoadgenConfig& config, const HostLayer& layer,
   options.session_deadline = absl::Seconds(config.timeout_s);
   options.max_message_bytes = config.max_message_bytes;
   options.session_chunk_bytes = config.transport == Transport::kInline ? config.chunk_bytes : 0;
+  options.http2_window_bytes = config.http2_window_bytes;
+  options.own_connection = !config.shared_connection;
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(config.target, options);
   if (!client.ok()) return fail(client.status());
   absl::StatusOr<std::unique_ptr<LayerSource>> source = MakeLayerSource(config, layer, **client);
