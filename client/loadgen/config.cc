@@ -101,16 +101,18 @@ absl::Status ValidateConfig(const LoadgenConfig& c) {
 }
 
 absl::StatusOr<PolicyNeeds> NeedsOfPolicy(const v1::ListPoliciesResponse& policies,
-                                          const std::string& name, bool include_optional) {
+                                          const std::string& name, bool include_optional,
+                                          bool model_given) {
   for (const v1::PolicyInfo& info : policies.policies()) {
     if (info.name() != name) continue;
     PolicyNeeds needs;
     for (int input : info.inputs()) {
-      if (input == v1::POLICY_INPUT_MODEL || input == v1::POLICY_INPUT_PROFILE) {
+      if ((input == v1::POLICY_INPUT_MODEL || input == v1::POLICY_INPUT_PROFILE) &&
+          !model_given) {
         return absl::UnimplementedError(absl::StrCat(
             "--policy: \"", name,
-            "\" requires a registered model or profile, which the load generator does not "
-            "register"));
+            "\" requires a registered model or profile: register one (kvtrim register-model) "
+            "and pass its digest as --model_digest"));
       }
     }
     for (const auto* list : {&info.inputs(), &info.optional_inputs()}) {

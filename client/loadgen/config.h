@@ -55,6 +55,7 @@ struct LoadgenConfig {
   bool rewrite_per_layer = false;        // host_shm: copy the layer into the segment per layer
   bool output_region = false;            // cuda_ipc: the lists go to a device output region
   int32_t http2_window_bytes = 0;        // channel's HTTP/2 window (0 = gRPC's defaults)
+  std::string model_digest;              // settings.model_digest (model-aware policies)
   bool shared_connection = false;        // workers share one connection (gRPC's default)
   std::string json_out;                  // "" = no JSON file
   v1::Numerics numerics = v1::NUMERICS_UNSPECIFIED;  // asked for; unspecified = server default
@@ -76,9 +77,10 @@ struct PolicyNeeds {
 /// The needs of policy `name` as `policies` lists it: its required inputs, plus its
 /// optional ones (e.g. values for the perturbation statistic) when `include_optional`, so
 /// key-only policies put no values on the wire by default. NOT_FOUND naming --policy when it
-/// is not listed; UNIMPLEMENTED when it requires a registered model or profile (the load
-/// generator registers none).
+/// is not listed; UNIMPLEMENTED when it requires a registered model or profile and no
+/// `model_given` (--model_digest: the load generator registers none itself).
 absl::StatusOr<PolicyNeeds> NeedsOfPolicy(const v1::ListPoliciesResponse& policies,
-                                          const std::string& name, bool include_optional = false);
+                                          const std::string& name, bool include_optional = false,
+                                          bool model_given = false);
 
 }  // namespace kvtrim::loadgen

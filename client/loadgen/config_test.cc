@@ -70,6 +70,7 @@ TEST(PolicyNeedsTest, ValuesAndQueriesOnlyWhenListed) {
   ASSERT_TRUE(needs.ok()) << needs.status();
   EXPECT_TRUE(needs->values);
   EXPECT_EQ(NeedsOfPolicy(policies, "laprox").status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(NeedsOfPolicy(policies, "laprox", false, /*model_given=*/true).ok());
   EXPECT_EQ(NeedsOfPolicy(policies, "nope").status().code(), absl::StatusCode::kNotFound);
 }
 

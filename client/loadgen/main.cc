@@ -71,6 +71,9 @@ ABSL_FLAG(double, timeout_s, 600, "deadline in seconds of each session stream");
 ABSL_FLAG(int32_t, http2_window_bytes, 0,
           "HTTP/2 flow-control window and largest frame of each worker's channel, bytes "
           "(0 = gRPC's defaults); kvtrimd has the same flag for its side");
+ABSL_FLAG(std::string, model_digest, "",
+          "settings.model_digest: a model registered beforehand (kvtrim register-model), for "
+          "the model-aware policies (criticalkv, laprox, expected_attention, lukv)");
 ABSL_FLAG(bool, shared_connection, false,
           "workers share one connection (gRPC's process-wide subchannel pool) instead of one "
           "each");
@@ -97,7 +100,7 @@ std::string Usage() {
       "JSON (--json_out): config{target, transport, policy, keep_fraction, layers, tokens,\n"
       "kv_heads, q_heads, head_dim, window, dtype, workers, prefills, warmup_prefills,\n"
       "chunk_bytes, serial, seed, device, max_message_bytes, rewrite_per_layer, output_region,\n"
-      "http2_window_bytes, shared_connection,\n"
+      "http2_window_bytes, shared_connection, model_digest,\n"
       "send_values, send_queries, numerics, profile, perturbation}, backend, layer_latency_s,\n"
       "layer_prepare_s,\n"
       "server_compute_s, prefill_wall_s (each {count, mean, p50, p99, min, max}),\n"
@@ -148,6 +151,7 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   config.output_region = absl::GetFlag(FLAGS_output_region);
   config.http2_window_bytes = absl::GetFlag(FLAGS_http2_window_bytes);
   config.shared_connection = absl::GetFlag(FLAGS_shared_connection);
+  config.model_digest = absl::GetFlag(FLAGS_model_digest);
   config.json_out = absl::GetFlag(FLAGS_json_out);
   config.numerics = *numerics;
   const std::string perturbation = absl::GetFlag(FLAGS_perturbation);
@@ -180,7 +184,8 @@ absl::StatusOr<kvtrim::loadgen::PolicyNeeds> AskPolicyNeeds(
     return absl::Status(policies.status().code(),
                         absl::StrCat("ListPolicies: ", policies.status().message()));
   }
-  return kvtrim::loadgen::NeedsOfPolicy(*policies, config.policy, config.send_optional);
+  return kvtrim::loadgen::NeedsOfPolicy(*policies, config.policy, config.send_optional,
+                                        !config.model_digest.empty());
 }
 
 }  // namespace

@@ -151,6 +151,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"output_region", c.output_region},
       {"http2_window_bytes", c.http2_window_bytes},
       {"shared_connection", c.shared_connection},
+      {"model_digest", c.model_digest},
       {"send_values", report.needs.values},
       {"send_queries", report.needs.queries},
       {"numerics", NumericsLabel(c.numerics)},

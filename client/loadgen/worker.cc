@@ -23,6 +23,7 @@ v1::CompressionSettings Settings(const LoadgenConfig& config, int worker, int pr
                                                     : v1::ANSWER_ENCODING_REPEATED);
   settings.set_profile(config.profile);
   settings.set_perturbation(config.perturbation);
+  settings.set_model_digest(config.model_digest);
   return settings;
 }
 
