@@ -1,6 +1,8 @@
 #include "kernels/expected_attention_stats.h"
 
 #include <cmath>
+#include <deque>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 
@@ -24,6 +26,35 @@ void MeanRotation(const std::vector<double>& inv_freq, int64_t start, int64_t co
     (*cos_bar)[i] = c / static_cast<double>(count);
     (*sin_bar)[i] = s / static_cast<double>(count);
   }
+}
+
+/// MeanRotation, remembered for the last few (frequencies, start, count): every layer of a
+/// prefill has the same n, so one prefill computes the count x d/2 cos / sin sums once
+/// instead of once per layer (the same values either way). Thread-safe.
+void CachedMeanRotation(const std::vector<double>& inv_freq, int64_t start, int64_t count,
+                        std::vector<double>* cos_bar, std::vector<double>* sin_bar) {
+  struct Entry {
+    std::vector<double> inv_freq;
+    int64_t start = 0, count = 0;
+    std::vector<double> cos_bar, sin_bar;
+  };
+  static std::mutex mutex;
+  static std::deque<Entry> entries;  // most recent first
+  constexpr size_t kEntries = 16;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (const Entry& e : entries) {
+      if (e.start == start && e.count == count && e.inv_freq == inv_freq) {
+        *cos_bar = e.cos_bar;
+        *sin_bar = e.sin_bar;
+        return;
+      }
+    }
+  }
+  MeanRotation(inv_freq, start, count, cos_bar, sin_bar);
+  std::lock_guard<std::mutex> lock(mutex);
+  entries.push_front(Entry{inv_freq, start, count, *cos_bar, *sin_bar});
+  if (entries.size() > kEntries) entries.pop_back();
 }
 
 /// R x for the block-diagonal rotation with per-pair (c, s): (a, b) -> (c a - s b, s a + c b).
@@ -106,21 +137,29 @@ absl::StatusOr<ExpectedQueryStats> ComputeExpectedQueryStats(const RegisteredMod
   }
   // Mean rotation over the next positions; mu_bar = R mu, Sigma_bar = R Sigma R^T.
   std::vector<double> cbar, sbar;
-  MeanRotation(inv_freq, n, params.Int("n_future_positions"), &cbar, &sbar);
+  CachedMeanRotation(inv_freq, n, params.Int("n_future_positions"), &cbar, &sbar);
   out.mean.resize(static_cast<size_t>(hq * d));
   out.cov.resize(static_cast<size_t>(hq * d * d));
-  std::vector<double> tmp(static_cast<size_t>(d * d)), col(static_cast<size_t>(d)),
-      rotated(static_cast<size_t>(d));
+  std::vector<double> tmp(static_cast<size_t>(d * d)), rotated(static_cast<size_t>(d));
   for (int64_t q = 0; q < hq; ++q) {
     Rotate(rope, d, cbar, sbar, mean.data() + q * d, rotated.data());
     for (int64_t i = 0; i < d; ++i) out.mean[q * d + i] = static_cast<float>(rotated[i]);
-    // tmp = R Sigma (rotate every column), then out = tmp R^T (rotate every row of tmp).
+    // tmp = R Sigma: rotating every column k mixes rows a and b of each pair, element by
+    // element (c x[a] - s x[b], s x[a] + c x[b]); done a row pair at a time, contiguous.
     const double* sigma = cov.data() + q * d * d;
-    for (int64_t k = 0; k < d; ++k) {
-      for (int64_t i = 0; i < d; ++i) col[i] = sigma[i * d + k];
-      Rotate(rope, d, cbar, sbar, col.data(), rotated.data());
-      for (int64_t i = 0; i < d; ++i) tmp[i * d + k] = rotated[i];
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const auto [a, b] = rope.PairDims(i, d);
+      const double ci = cbar[i], si = sbar[i];
+      const double* ra = sigma + a * d;
+      const double* rb = sigma + b * d;
+      double* ta = tmp.data() + a * d;
+      double* tb = tmp.data() + b * d;
+      for (int64_t k = 0; k < d; ++k) {
+        ta[k] = ci * ra[k] - si * rb[k];
+        tb[k] = si * ra[k] + ci * rb[k];
+      }
     }
+    // out = tmp R^T: rotate every row of tmp.
     for (int64_t i = 0; i < d; ++i) {
       Rotate(rope, d, cbar, sbar, tmp.data() + i * d, rotated.data());
       for (int64_t k = 0; k < d; ++k) out.cov[(q * d + i) * d + k] = static_cast<float>(rotated[k]);
