@@ -193,12 +193,18 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view bytes,
 }
 
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return absl::NotFoundError(absl::StrCat("safetensors \"", path, "\": cannot open"));
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::InternalError(absl::StrCat("safetensors \"", path, "\": read error"));
-  return ParseSafetensors(contents.str(), path);
+  // One buffer of the file's size, filled by one read (a stream buffer grown by doubling,
+  // then copied out, cost three times the bytes for a multi-GB model bundle).
+  const std::streamoff size = in.tellg();
+  if (size < 0) return absl::InternalError(absl::StrCat("safetensors \"", path, "\": read error"));
+  std::string contents(static_cast<size_t>(size), '\0');
+  in.seekg(0);
+  if (!in.read(contents.data(), size)) {
+    return absl::InternalError(absl::StrCat("safetensors \"", path, "\": read error"));
+  }
+  return ParseSafetensors(contents, path);
 }
 
 absl::StatusOr<std::string> SerializeSafetensors(const SafetensorsFile& file) {

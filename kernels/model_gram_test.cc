@@ -40,7 +40,7 @@ TEST(ModelGram, RowByRowOnEveryCoreEqualsTheDefinitionBitForBit) {
   o.query_heads = 6;
   o.kv_heads = 2;
   o.head_dim = 16;
-  o.hidden = 96;
+  o.hidden = 99;  // not a multiple of 4: the batched rows and the rest
   auto model = BuildModel(RandomModelInput(o));
   ASSERT_TRUE(model.ok()) << model.status();
   const int64_t d = o.head_dim, hq = o.query_heads, G = o.query_heads / o.kv_heads;

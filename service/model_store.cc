@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -110,7 +111,13 @@ std::shared_ptr<const RegisteredModel> ModelStore::Find(const std::string& diges
 }
 
 absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point from, Clock::time_point to) {
+    return std::chrono::duration<double>(to - from).count();
+  };
+  const auto start = Clock::now();
   const std::string digest = ComputeModelDigest(input);
+  const auto digested = Clock::now();
   {
     std::unique_lock<std::mutex> lock(mutex_);
     // A concurrent Add of the same content: wait for it, then answer as for a known model.
@@ -123,11 +130,19 @@ absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
     }
     pending_.insert(digest);
   }
+  const auto admitted = Clock::now();
   absl::StatusOr<std::shared_ptr<RegisteredModel>> model = BuildModel(std::move(input));
   absl::Status status = model.status();
+  const auto built = Clock::now();
   if (status.ok()) {
     (*model)->digest = digest;
     if (!options_.data_dir.empty()) status = WriteModelFile(PathFor(digest), (*model)->input, digest);
+  }
+  if (status.ok()) {
+    // Where a registration's time went (operators size --max_model_bytes and timeouts by it).
+    error_log_ << "kvtrimd: model " << digest << " stored: digest " << seconds(start, digested)
+               << " s, build " << seconds(admitted, built) << " s, persist "
+               << seconds(built, Clock::now()) << " s" << std::endl;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.erase(digest);

@@ -68,6 +68,9 @@ class RegisterModelCall final : public grpc::ServerReadReactor<v1::RegisterModel
   absl::Status Store() {
     auto input = assembler_.Finish();
     if (!input.ok()) return input.status();
+    // The transfer's share of the registration (the store logs its own steps).
+    core_.LogLine(absl::StrCat("kvtrimd: RegisterModel received ", assembler_.received_bytes(),
+                               " bytes in ", SecondsSince(start_), " s"));
     auto digest = core_.models().Add(*std::move(input));
     if (!digest.ok()) return digest.status();
     response_->set_digest(*digest);

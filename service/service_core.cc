@@ -62,6 +62,12 @@ void ServiceCore::LogServerError(Rpc rpc, const std::string& request_id,
               << "' failed: " << status << std::endl;
 }
 
+void ServiceCore::LogLine(const std::string& line) {
+  if (error_log_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(log_mutex_);
+  *error_log_ << line << std::endl;
+}
+
 void ServiceCore::ReportBackendFailure(const absl::Status& status) {
   if (status.code() == absl::StatusCode::kInternal && backend_failure_hook_) {
     backend_failure_hook_(status);

@@ -81,6 +81,8 @@ class ServiceCore {
   std::string PolicyLabel(const std::string& name) const;
   /// Logs server-side failures (INTERNAL, UNKNOWN, DATA_LOSS) with the request id.
   void LogServerError(Rpc rpc, const std::string& request_id, const absl::Status& status);
+  /// Writes one informational line to the error log (when there is one).
+  void LogLine(const std::string& line);
   /// Reports an INTERNAL computation failure to the backend-failure hook.
   void ReportBackendFailure(const absl::Status& status);
 
