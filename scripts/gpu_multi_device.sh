@@ -6,14 +6,8 @@
 # Output under $OUT: multi_ipc_test.xml, multi_loadgen_<run>.json, multi_metrics.txt,
 # multi_device.log. Environment: OUT (default out), BUNDLE (gpu_bundle).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$(pwd)
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BUNDLE="${BUNDLE:-gpu_bundle}"
-BIN="$ROOT/$BUNDLE/bin"
-export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 RC=0
 devices=$(nvidia-smi -L | wc -l)
 echo "== $devices GPU(s)"
@@ -24,19 +18,10 @@ KVTRIMD_PATH="$BIN/kvtrimd" timeout 240 "$BIN/kvtrim_ipc_test" \
   --gtest_output="xml:$OUT/multi_ipc_test.xml" || RC=1
 
 server_log="$OUT/multi_device.log"
-"$BIN/kvtrimd" --backend=gpu --devices=all --allow_client_shm --listen=127.0.0.1:0 \
-  --metrics_listen=127.0.0.1:19464 --workers=2 --max_message_bytes=$((64 << 20)) \
-  >"$server_log" 2>&1 &
-pid=$!
-address=""
-for _ in $(seq 1 600); do
-  address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$server_log" | head -n 1)
-  [ -n "$address" ] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
+start_kvtrimd "$server_log" --backend=gpu --devices=all --allow_client_shm \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:19464 --workers=2 \
+  --max_message_bytes=$((64 << 20)) || exit 1
 cat "$server_log"
-[ -n "$address" ] || { echo "kvtrimd did not start"; exit 1; }
 
 run() {
   local name=$1

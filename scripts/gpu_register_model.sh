@@ -8,14 +8,8 @@
 # Environment: OUT (default out), BUNDLE (gpu_bundle); for a small local try: LAYERS,
 # HIDDEN, TOKENS, BACKEND=cpu, PYTHON (a python with NumPy).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$(pwd)
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BUNDLE="${BUNDLE:-gpu_bundle}"
-BIN="$ROOT/$BUNDLE/bin"
-export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 RC=0
 work=$(mktemp -d)
 model="$work/llama8b.safetensors"
@@ -28,26 +22,12 @@ elapsed() { python3 -c "print(f'{$2 - $1:.3f}')"; }
 t0=$(now); cat "$model" >/dev/null; t1=$(now); cat "$model" >/dev/null; t2=$(now)
 echo "read the bundle's bytes: $(elapsed "$t0" "$t1") s, again $(elapsed "$t1" "$t2") s" | tee -a "$report"
 
-start_kvtrimd() {  # start_kvtrimd LOG ARGS...: sets address and pid
-  local log=$1
-  shift
-  "$BIN/kvtrimd" --backend="${BACKEND:-gpu}" --listen=127.0.0.1:0 --metrics_listen= --workers=2 \
-    --max_model_bytes=$((8 << 30)) "$@" >"$log" 2>&1 &
-  pid=$!
-  address=""
-  for _ in $(seq 1 600); do
-    address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$log" | head -n 1)
-    [ -n "$address" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  [ -n "$address" ] || { echo "kvtrimd did not start"; cat "$log"; exit 1; }
-}
-
 for mode in memory data_dir; do
   args=()
   [ "$mode" = data_dir ] && args=(--data_dir="$work/models")
-  start_kvtrimd "$OUT/register_kvtrimd_$mode.log" "${args[@]}"
+  start_kvtrimd "$OUT/register_kvtrimd_$mode.log" --backend="${BACKEND:-gpu}" \
+    --listen=127.0.0.1:0 --metrics_listen= --workers=2 --max_model_bytes=$((8 << 30)) \
+    "${args[@]}" || exit 1
   t0=$(now)
   digest=$(timeout 300 "$BIN/kvtrim" --target="$address" register-model --model="$model") || RC=1
   t1=$(now)

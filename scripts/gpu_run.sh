@@ -57,14 +57,8 @@
 # Exit status: 0 when every section that ran passed, 1 otherwise.
 # shellcheck disable=SC2317  # the section_* functions run through `bash -c` (exported)
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$(pwd)
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BUNDLE="${BUNDLE:-gpu_bundle}"
-BIN="$ROOT/$BUNDLE/bin"
-export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1
 SITE="${SITE:-/tmp/kvtrim_site}"
 

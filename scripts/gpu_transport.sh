@@ -8,14 +8,8 @@
 # bench json/csv), sdpa_prefill.json, loadgen_<run>.json, transport.log.
 # Environment: OUT (default out), BUNDLE (gpu_bundle), RUNS (default: every run below).
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-ROOT=$(pwd)
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-BUNDLE="${BUNDLE:-gpu_bundle}"
-BIN="$ROOT/$BUNDLE/bin"
-export LD_LIBRARY_PATH="$ROOT/$BUNDLE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# shellcheck source=scripts/gpu_env.sh
+source "$(dirname "$0")/gpu_env.sh"
 RC=0
 
 echo "== CUDA IPC transport tests (kvtrim_ipc_test)"
@@ -32,18 +26,9 @@ timeout 120 python3 tools/sdpa_prefill_bench.py --out "$OUT/sdpa_prefill.json" |
 
 echo "== kvtrimd --backend=gpu --allow_client_shm"
 server_log="$OUT/kvtrimd_transport.log"
-"$BIN/kvtrimd" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 --metrics_listen= \
-  --workers=2 --max_message_bytes=$((64 << 20)) >"$server_log" 2>&1 &
-pid=$!
-address=""
-for _ in $(seq 1 600); do
-  address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$server_log" | head -n 1)
-  [ -n "$address" ] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
+start_kvtrimd "$server_log" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 \
+  --metrics_listen= --workers=2 --max_message_bytes=$((64 << 20)) || exit 1
 cat "$server_log"
-[ -n "$address" ] || { echo "kvtrimd did not start"; exit 1; }
 
 # run NAME CAP ARGS...: one load-generator run -> loadgen_NAME.json
 run() {
@@ -85,17 +70,8 @@ tail -n 3 "$server_log"
 # Inline again with 64 MiB HTTP/2 windows on both sides (gRPC's defaults above).
 echo "== kvtrimd --http2_window_bytes=67108864"
 server_log="$OUT/kvtrimd_transport_window.log"
-"$BIN/kvtrimd" --backend=gpu --listen=127.0.0.1:0 --metrics_listen= --workers=2 \
-  --max_message_bytes=$((64 << 20)) --http2_window_bytes=$((64 << 20)) >"$server_log" 2>&1 &
-pid=$!
-address=""
-for _ in $(seq 1 600); do
-  address=$(sed -n 's/.* serving on \([^ ]*\) .*/\1/p' "$server_log" | head -n 1)
-  [ -n "$address" ] && break
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.1
-done
-[ -n "$address" ] || { echo "kvtrimd (window) did not start"; cat "$server_log"; exit 1; }
+start_kvtrimd "$server_log" --backend=gpu --listen=127.0.0.1:0 --metrics_listen= --workers=2 \
+  --max_message_bytes=$((64 << 20)) --http2_window_bytes=$((64 << 20)) || exit 1
 run inline_32k_window 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1 \
   --http2_window_bytes=$((64 << 20))
 run inline_32k_w8_window 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 \

@@ -52,14 +52,12 @@ std::string ServiceCore::PolicyLabel(const std::string& name) const {
 void ServiceCore::LogServerError(Rpc rpc, const std::string& request_id,
                                  const absl::Status& status) {
   const auto code = status.code();
-  if (error_log_ == nullptr || (code != absl::StatusCode::kInternal &&
-                                code != absl::StatusCode::kUnknown &&
-                                code != absl::StatusCode::kDataLoss)) {
+  if (code != absl::StatusCode::kInternal && code != absl::StatusCode::kUnknown &&
+      code != absl::StatusCode::kDataLoss) {
     return;
   }
-  std::lock_guard<std::mutex> lock(log_mutex_);
-  *error_log_ << "kvtrimd: " << RpcName(rpc) << " request_id='" << request_id
-              << "' failed: " << status << std::endl;
+  LogLine(absl::StrCat("kvtrimd: ", RpcName(rpc), " request_id='", request_id,
+                       "' failed: ", status.ToString()));
 }
 
 void ServiceCore::LogLine(const std::string& line) {
