@@ -14,7 +14,9 @@ One element of `rows` per loadgen run: run, transport, n, mode (serial / pipelin
 perturbation, layer_p50_us, layer_p99_us, kernel_us (the DropKV kernel alone, fast, same
 dtype and n), prefill_wall_ms, sdpa_prefill_ms, prefill_added_pct (the prefill wall over the
 SDPA prefill), stream_gbps (wire bytes of one worker per second of its run; null for the
-region transports, which move no tensor bytes), aggregate_gbps (all workers), stages
+region transports, which move no tensor bytes), aggregate_gbps (all workers),
+grpc_round_trip_us (p50 of an empty Health call on a worker-like connection, measured by
+the same loadgen before its workers: gRPC's floor for any answer), stages
 ({stage: {where, p50_us, p99_us}} from kvtrimd's LayerResult.profile).
 
 Usage: python3 tools/transport_report.py --dir out [--out docs/bench/transport.json]
@@ -71,6 +73,8 @@ def row_of(name, run, bench, sdpa):
         "prefill_added_pct": 100.0 * wall_ms / sdpa_ms if sdpa_ms else None,
         "stream_gbps": stream,
         "aggregate_gbps": None if region else run["aggregate"]["throughput_bytes_per_s"] / 1e9,
+        "grpc_round_trip_us": (run["grpc_round_trip"]["round_trip_s"]["p50"] * 1e6
+                               if run.get("grpc_round_trip") else None),
         "stages": stages,
     }
 
@@ -86,14 +90,15 @@ def markdown(doc):
            f"docs/bench/transport.json ({doc['generated']}). Device: {doc['device']}.", ""]
     out.append("| run | transport | n | mode | perturbation | layer p50 µs | layer p99 µs | "
                "kernel alone µs | prefill ms | SDPA prefill ms | added | GB/s per stream | "
-               "GB/s all |")
-    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+               "GB/s all | empty gRPC call µs |")
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in doc["rows"]:
         out.append(f"| {r['run']} | {r['transport']} | {r['n'] // 1024}K | {r['mode']} | "
                    f"{r['perturbation']} | {fmt(r['layer_p50_us'])} | {fmt(r['layer_p99_us'])} | "
                    f"{fmt(r['kernel_us'])} | {fmt(r['prefill_wall_ms'])} | "
                    f"{fmt(r['sdpa_prefill_ms'])} | {fmt(r['prefill_added_pct'], 2)} % | "
-                   f"{fmt(r['stream_gbps'], 2)} | {fmt(r['aggregate_gbps'], 2)} |")
+                   f"{fmt(r['stream_gbps'], 2)} | {fmt(r['aggregate_gbps'], 2)} | "
+                   f"{fmt(r.get('grpc_round_trip_us'))} |")
     out.append("")
     runs = [r for r in doc["rows"] if r["stages"]]
     if runs:

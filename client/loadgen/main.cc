@@ -21,6 +21,7 @@
 #include "client/loadgen/config.h"
 #include "client/loadgen/memcpy_bench.h"
 #include "client/loadgen/report.h"
+#include "client/loadgen/rpc_floor.h"
 #include "client/loadgen/synthetic.h"
 #include "client/loadgen/worker.h"
 #include "client/numerics.h"
@@ -110,7 +111,8 @@ std::string Usage() {
       "layer's round trip minus the server's time),\n"
       "workers[{worker, prefills, wire_bytes, wall_s, throughput_bytes_per_s, ok, error,\n"
       "notes}], aggregate{prefills, wire_bytes, run_wall_s, throughput_bytes_per_s},\n"
-      "host_memcpy{buffer_bytes, repeats, best_bytes_per_s}, notes\n\n"
+      "host_memcpy{buffer_bytes, repeats, best_bytes_per_s}, grpc_round_trip{calls,\n"
+      "round_trip_s} (Health checks on a worker-like connection; null if not measured), notes\n\n"
       "exit codes: 0 ok, 1 a worker or the server failed, 2 usage error\n\nflags:\n",
       kvtrim::cli::FlagsHelp("client/loadgen/main.cc"));
 }
@@ -237,6 +239,7 @@ int main(int argc, char** argv) {
   }
   // Before the workers start, so that the reference does not compete with them.
   report.memcpy = kvtrim::loadgen::MeasureMemcpy();
+  report.rpc_floor = kvtrim::loadgen::MeasureRpcFloor(*config);
 
   const kvtrim::loadgen::HostLayer layer =
       kvtrim::loadgen::MakeHostLayer(*config, needs->values, needs->queries);

@@ -114,6 +114,14 @@ void PrintReport(const RunReport& report, const RunTotals& totals, std::ostream&
                          Gbps(report.memcpy.best_bytes_per_s),
                          static_cast<int64_t>(report.memcpy.buffer_bytes >> 20),
                          report.memcpy.repeats);
+  if (report.rpc_floor.calls > 0) {
+    out << absl::StrFormat("  gRPC round trip of an empty call (Health, %d calls): p50 %.1f us, "
+                           "p99 %.1f us\n",
+                           report.rpc_floor.calls, report.rpc_floor.round_trip_s.p50 * 1e6,
+                           report.rpc_floor.round_trip_s.p99 * 1e6);
+  } else if (!report.rpc_floor.error.empty()) {
+    out << "  gRPC round trip reference not measured: " << report.rpc_floor.error << "\n";
+  }
   for (const std::string& note : report.notes) out << "  note: " << note << "\n";
   for (const WorkerResult& worker : report.workers) {
     for (const std::string& note : worker.notes) {
@@ -191,6 +199,11 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
        {{"buffer_bytes", report.memcpy.buffer_bytes},
         {"repeats", report.memcpy.repeats},
         {"best_bytes_per_s", report.memcpy.best_bytes_per_s}}},
+      {"grpc_round_trip",
+       report.rpc_floor.calls > 0
+           ? nlohmann::json{{"calls", report.rpc_floor.calls},
+                            {"round_trip_s", SummaryJson(report.rpc_floor.round_trip_s)}}
+           : nlohmann::json()},
       {"notes", report.notes},
   };
 }

@@ -8,6 +8,7 @@
 
 #include "client/loadgen/config.h"
 #include "client/loadgen/memcpy_bench.h"
+#include "client/loadgen/rpc_floor.h"
 #include "client/loadgen/stage_profile.h"
 #include "client/loadgen/stats.h"
 #include "client/loadgen/worker.h"
@@ -21,6 +22,7 @@ struct RunReport {
   PolicyNeeds needs;
   std::vector<WorkerResult> workers;
   MemcpyBandwidth memcpy;
+  RpcFloor rpc_floor;  // the gRPC round trip of an empty call on a worker-like connection
   std::vector<std::string> notes;  // run-wide remarks
 };
 

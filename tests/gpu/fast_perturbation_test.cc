@@ -86,6 +86,9 @@ class DeviceCase {
       offsets.push_back(static_cast<int64_t>(indices.size()));
     }
     num_lists_ = static_cast<int32_t>(lists);
+    for (size_t l = 0; l + 1 < offsets.size(); ++l) {
+      max_list_ = std::max(max_list_, offsets[l + 1] - offsets[l]);
+    }
     Upload(offsets, &offsets_);
     Upload(indices, &indices_);
     out_.Allocate(static_cast<size_t>(c.heads) * sizeof(double));
@@ -106,11 +109,44 @@ class DeviceCase {
               cudaSuccess);
     return host;
   }
-  cudaError_t LaunchFast(int32_t rows = 0) {
+  cudaError_t LaunchFast(int32_t rows = 0, const FastPerturbationHints& hints = {}) {
     return LaunchFastPerturbation(layer_, rows > 0 ? rows : layer_.window_rows,
                                   offsets_.as<int64_t>(), num_lists_, indices_.as<int32_t>(),
-                                  out_.as<double>(), fast_scratch_.get(), fast_bytes_, nullptr);
+                                  out_.as<double>(), fast_scratch_.get(), fast_bytes_, nullptr,
+                                  hints);
   }
+  /// The fast statistic with hints (LaunchFast's answer, read back).
+  std::vector<double> RunHinted(int32_t rows, const FastPerturbationHints& hints) {
+    EXPECT_EQ(LaunchFast(rows, hints), cudaSuccess) << c_.Describe();
+    std::vector<double> host(static_cast<size_t>(c_.heads));
+    EXPECT_EQ(cudaMemcpy(host.data(), out_.get(), host.size() * sizeof(double),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return host;
+  }
+  /// Runs the fast DropKV scorer with `params` and keeps a copy of its row outputs for the
+  /// statistic over `rows` rows (FastDropKVRowsBytes); false when they are not the
+  /// statistic's.
+  bool ScoreAndKeepRows(const ScorerParams& params, int32_t rows) {
+    size_t from = 0;
+    const size_t bytes = FastDropKVRowsBytes(layer_, params, rows, &from);
+    if (bytes == 0) return false;
+    DeviceBuffer scores, scratch;
+    const size_t scratch_bytes = ScoreScratchBytes(ScorerKind::kDropKV, layer_, params);
+    EXPECT_TRUE(scores.Allocate(static_cast<size_t>(c_.heads * c_.n) * sizeof(float)));
+    EXPECT_TRUE(scratch.Allocate(scratch_bytes));
+    EXPECT_TRUE(full_rows_.Allocate(bytes));
+    EXPECT_EQ(LaunchScore(ScorerKind::kDropKV, layer_, params, scores.as<float>(), scratch.get(),
+                          scratch_bytes, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(full_rows_.get(), static_cast<char*>(scratch.get()) + from, bytes,
+                         cudaMemcpyDeviceToDevice),
+              cudaSuccess);
+    return true;
+  }
+  const void* full_rows() const { return full_rows_.get(); }
+  int64_t max_list() const { return max_list_; }
+  const DeviceLayer& layer() const { return layer_; }
   cudaError_t LaunchExact() {
     return LaunchPerturbation(layer_, offsets_.as<int64_t>(), num_lists_, indices_.as<int32_t>(),
                               out_.as<double>(), exact_scratch_.get(), exact_bytes_, nullptr);
@@ -130,10 +166,23 @@ class DeviceCase {
 
   PerturbationCase c_;
   DeviceBuffer keys_, values_, queries_, offsets_, indices_, out_, exact_scratch_, fast_scratch_;
+  DeviceBuffer full_rows_;
   DeviceLayer layer_;
   int32_t num_lists_ = 1;
+  int64_t max_list_ = 0;  // the longest kept list
   size_t exact_bytes_ = 0, fast_bytes_ = 0;
 };
+
+/// Every head of `fast` within the fast bound of `exact`.
+void ExpectWithinFastBound(const std::vector<double>& fast, const std::vector<double>& exact,
+                           const std::string& what) {
+  ASSERT_EQ(fast.size(), exact.size()) << what;
+  for (size_t h = 0; h < exact.size(); ++h) {
+    EXPECT_LE(std::fabs(fast[h] - exact[h]),
+              kFastPerturbationRel * std::fabs(exact[h]) + kFastPerturbationAbs)
+        << what << " head " << h << ": exact " << exact[h] << " fast " << fast[h];
+  }
+}
 
 TEST(FastPerturbation, WithinTheFastBoundOfTheExactStatistic) {
   KVTRIM_SKIP_WITHOUT_GPU();
@@ -210,6 +259,51 @@ TEST(FastPerturbation, SampledIsTheStatisticOfTheLastRows) {
   EXPECT_EQ(device.LaunchFast(static_cast<int32_t>(c.w) + 1), cudaErrorInvalidValue);
 }
 
+// The two shortcuts the pipeline takes: the kept run's splits sized for the longest list
+// (the host's counts), and the DropKV scorer's own row outputs as the full ones when its rows
+// are the statistic's (bit-identical: the same pass A over the same splits).
+TEST(FastPerturbation, ABoundOnTheListsAndTheScorersRowsGiveTheSameStatistic) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    for (int64_t n : {5, 99, 5000, 40000}) {
+      for (bool shared : {false, true}) {
+        PerturbationCase c;
+        c.dtype = dtype;
+        c.n = n;
+        c.w = 32;
+        c.shared = shared;
+        c.seed = static_cast<uint64_t>(n + 29);
+        DeviceCase device(c);
+        const std::vector<double> exact = device.Run(false);
+        FastPerturbationHints bounded;
+        bounded.kept_bound = device.max_list();
+        ExpectWithinFastBound(device.RunHinted(0, bounded), exact,
+                              absl::StrCat(c.Describe(), " kept_bound ", bounded.kept_bound));
+        ScorerParams params;
+        params.window = kSampledPerturbationRows;
+        params.kernel = 7;
+        params.fast = true;
+        ASSERT_TRUE(device.ScoreAndKeepRows(params, kSampledPerturbationRows)) << c.Describe();
+        const std::vector<double> sampled = device.Run(true, kSampledPerturbationRows);
+        FastPerturbationHints reuse;
+        reuse.full_rows = device.full_rows();
+        EXPECT_EQ(device.RunHinted(kSampledPerturbationRows, reuse), sampled)
+            << c.Describe() << ": the scorer's rows give another statistic";
+        reuse.kept_bound = device.max_list();
+        const std::vector<double> both = device.RunHinted(kSampledPerturbationRows, reuse);
+        for (size_t h = 0; h < sampled.size(); ++h) {
+          EXPECT_NEAR(both[h], sampled[h], 1e-5 * std::fabs(sampled[h]) + 1e-9)
+              << c.Describe() << " head " << h;
+        }
+        // Another window: the scorer's rows are not the statistic's.
+        params.window = 4;
+        EXPECT_EQ(FastDropKVRowsBytes(device.layer(), params, kSampledPerturbationRows, nullptr),
+                  0u);
+      }
+    }
+  }
+}
+
 // Small cases for compute-sanitizer (memcheck and racecheck through scripts/gpu_run.sh): every
 // dtype, a row that sees nothing (n < w), shared and per-head lists, full and sampled.
 TEST(FastPerturbationSanitizer, SmallCases) {
@@ -226,11 +320,7 @@ TEST(FastPerturbationSanitizer, SmallCases) {
         const std::vector<double> exact = device.Run(false);
         const std::vector<double> fast = device.Run(true);
         device.Run(true, 2);
-        for (size_t h = 0; h < exact.size(); ++h) {
-          EXPECT_LE(std::fabs(fast[h] - exact[h]),
-                    kFastPerturbationRel * std::fabs(exact[h]) + kFastPerturbationAbs)
-              << c.Describe() << " head " << h;
-        }
+        ExpectWithinFastBound(fast, exact, c.Describe());
       }
     }
   }
@@ -256,14 +346,30 @@ TEST(FastPerturbation, FastPerturbationTiming) {
     c.d = 128;
     c.w = 32;
     c.n = n;
+    c.shared = true;  // one list of about a fifth of the tokens, as DropKV at 20 % keeps
     DeviceCase device(c);
     const double exact = MedianLaunchMicros(5, [&] { return device.LaunchExact(); });
     const double fast = MedianLaunchMicros(20, [&] { return device.LaunchFast(); });
     const double sampled =
         MedianLaunchMicros(20, [&] { return device.LaunchFast(kSampledPerturbationRows); });
-    std::printf("[ timing   ] perturbation bf16 n=%lld H_kv=8 G=4 d=128 w=32: exact %.1f us, "
-                "fast %.1f us (%.1fx), sampled (last 8 rows) %.1f us\n",
-                static_cast<long long>(n), exact, fast, exact / fast, sampled);
+    // As the pipeline runs them: the kept run sized by the host's counts, and the sampled
+    // statistic over DropKV's default rows taking the scorer's full outputs.
+    FastPerturbationHints hints;
+    hints.kept_bound = device.max_list();
+    const double fast_bounded = MedianLaunchMicros(20, [&] { return device.LaunchFast(0, hints); });
+    ScorerParams params;
+    params.window = kSampledPerturbationRows;
+    params.kernel = 7;
+    params.fast = true;
+    ASSERT_TRUE(device.ScoreAndKeepRows(params, kSampledPerturbationRows));
+    hints.full_rows = device.full_rows();
+    const double sampled_fused = MedianLaunchMicros(
+        20, [&] { return device.LaunchFast(kSampledPerturbationRows, hints); });
+    std::printf("[ timing   ] perturbation bf16 n=%lld H_kv=8 G=4 d=128 w=32 (lists of %lld): "
+                "exact %.1f us, fast %.1f us (%.1fx), sampled (last 8 rows) %.1f us; with the "
+                "list bound: fast %.1f us, sampled on DropKV's rows %.1f us\n",
+                static_cast<long long>(n), static_cast<long long>(device.max_list()), exact, fast,
+                exact / fast, sampled, fast_bounded, sampled_fused);
   }
 }
 

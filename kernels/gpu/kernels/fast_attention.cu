@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/gpu/kernels/attention_common.cuh"
@@ -69,10 +70,12 @@ struct FastArgs {
   int32_t block_rows;   // B: rows of one warp of pass B (reduce != kSum)
   int32_t in_bits;      // log2 of a segment's rows in one thread
   int32_t lane_bits;    // log2 of the lane groups a segment spans in a warp
-  // Pass A with values over a subset of the tokens (LaunchFastAttentionRows): keep[h *
-  // keep_stride + j] != 0 marks the tokens head h attends to; null = every token.
-  const uint8_t* keep = nullptr;
-  int64_t keep_stride = 0;
+  // Pass A with values over the kept tokens only (LaunchFastAttentionRows): KV head h attends
+  // to list_indices[list_offsets[l] .. list_offsets[l + 1]) (l = h, or 0 with one_list),
+  // gathered 64 at a time; the tiles then count list positions, not tokens. Null: every token.
+  const int64_t* list_offsets = nullptr;
+  const int32_t* list_indices = nullptr;
+  bool one_list = false;
 };
 
 /// Where a row of a KV head comes from: query head g of the group, window row offset t
@@ -221,6 +224,23 @@ __device__ __forceinline__ void LoadTile(const FastArgs& a, const void* tensor, 
       [&](int r) -> const T* {
         const int64_t j = tok0 + r;
         return j < a.n ? head + j * a.d : nullptr;
+      },
+      kTileTokens, a.d, dst, tensor);
+}
+
+/// Loads the tile `tile` of a kept list (positions 64 * tile .. + 63 of `list`, `len` long:
+/// token ids of KV head h) of `tensor` [H, n, d] into `dst` planes; positions past the list
+/// load zeros.
+template <typename T, int DP>
+__device__ __forceinline__ void LoadGatheredTile(const FastArgs& a, const void* tensor, int h,
+                                                 int64_t tile, const int32_t* list, int64_t len,
+                                                 typename ComputeOf<T>::type* dst) {
+  const T* head = static_cast<const T*>(tensor) + static_cast<int64_t>(h) * a.n * a.d;
+  const int64_t pos0 = tile * kTileTokens;
+  LoadRows<T, DP>(
+      [&](int r) -> const T* {
+        const int64_t p = pos0 + r;
+        return p < len ? head + static_cast<int64_t>(__ldg(list + p)) * a.d : nullptr;
       },
       kTileTokens, a.d, dst, tensor);
 }
@@ -554,7 +574,7 @@ __device__ __forceinline__ void ModelRowGroups(const FastArgs& a, const float* s
 }
 
 /// The two passes. kStats: pass A (row maxima, sums and DropKV's outputs per split); else
-/// pass B (token scores). Grid: (splits, H_kv, chunks); 128 threads. Warp layout MG x NSL
+/// pass B (token scores). Grid: (chunks, splits, H_kv); 128 threads. Warp layout MG x NSL
 /// (WarpLayout), kStages-deep cp.async pipeline over 64-token tiles (each stage is reloaded
 /// only after the barrier that follows its last use). kModel (not DropKV): the model-aware
 /// row order (RowSourceOf) and, in pass B, reductions (ModelTile, ModelRowGroups) instead of
@@ -589,9 +609,11 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
   const int lane = tid % 32;
   const int g = lane / 4;
   const int t = lane % 4;
-  const int split = blockIdx.x;
-  const int h = blockIdx.y;
-  const int chunk = blockIdx.z;
+  // Row chunks innermost: the CTAs that read the same K / V tiles for different rows run
+  // side by side, so the tiles come from L2 for all but the first of them.
+  const int chunk = blockIdx.x;
+  const int split = blockIdx.y;
+  const int h = blockIdx.z;
   const int rowgroup = warp / kSlices;
   const int slice = warp % kSlices;
   const int rb = rowgroup * MG * 16;
@@ -600,9 +622,31 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
   const bool active = chunk_row0 + rb < a.rows;
 
   const int64_t tile_begin = static_cast<int64_t>(split) * a.tiles_per_split;
-  const int64_t tile_end = min(a.num_tiles, tile_begin + a.tiles_per_split);
-  const int count = static_cast<int>(tile_end - tile_begin);
-  if (count <= 0) return;
+  int64_t tile_end = min(a.num_tiles, tile_begin + a.tiles_per_split);
+  // The gathered pass A (a.list_indices): this head's kept list; its tiles end with the list,
+  // and a CTA past the end still writes its (empty) partial statistics for the combine.
+  bool gathered = false;
+  const int32_t* list = nullptr;
+  int64_t list_len = 0;
+  if constexpr (kDrop && kStats) {
+    if (a.list_indices != nullptr) {
+      gathered = true;
+      const int64_t l = a.one_list ? 0 : h;
+      const int64_t begin = a.list_offsets[l];
+      list_len = a.list_offsets[l + 1] - begin;
+      list = a.list_indices + begin;
+      tile_end = min(tile_end, (list_len + kTileTokens - 1) / kTileTokens);
+    }
+  }
+  const int count = static_cast<int>(max(int64_t{0}, tile_end - tile_begin));
+  if (count <= 0 && !gathered) return;
+  auto load_tile = [&](const void* tensor, int64_t tile, CT* dst) {
+    if (gathered) {
+      LoadGatheredTile<T, DP>(a, tensor, h, tile, list, list_len, dst);
+    } else {
+      LoadTile<T, DP>(a, tensor, h, tile, dst);
+    }
+  };
 
   // This thread's rows: (mg, half) -> chunk row rb + 16 mg + g + 8 half.
   int64_t vis[MG][2];
@@ -690,8 +734,8 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < count) {
-      LoadTile<T, DP>(a, a.keys, h, tile_of(s), sk + s * L::kStage);
-      if constexpr (kDrop) LoadTile<T, DP>(a, a.values, h, tile_of(s), sv + s * L::kStage);
+      load_tile(a.keys, tile_of(s), sk + s * L::kStage);
+      if constexpr (kDrop) load_tile(a.values, tile_of(s), sv + s * L::kStage);
     }
     CpAsyncCommit();
   }
@@ -724,8 +768,8 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
       const int next = it + kStages - 1;
       if (next < count) {
         const int stage = next % kStages;
-        LoadTile<T, DP>(a, a.keys, h, tile_of(next), sk + stage * L::kStage);
-        if constexpr (kDrop) LoadTile<T, DP>(a, a.values, h, tile_of(next), sv + stage * L::kStage);
+        load_tile(a.keys, tile_of(next), sk + stage * L::kStage);
+        if constexpr (kDrop) load_tile(a.values, tile_of(next), sv + stage * L::kStage);
       }
       CpAsyncCommit();
     }
@@ -745,37 +789,24 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
       RowTokenProducts<CT, DP, MG, NT, kP, kP, kQRegs>(
           qf, sq, static_cast<size_t>(RC) * kStride, rb, kt,
           static_cast<size_t>(kTileTokens) * kStride, ts, lane, s);
-      // Logits in the log2 domain; masked (causal / past n) entries -> -inf.
-      const bool needs_mask = tok0 + kTileTokens > min_vis;
+      // Logits in the log2 domain; masked (causal / past n) entries -> -inf. Gathered: the
+      // token of each list position (none past the list's end).
+      const bool needs_mask = gathered || tok0 + kTileTokens > min_vis;
 #pragma unroll
-      for (int mg = 0; mg < MG; ++mg)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
+        for (int c = 0; c < 2; ++c) {
+          int64_t j = tok0 + ts + 8 * nt + 2 * t + c;
+          if (gathered) j = j < list_len ? __ldg(list + j) : INT64_MAX;
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float x = s[mg][nt][e] * a.scale2;
-            if (needs_mask) {
-              const int64_t j = tok0 + ts + 8 * nt + 2 * t + (e & 1);
-              if (j >= vis[mg][e >> 1]) x = kNegInf;
-            }
-            s[mg][nt][e] = x;
-          }
-      if constexpr (kDrop && kStats) {
-        // Tokens outside the kept set (LaunchFastAttentionRows) take no weight.
-        if (a.keep != nullptr) {
-          const uint8_t* keep = a.keep + static_cast<int64_t>(h) * a.keep_stride;
+          for (int mg = 0; mg < MG; ++mg)
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const int64_t j = tok0 + ts + 8 * nt + 2 * t + c;
-              if (j >= a.n || keep[j] == 0) {
-#pragma unroll
-                for (int mg = 0; mg < MG; ++mg) s[mg][nt][c] = s[mg][nt][2 + c] = kNegInf;
-              }
+            for (int hf = 0; hf < 2; ++hf) {
+              float x = s[mg][nt][2 * hf + c] * a.scale2;
+              if (needs_mask && j >= vis[mg][hf]) x = kNegInf;
+              s[mg][nt][2 * hf + c] = x;
             }
         }
-      }
 
       if constexpr (kStats) {
         bool rescale = false;
@@ -1128,8 +1159,8 @@ cudaError_t LaunchPass(const FastAttentionPlan& plan, const FastArgs& args, cuda
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.num_kv_heads),
-                  static_cast<unsigned>(plan.num_chunks));
+  const dim3 grid(static_cast<unsigned>(plan.num_chunks), static_cast<unsigned>(plan.num_splits),
+                  static_cast<unsigned>(plan.num_kv_heads));
   kernel<<<grid, kThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
@@ -1303,17 +1334,25 @@ cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const Devic
 }
 
 cudaError_t LaunchFastAttentionRows(const FastAttentionPlan& plan, const DeviceLayer& layer,
-                                    const uint8_t* keep, int64_t keep_stride, void* scratch,
-                                    RowInfo* row_info, void* row_out, cudaStream_t stream) {
+                                    const int64_t* list_offsets, const int32_t* list_indices,
+                                    int32_t num_lists, void* scratch, RowInfo* row_info,
+                                    void* row_out, cudaStream_t stream) {
+  const bool gathered = list_indices != nullptr;
   if (!plan.with_values || plan.reduce != Reduce::kSum || scratch == nullptr ||
-      row_info == nullptr || row_out == nullptr || keep_stride < 0) {
+      row_info == nullptr || row_out == nullptr ||
+      (gathered && (list_offsets == nullptr ||
+                    (num_lists != 1 && num_lists != plan.num_kv_heads)))) {
     return cudaErrorInvalidValue;
   }
-  if (plan.num_tokens == 0) return cudaSuccess;
+  if (!gathered && plan.num_tokens == 0) return cudaSuccess;
   ScorerParams params;
   FastArgs args = ArgsOf(plan, layer, params, static_cast<char*>(scratch), nullptr);
-  args.keep = keep;
-  args.keep_stride = keep_stride;
+  if (gathered) {
+    args.n = layer.num_tokens;  // the plan's tokens only size its tiles (list positions)
+    args.list_offsets = list_offsets;
+    args.list_indices = list_indices;
+    args.one_list = num_lists == 1;
+  }
   args.row_info = row_info;
   args.row_out = row_out;
   switch (plan.dtype) {

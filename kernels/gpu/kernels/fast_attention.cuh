@@ -123,13 +123,18 @@ cudaError_t LaunchFastAttentionScores(const FastAttentionPlan& plan, const Devic
 /// Pass A and the combine of a DropKV plan (plan.with_values, Reduce::kSum) only: for every
 /// row r of KV head h the statistics into row_info [H, chunks * RC] and the attention output
 /// a = softmax(q Kᵀ) V as 16-bit hi and lo planes into row_out [2, H, chunks * RC, DP] (the
-/// layout of plan.row_info_offset / row_out_offset, which these pointers replace), over the
-/// tokens keep[h * keep_stride + j] != 0 marks (keep null: every visible token; keep_stride 0:
-/// one list for every head). A row that sees no marked token gets a = 0. `scratch` holds the
-/// plan's part regions (plan.part_*_offset). The output perturbation statistic in fast
-/// numerics runs it twice (fast_perturbation.cu).
+/// layout of plan.row_info_offset / row_out_offset, which these pointers replace). The
+/// softmax runs over every visible token (list_indices null), or over the kept tokens only:
+/// list_indices[list_offsets[l] .. list_offsets[l + 1]) for head h (l = h, or 0 when
+/// num_lists is 1; ascending token ids), gathered from K and V tile by tile. The gathered
+/// run's tiles count list positions: `plan` is then made for a token count at least as large
+/// as every list (its splits cover it) over the layer's real n, which the causal mask reads
+/// from `layer`. A row that sees no token gets a = 0. `scratch` holds the plan's part regions
+/// (plan.part_*_offset). The output perturbation statistic in fast numerics runs it for the
+/// full and the kept outputs (fast_perturbation.cu).
 cudaError_t LaunchFastAttentionRows(const FastAttentionPlan& plan, const DeviceLayer& layer,
-                                    const uint8_t* keep, int64_t keep_stride, void* scratch,
-                                    RowInfo* row_info, void* row_out, cudaStream_t stream);
+                                    const int64_t* list_offsets, const int32_t* list_indices,
+                                    int32_t num_lists, void* scratch, RowInfo* row_info,
+                                    void* row_out, cudaStream_t stream);
 
 }  // namespace kvtrim::gpu::fast

@@ -120,7 +120,7 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   int64_t splits = std::clamp<int64_t>((target_ctas + per_split - 1) / per_split, 1, p.num_tiles);
   p.tiles_per_split = static_cast<int32_t>((p.num_tiles + splits - 1) / splits);
   splits = (p.num_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
-  if (splits > 65535) return cudaErrorInvalidValue;
+  if (splits > 65535 || p.num_kv_heads > 65535) return cudaErrorInvalidValue;  // grid y, z
   p.num_splits = static_cast<int32_t>(splits);
   p.parts = p.num_splits * p.slices;
   if (reduce == Reduce::kSum) {

@@ -1,21 +1,25 @@
-// FastPerturbationScratchBytes / LaunchFastPerturbation (launchers.h): the relative output
-// perturbation of kernels/cpu/perturbation.h in fast numerics, over every window row or (the
-// sampled statistic) the last few of every query head. The full and the kept
-// attention outputs of every window row come from two runs of the fast DropKV pass A and its
-// combine (fast_attention.cuh LaunchFastAttentionRows: Q·Kᵀ and P·V on mma.sync, the
-// log2-domain online softmax, fp32 accumulation), the second with the tokens outside the
-// kept set masked out, so each softmax has its own maximum as in the CPU's definition. Then
-// one CTA per KV head turns the two outputs of each row into ||a_kept - a_full|| /
+// FastPerturbationScratchBytes / LaunchFastPerturbation / FastDropKVRowsBytes (launchers.h):
+// the relative output perturbation of kernels/cpu/perturbation.h in fast numerics, over every
+// window row or (the sampled statistic) the last few of every query head. The full and the
+// kept attention outputs of every window row come from the fast DropKV pass A and its combine
+// (fast_attention.cuh LaunchFastAttentionRows: Q·Kᵀ and P·V on mma.sync, the log2-domain
+// online softmax, fp32 accumulation):
+//  - the full outputs from a run over every token, or from the DropKV scorer itself when its
+//    rows are the statistic's (the sampled statistic of DropKV's default window: the scorer's
+//    pass A already computed them, and the pipeline keeps a copy, FastDropKVRowsBytes);
+//  - the kept outputs from a run over the kept tokens only, gathered from K and V list
+//    position by list position, so each softmax has its own maximum as in the CPU's
+//    definition and the run costs the kept fraction of a full one.
+// Then one CTA per KV head turns the two outputs of each row into ||a_kept - a_full|| /
 // ||a_full|| and takes the mean over the rows in a fixed order, in fp64.
 //
-// Scratch: mask [lists, n] uint8, the plan's part regions (its statistics and partial
-// outputs per token split), and two sets of row statistics and outputs (full, kept).
+// Scratch: the full plan's part regions (the largest: the kept run's splits cover fewer
+// tiles) and two sets of row statistics and outputs (full, kept).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/gpu/kernels/fast_attention.cuh"
-#include "kernels/gpu/kernels/kept_mask.cuh"
 #include "kernels/gpu/kernels/launchers.h"
 
 namespace kvtrim::gpu {
@@ -27,16 +31,27 @@ constexpr int kRowThreads = 256;  // threads of the per-head kernel (8 warps, a 
 /// The scratch layout of one layer.
 struct FastPerturbPlan {
   fast::FastAttentionPlan attn;  // DropKV's rows: the last `rows` window rows per query head
-  size_t mask_offset = 0;        // [H_kv, n] uint8 (room for one list per head)
+  fast::FastAttentionPlan kept;  // the same rows, splits over at most kept_bound list positions
   size_t parts_offset = 0;       // the attention plan's part regions
   size_t info_offset[2] = {0, 0};  // [H, rows_total] RowInfo: full, kept
   size_t out_offset[2] = {0, 0};   // [2, H, rows_total, DP] 16-bit planes: full, kept
   size_t bytes = 0;
 };
 
-/// Plans the runs over the last `rows` window rows of every query head; false when the fast
-/// kernels do not take the layer.
-bool MakeFastPerturbPlan(const DeviceLayer& layer, int32_t rows, FastPerturbPlan* plan) {
+/// Bytes of one set of row statistics and outputs in the attention plan's own layout (its
+/// row_info region, then its row_out planes).
+size_t RowsRegionBytes(const fast::FastAttentionPlan& attn) {
+  const size_t slots = static_cast<size_t>(attn.num_kv_heads) * attn.num_chunks *
+                       static_cast<size_t>(attn.chunk_rows);
+  return (attn.row_out_offset - attn.row_info_offset) +
+         Align256(2 * slots * attn.padded_dim * sizeof(uint16_t));
+}
+
+/// Plans the runs over the last `rows` window rows of every query head, the kept one over
+/// lists of at most `kept_bound` tokens (< 0 or > n: n); false when the fast kernels do not
+/// take the layer.
+bool MakeFastPerturbPlan(const DeviceLayer& layer, int32_t rows, int64_t kept_bound,
+                         FastPerturbPlan* plan) {
   if (layer.values == nullptr || layer.window_rows < 1 || rows < 1 || rows > layer.window_rows) {
     return false;
   }
@@ -49,21 +64,23 @@ bool MakeFastPerturbPlan(const DeviceLayer& layer, int32_t rows, FastPerturbPlan
       !p.attn.with_values) {
     return false;
   }
-  const size_t slots = static_cast<size_t>(p.attn.num_kv_heads) * p.attn.num_chunks *
-                       static_cast<size_t>(p.attn.chunk_rows);
-  size_t offset = 0;
-  p.mask_offset = offset;
-  offset += Align256(static_cast<size_t>(p.attn.num_kv_heads) *
-                     static_cast<size_t>(p.attn.num_tokens));
-  p.parts_offset = offset;
+  DeviceLayer kept_layer = layer;
+  if (kept_bound >= 0 && kept_bound < layer.num_tokens) kept_layer.num_tokens = kept_bound;
+  if (fast::MakeFastAttentionPlan(ScorerKind::kDropKV, kept_layer, params, &p.kept) !=
+          cudaSuccess ||
+      p.kept.row_info_offset > p.attn.row_info_offset) {
+    return false;
+  }
   // The part regions come first in the attention plan's own layout (then its row regions,
   // replaced here by the two sets below, and pass B's partials, not needed).
+  size_t offset = 0;
+  p.parts_offset = offset;
   offset += Align256(p.attn.row_info_offset);
+  const size_t info_to_out = p.attn.row_out_offset - p.attn.row_info_offset;
   for (int set = 0; set < 2; ++set) {
     p.info_offset[set] = offset;
-    offset += Align256(slots * sizeof(fast::RowInfo));
-    p.out_offset[set] = offset;
-    offset += Align256(2 * slots * p.attn.padded_dim * sizeof(uint16_t));
+    p.out_offset[set] = offset + info_to_out;
+    offset += RowsRegionBytes(p.attn);
   }
   p.bytes = offset;
   *plan = p;
@@ -123,41 +140,72 @@ __global__ void __launch_bounds__(kRowThreads)
 
 size_t FastPerturbationScratchBytes(const DeviceLayer& layer, int32_t rows) {
   FastPerturbPlan plan;
-  return MakeFastPerturbPlan(layer, rows, &plan) ? plan.bytes : 0;
+  return MakeFastPerturbPlan(layer, rows, -1, &plan) ? plan.bytes : 0;
+}
+
+size_t FastDropKVRowsBytes(const DeviceLayer& layer, const ScorerParams& params, int32_t rows,
+                           size_t* scratch_offset) {
+  fast::FastAttentionPlan scorer;
+  FastPerturbPlan plan;
+  if (!params.fast ||
+      fast::MakeFastAttentionPlan(ScorerKind::kDropKV, layer, params, &scorer) != cudaSuccess ||
+      !MakeFastPerturbPlan(layer, rows, -1, &plan)) {
+    return 0;
+  }
+  const fast::FastAttentionPlan& attn = plan.attn;
+  // The same rows in the same layout: the scorer's outputs are the full run's, bit for bit
+  // (the same pass A over the same splits; its parameters act in pass B only).
+  if (scorer.rows != attn.rows || scorer.rows_per_qhead != attn.rows_per_qhead ||
+      scorer.first_row != attn.first_row || scorer.chunk_rows != attn.chunk_rows ||
+      scorer.num_chunks != attn.num_chunks || scorer.padded_dim != attn.padded_dim ||
+      scorer.num_splits != attn.num_splits ||
+      scorer.row_out_offset - scorer.row_info_offset != attn.row_out_offset - attn.row_info_offset) {
+    return 0;
+  }
+  if (scratch_offset != nullptr) *scratch_offset = scorer.row_info_offset;
+  return RowsRegionBytes(attn);
 }
 
 cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, int32_t rows, const int64_t* offsets,
                                    int32_t num_lists, const int32_t* indices, double* out,
-                                   void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                                   void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                                   const FastPerturbationHints& hints) {
   if (rows < 1 || rows > layer.window_rows) return cudaErrorInvalidValue;
   FastPerturbPlan plan;
-  if (!MakeFastPerturbPlan(layer, rows, &plan)) return cudaErrorNotSupported;
-  if (out == nullptr || offsets == nullptr || scratch == nullptr ||
+  if (!MakeFastPerturbPlan(layer, rows, hints.kept_bound, &plan)) return cudaErrorNotSupported;
+  if (out == nullptr || offsets == nullptr || indices == nullptr || scratch == nullptr ||
       scratch_bytes < plan.bytes || (num_lists != 1 && num_lists != layer.num_kv_heads)) {
     return cudaErrorInvalidValue;
   }
   const fast::FastAttentionPlan& attn = plan.attn;
   char* base = static_cast<char*>(scratch);
-  uint8_t* mask = reinterpret_cast<uint8_t*>(base + plan.mask_offset);
   char* parts = base + plan.parts_offset;
-  auto info = [&](int set) { return reinterpret_cast<fast::RowInfo*>(base + plan.info_offset[set]); };
-  auto rows_out = [&](int set) { return static_cast<void*>(base + plan.out_offset[set]); };
-  cudaError_t err = LaunchKeptMask(offsets, indices, num_lists, attn.num_tokens, mask, stream);
-  if (err != cudaSuccess) return err;
-  err = fast::LaunchFastAttentionRows(attn, layer, nullptr, 0, parts, info(0), rows_out(0), stream);
-  if (err != cudaSuccess) return err;
-  err = fast::LaunchFastAttentionRows(attn, layer, mask, num_lists == 1 ? 0 : attn.num_tokens,
-                                      parts, info(1), rows_out(1), stream);
+  // Set 0 (full) is the DropKV scorer's own when the caller kept it.
+  char* full = hints.full_rows != nullptr ? static_cast<char*>(const_cast<void*>(hints.full_rows))
+                                          : base + plan.info_offset[0];
+  const size_t info_to_out = plan.out_offset[0] - plan.info_offset[0];
+  auto info = [&](int set) {
+    return reinterpret_cast<fast::RowInfo*>(set == 0 ? full : base + plan.info_offset[1]);
+  };
+  auto rows_out = [&](int set) {
+    return static_cast<void*>(set == 0 ? full + info_to_out : base + plan.out_offset[1]);
+  };
+  cudaError_t err = cudaSuccess;
+  if (hints.full_rows == nullptr) {
+    err = fast::LaunchFastAttentionRows(attn, layer, nullptr, nullptr, 0, parts, info(0),
+                                        rows_out(0), stream);
+    if (err != cudaSuccess) return err;
+  }
+  err = fast::LaunchFastAttentionRows(plan.kept, layer, offsets, indices, num_lists, parts,
+                                      info(1), rows_out(1), stream);
   if (err != cudaSuccess) return err;
   const int32_t rows_total = attn.num_chunks * attn.chunk_rows;
   if (attn.num_tokens == 0) {
-    // No token: every row's outputs are zero (the runs launched nothing).
+    // No token: the full outputs are zero (the full run launched nothing).
     const size_t bytes = 2 * static_cast<size_t>(attn.num_kv_heads) * rows_total *
                          attn.padded_dim * sizeof(uint16_t);
-    for (int set = 0; set < 2; ++set) {
-      err = cudaMemsetAsync(rows_out(set), 0, bytes, stream);
-      if (err != cudaSuccess) return err;
-    }
+    err = cudaMemsetAsync(rows_out(0), 0, bytes, stream);
+    if (err != cudaSuccess) return err;
   }
   const unsigned grid = static_cast<unsigned>(attn.num_kv_heads);
   if (layer.dtype == DType::kF16) {

@@ -200,17 +200,39 @@ size_t PerturbationScratchBytes(const DeviceLayer& layer);
 /// query head (0 when the fast kernels do not take the layer, or rows is not in [1, w]).
 size_t FastPerturbationScratchBytes(const DeviceLayer& layer, int32_t rows);
 
+/// What a caller of LaunchFastPerturbation may already know.
+struct FastPerturbationHints {
+  /// No kept list is longer (the host's counts); the kept run's splits cover this many list
+  /// positions. < 0: n.
+  int64_t kept_bound = -1;
+  /// The full outputs of the rows, as the fast DropKV scorer left them in its scratch
+  /// (FastDropKVRowsBytes bytes from its offset there, copied before anything reuses that
+  /// scratch); null: LaunchFastPerturbation computes them.
+  const void* full_rows = nullptr;
+};
+
+/// Bytes of the fast DropKV scorer's row statistics and outputs (LaunchScore with `params`,
+/// fast numerics) that LaunchFastPerturbation over `rows` rows can take as its full outputs
+/// (FastPerturbationHints::full_rows), and their byte offset in the scorer's scratch; 0 when
+/// the scorer's rows are not the statistic's (its window differs) or the fast kernels do not
+/// take the layer.
+size_t FastDropKVRowsBytes(const DeviceLayer& layer, const ScorerParams& params, int32_t rows,
+                           size_t* scratch_offset);
+
 /// LaunchPerturbation's statistic in fast numerics (fast_perturbation.cu): the full and the
 /// kept attention output of every window row on tensor cores (the fast DropKV pass A, fp32
-/// accumulation, the kept softmax with its own maximum), the per-row ratios and their mean
-/// per KV head in fp64. Same arguments and definition as LaunchPerturbation, but the mean
-/// runs over the last `rows` window rows of every query head (w: every row, as
-/// LaunchPerturbation; fewer: the sampled statistic); cudaErrorNotSupported for the layers
-/// the fast attention kernels do not take (d not a multiple of 8, d > 256, f32 with
-/// d > 128), cudaErrorInvalidValue for bad arguments (rows outside [1, w] among them).
+/// accumulation, the kept softmax with its own maximum over the kept tokens only, gathered),
+/// the per-row ratios and their mean per KV head in fp64. Same arguments and definition as
+/// LaunchPerturbation, but the mean runs over the last `rows` window rows of every query head
+/// (w: every row, as LaunchPerturbation; fewer: the sampled statistic); cudaErrorNotSupported
+/// for the layers the fast attention kernels do not take (d not a multiple of 8, d > 256, f32
+/// with d > 128), cudaErrorInvalidValue for bad arguments (rows outside [1, w] among them). A
+/// list longer than hints.kept_bound is read only up to the bound's tiles (the caller's bound
+/// must hold).
 cudaError_t LaunchFastPerturbation(const DeviceLayer& layer, int32_t rows, const int64_t* offsets,
                                    int32_t num_lists, const int32_t* indices, double* out,
-                                   void* scratch, size_t scratch_bytes, cudaStream_t stream);
+                                   void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                                   const FastPerturbationHints& hints = {});
 
 /// The relative output perturbation per KV head (see kernels/cpu/perturbation.h for the
 /// definition). offsets: [num_lists + 1] device int64 (num_lists = H_kv, or 1 for a shared

@@ -308,7 +308,8 @@ absl::Status EnqueueDecision(const LayerPlan& plan, const DeviceLayer& layer,
   if (plan.perturbation) {
     KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(plan, layer, buffers.offsets, plan.num_lists(),
                                                buffers.indices, buffers.perturbation,
-                                               buffers.scratch, buffers.scratch_bytes, stream));
+                                               buffers.scratch, buffers.scratch_bytes, stream,
+                                               buffers.full_rows));
   }
   return absl::OkStatus();
 }

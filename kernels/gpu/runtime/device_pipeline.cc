@@ -217,6 +217,14 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   return plan;
 }
 
+int64_t LayerPlan::kept_bound() const {
+  if (host_decide || adakv) return num_tokens;
+  if (shared) return shared_count;
+  int64_t bound = 0;
+  for (int64_t count : counts) bound = std::max(bound, count);
+  return std::min(bound, num_tokens);
+}
+
 void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan) {
   const uint32_t inputs = policy.scorer->required_inputs;
   plan->perturbation = false;
@@ -303,6 +311,10 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
   }
   r.scratch_bytes = std::max(score_scratch, SelectionScratchBytes(plan));
   if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationBytes(plan, layer));
+  if (plan.perturbation && plan.params.fast && plan.scorer == ScorerKind::kDropKV) {
+    r.full_rows_bytes =
+        FastDropKVRowsBytes(layer, plan.params, plan.perturbation_rows, &r.full_rows_from);
+  }
   r.scores = layout->Add(heads * n * sizeof(float));
   // Meta: counts, offsets, then the first-NaN slot (uploaded with them, see MetaInit).
   const size_t meta_values = heads + static_cast<size_t>(plan.num_lists()) + 1;
@@ -318,6 +330,7 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
   r.ea_cov = layout->Add(plan.needs_ea_stats
                              ? hq * static_cast<size_t>(layer.head_dim) * vf * sizeof(float)
                              : 0);
+  r.full_rows = layout->Add(r.full_rows_bytes);
   r.scratch = layout->Add(r.scratch_bytes);
   return r;
 }
@@ -334,6 +347,11 @@ PipelineBuffers ResolveBuffers(const LayerPlan& plan, const PipelineRegions& reg
   out.critical = plan.critical ? reinterpret_cast<float*>(b + regions.critical) : nullptr;
   out.scratch = regions.scratch_bytes ? b + regions.scratch : nullptr;
   out.scratch_bytes = regions.scratch_bytes;
+  if (regions.full_rows_bytes > 0 && out.scratch != nullptr) {
+    out.full_rows = b + regions.full_rows;
+    out.full_rows_bytes = regions.full_rows_bytes;
+    out.full_rows_from = b + regions.scratch + regions.full_rows_from;
+  }
   if (plan.needs_ea_stats) {
     out.model.ea_mean = reinterpret_cast<const float*>(b + regions.ea_mean);
     out.model.ea_cov = reinterpret_cast<const float*>(b + regions.ea_cov);
@@ -372,6 +390,13 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
         absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
+  }
+  if (b.full_rows != nullptr && plan.num_tokens > 0) {
+    // The scorer's row outputs, before the selection reuses its scratch: the perturbation
+    // statistic's full outputs.
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.full_rows, b.full_rows_from, b.full_rows_bytes,
+                                                cudaMemcpyDeviceToDevice, stream),
+                                "cudaMemcpyAsync(full rows)");
   }
   return absl::OkStatus();
 }
@@ -440,7 +465,7 @@ absl::Status EnqueueLayer(const LayerPlan& plan, const DeviceLayer& layer,
   if (plan.perturbation) {
     KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(plan, layer, b.offsets, plan.num_lists(),
                                                b.indices, b.perturbation, b.scratch,
-                                               b.scratch_bytes, stream));
+                                               b.scratch_bytes, stream, b.full_rows));
   }
   return absl::OkStatus();
 }
@@ -454,12 +479,16 @@ size_t PerturbationBytes(const LayerPlan& plan, const DeviceLayer& layer) {
 absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer,
                                  const int64_t* offsets, int32_t num_lists,
                                  const int32_t* indices, double* out, void* scratch,
-                                 size_t scratch_bytes, cudaStream_t stream) {
+                                 size_t scratch_bytes, cudaStream_t stream,
+                                 const void* full_rows, bool host_lists) {
   if (plan.params.fast) {
     // Layers the fast kernels do not take are refused before anything is launched.
+    FastPerturbationHints hints;
+    hints.kept_bound = host_lists ? plan.num_tokens : plan.kept_bound();
+    hints.full_rows = plan.num_tokens > 0 ? full_rows : nullptr;
     const cudaError_t fast = LaunchFastPerturbation(layer, plan.perturbation_rows, offsets,
                                                     num_lists, indices, out, scratch,
-                                                    scratch_bytes, stream);
+                                                    scratch_bytes, stream, hints);
     if (fast != cudaErrorNotSupported) {
       KVTRIM_CUDA_RETURN_IF_ERROR(fast, "LaunchFastPerturbation");
       return absl::OkStatus();
@@ -474,7 +503,7 @@ absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer
 // A field added to one of these structs must join the key below (then update the size).
 static_assert(sizeof(ScorerParams) == 28, "new ScorerParams field: add it to the launch key");
 static_assert(sizeof(DeviceLayer) == 72, "new DeviceLayer field: add it to the launch key");
-static_assert(sizeof(PipelineBuffers) == 136, "new PipelineBuffers field: add it to the key");
+static_assert(sizeof(PipelineBuffers) == 160, "new PipelineBuffers field: add it to the key");
 static_assert(sizeof(DeviceModelInputs) == 56, "new DeviceModelInputs field: add it to the key");
 static_assert(sizeof(FastModelInputs) == 8, "new FastModelInputs field: add it to the key");
 static_assert(sizeof(PipelineEvents) == 16, "new PipelineEvents field: add it to the key");
@@ -502,6 +531,7 @@ void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
   const PipelineBuffers& b = buffers;
   key->Add(b.scores).Add(b.counts).Add(b.offsets).Add(b.indices).Add(b.perturbation);
   key->Add(b.first_nan).Add(b.critical).Add(b.scratch).Add(b.scratch_bytes);
+  key->Add(b.full_rows).Add(b.full_rows_bytes).Add(b.full_rows_from);
   key->Add(b.model.w_o).Add(b.model.head_gram).Add(b.model.group_gram).Add(b.model.ea_mean);
   key->Add(b.model.ea_cov).Add(b.model.hidden).Add(b.model.num_query_heads);
   key->Add(b.model.half_scale2).Add(b.fast_model.w_o16);

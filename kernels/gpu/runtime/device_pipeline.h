@@ -76,6 +76,9 @@ struct LayerPlan {
 
   /// Lists the selection writes: H_kv per head, 1 shared or block-aligned.
   int32_t num_lists() const { return shared || block ? 1 : num_heads; }
+  /// No kept list is longer: the host counts' largest or the shared list's length where the
+  /// host knows them, else n (AdaKV, host-decided layers).
+  int64_t kept_bound() const;
 };
 
 /// True when `kind` has fast-numerics kernels for `dtype` and head dimension `head_dim`
@@ -119,6 +122,12 @@ struct PipelineRegions {
   size_t ea_cov = 0;        // [model H_q, d, 8E] fp32 (expected_attention)
   size_t scratch = 0;       // scratch_bytes
   size_t scratch_bytes = 0; // max of the launchers' *ScratchBytes queries
+  /// The fast DropKV scorer's row outputs kept for the perturbation statistic when its rows
+  /// are the statistic's (FastDropKVRowsBytes; 0 bytes otherwise), copied from this offset
+  /// in the scratch right after the scorer.
+  size_t full_rows = 0;
+  size_t full_rows_bytes = 0;
+  size_t full_rows_from = 0;
 };
 
 /// Plans the working regions of `plan` for `layer` after whatever `layout` holds already.
@@ -138,6 +147,11 @@ struct PipelineBuffers {
   float* critical = nullptr;                // [H_kv, n] (criticalkv)
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  /// The scorer's row outputs for the perturbation statistic (PipelineRegions::full_rows):
+  /// null when the statistic computes its own.
+  void* full_rows = nullptr;
+  size_t full_rows_bytes = 0;
+  const void* full_rows_from = nullptr;  // inside scratch
   /// Model inputs of LaunchModelScore: ResolveBuffers points ea_mean / ea_cov at the arena;
   /// the caller sets the cached model tensors, hidden, num_query_heads and half_scale2.
   DeviceModelInputs model;
@@ -168,12 +182,15 @@ struct PipelineEvents {
 size_t PerturbationBytes(const LayerPlan& plan, const DeviceLayer& layer);
 
 /// Enqueues the output perturbation of the lists (offsets [num_lists + 1], indices) into
-/// out [H_kv]: LaunchFastPerturbation in fast numerics where it takes the layer, else the
-/// fp64 LaunchPerturbation (exact numerics keep fp64). Errors: CudaStatus() of the launch.
+/// out [H_kv]: LaunchFastPerturbation in fast numerics where it takes the layer (its kept run
+/// over plan.kept_bound() list positions, or over n for lists the host decided; the full
+/// outputs from `full_rows` when not null, PipelineBuffers::full_rows), else the fp64
+/// LaunchPerturbation (exact numerics keep fp64). Errors: CudaStatus() of the launch.
 absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer,
                                  const int64_t* offsets, int32_t num_lists,
                                  const int32_t* indices, double* out, void* scratch,
-                                 size_t scratch_bytes, cudaStream_t stream);
+                                 size_t scratch_bytes, cudaStream_t stream,
+                                 const void* full_rows, bool host_lists = false);
 
 /// Enqueues the scorer (LaunchScore, or LaunchModelScore with buffers.model, or with
 /// plan.params.fast LaunchFastModelScore with buffers.model and buffers.fast_model) and the NaN

@@ -470,7 +470,8 @@ absl::Status LayerRun::HostDecisionPerturbation(LayerDecision* out) {
   }
   KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(
       plan_, device_layer_, buffers_.offsets, static_cast<int32_t>(host_lists), buffers_.indices,
-      buffers_.perturbation, buffers_.scratch, buffers_.scratch_bytes, stream));
+      buffers_.perturbation, buffers_.scratch, buffers_.scratch_bytes, stream,
+      buffers_.full_rows, /*host_lists=*/true));
   KVTRIM_RETURN_IF_ERROR(
       CopyBack(pinned_.perturbation, buffers_.perturbation, heads * sizeof(double)));
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
