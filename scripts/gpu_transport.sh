@@ -78,4 +78,19 @@ run inline_32k_w8_window 150 --transport=inline --tokens=32768 --prefills=1 --wa
   --workers=8 --http2_window_bytes=$((64 << 20))
 kill -TERM "$pid"
 wait "$pid" || { echo "kvtrimd (window) exit status $?"; RC=1; }
+
+# The same node over a Unix domain socket instead of TCP loopback.
+echo "== kvtrimd --listen=unix:..."
+server_log="$OUT/kvtrimd_transport_uds.log"
+socket_dir=$(mktemp -d)
+start_kvtrimd "$server_log" --backend=gpu --listen="unix:$socket_dir/kvtrimd.sock" \
+  --metrics_listen= --workers=2 --max_message_bytes=$((64 << 20)) || exit 1
+run ipc_32k_serial_off_output_uds 60 --transport=cuda_ipc --tokens=32768 --prefills=3 \
+  --warmup_prefills=1 --serial --perturbation=off --output_region
+run ipc_32k_serial_sampled_uds 60 --transport=cuda_ipc --tokens=32768 --prefills=3 \
+  --warmup_prefills=1 --serial --perturbation=sampled
+run inline_32k_uds 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
+kill -TERM "$pid"
+wait "$pid" || { echo "kvtrimd (uds) exit status $?"; RC=1; }
+rm -rf "$socket_dir"
 exit "$RC"
