@@ -83,7 +83,7 @@ wait "$pid" || { echo "kvtrimd (window) exit status $?"; RC=1; }
 echo "== kvtrimd --listen=unix:..."
 server_log="$OUT/kvtrimd_transport_uds.log"
 socket_dir=$(mktemp -d)
-start_kvtrimd "$server_log" --backend=gpu --listen="unix:$socket_dir/kvtrimd.sock" \
+start_kvtrimd "$server_log" --backend=gpu --allow_client_shm --listen="unix:$socket_dir/kvtrimd.sock" \
   --metrics_listen= --workers=2 --max_message_bytes=$((64 << 20)) || exit 1
 run ipc_32k_serial_off_output_uds 60 --transport=cuda_ipc --tokens=32768 --prefills=3 \
   --warmup_prefills=1 --serial --perturbation=off --output_region

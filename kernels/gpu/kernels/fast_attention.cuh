@@ -99,6 +99,9 @@ struct FastAttentionPlan {
   size_t row_out_offset = 0;   // [2, H, chunks * RC, DP] 16-bit a hi and lo planes (DropKV)
   size_t partial_offset = 0;   // [chunks, H, n] f32 row sums (unless direct_finish)
   size_t scratch_bytes = 0;    // total
+  /// The part regions' bytes (up to row_info_offset) of the plan of any token count with this
+  /// geometry (the finest split any n gets): room for a run whose tiles count list positions.
+  size_t part_bytes_any_n = 0;
 };
 
 /// True when the fast kernels take this scorer, dtype and head dimension: SnapKV, H2O, TOVA

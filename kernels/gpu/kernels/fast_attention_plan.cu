@@ -117,7 +117,8 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   // Enough CTAs for a few waves, at least one tile each.
   const int64_t target_ctas = 4 * static_cast<int64_t>(CurrentSmCount());
   const int64_t per_split = static_cast<int64_t>(p.num_kv_heads) * p.num_chunks;
-  int64_t splits = std::clamp<int64_t>((target_ctas + per_split - 1) / per_split, 1, p.num_tiles);
+  const int64_t wanted_splits = std::max<int64_t>(1, (target_ctas + per_split - 1) / per_split);
+  int64_t splits = std::min(wanted_splits, p.num_tiles);
   p.tiles_per_split = static_cast<int32_t>((p.num_tiles + splits - 1) / splits);
   splits = (p.num_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
   if (splits > 65535 || p.num_kv_heads > 65535) return cudaErrorInvalidValue;  // grid y, z
@@ -133,6 +134,15 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
 
   const size_t rows_total =
       static_cast<size_t>(p.num_kv_heads) * static_cast<size_t>(p.num_chunks) * p.chunk_rows;
+  // The part regions for `parts` partial statistics per row.
+  const auto part_bytes = [&](int64_t parts) {
+    const size_t cells = rows_total * static_cast<size_t>(parts);
+    return 2 * Align256(cells * sizeof(float)) +
+           (p.with_values ? Align256(cells * p.padded_dim * sizeof(float)) : 0);
+  };
+  // No token count splits finer than wanted_splits (splits = ceil(tiles / ceil(tiles / s))
+  // <= s), so this bounds the part regions of any n with this geometry.
+  p.part_bytes_any_n = part_bytes(std::min<int64_t>(wanted_splits, 65535) * p.slices);
   const size_t cells = rows_total * static_cast<size_t>(p.parts);
   size_t offset = 0;
   p.part_max_offset = offset;

@@ -15,6 +15,8 @@
 //
 // Scratch: the full plan's part regions (the largest: the kept run's splits cover fewer
 // tiles) and two sets of row statistics and outputs (full, kept).
+#include <algorithm>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -67,15 +69,17 @@ bool MakeFastPerturbPlan(const DeviceLayer& layer, int32_t rows, int64_t kept_bo
   DeviceLayer kept_layer = layer;
   if (kept_bound >= 0 && kept_bound < layer.num_tokens) kept_layer.num_tokens = kept_bound;
   if (fast::MakeFastAttentionPlan(ScorerKind::kDropKV, kept_layer, params, &p.kept) !=
-          cudaSuccess ||
-      p.kept.row_info_offset > p.attn.row_info_offset) {
+      cudaSuccess) {
     return false;
   }
   // The part regions come first in the attention plan's own layout (then its row regions,
-  // replaced here by the two sets below, and pass B's partials, not needed).
+  // replaced here by the two sets below, and pass B's partials, not needed). A shorter run
+  // may split finer than the full one (split counts round): room for any bound.
+  const size_t part_bytes = std::max(p.attn.row_info_offset, p.attn.part_bytes_any_n);
+  if (p.kept.row_info_offset > part_bytes) return false;
   size_t offset = 0;
   p.parts_offset = offset;
-  offset += Align256(p.attn.row_info_offset);
+  offset += Align256(part_bytes);
   const size_t info_to_out = p.attn.row_out_offset - p.attn.row_info_offset;
   for (int set = 0; set < 2; ++set) {
     p.info_offset[set] = offset;
