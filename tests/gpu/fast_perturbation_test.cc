@@ -305,7 +305,8 @@ TEST(FastPerturbation, ABoundOnTheListsAndTheScorersRowsGiveTheSameStatistic) {
 }
 
 // Small cases for compute-sanitizer (memcheck and racecheck through scripts/gpu_run.sh): every
-// dtype, a row that sees nothing (n < w), shared and per-head lists, full and sampled.
+// dtype, a row that sees nothing (n < w), shared and per-head lists, full and sampled, with
+// and without the pipeline's list bound and DropKV's own row outputs.
 TEST(FastPerturbationSanitizer, SmallCases) {
   KVTRIM_SKIP_WITHOUT_GPU();
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
@@ -321,6 +322,17 @@ TEST(FastPerturbationSanitizer, SmallCases) {
         const std::vector<double> fast = device.Run(true);
         device.Run(true, 2);
         ExpectWithinFastBound(fast, exact, c.Describe());
+        // The pipeline's shortcuts: the list bound and DropKV's own rows.
+        FastPerturbationHints hints;
+        hints.kept_bound = device.max_list();
+        ExpectWithinFastBound(device.RunHinted(0, hints), exact, c.Describe());
+        ScorerParams params;
+        params.window = 4;
+        params.kernel = 3;
+        params.fast = true;
+        ASSERT_TRUE(device.ScoreAndKeepRows(params, 4)) << c.Describe();
+        hints.full_rows = device.full_rows();
+        device.RunHinted(4, hints);
       }
     }
   }
