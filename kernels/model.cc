@@ -165,7 +165,7 @@ const LukvProfile* RegisteredModel::FindProfile(const std::string& name) const {
   return it == profiles.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input) {
+absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModelFrom(const ModelInput& input) {
   const ModelLayout& m = input.layout;
   auto positive = [](const char* name, int64_t v, int64_t hi) -> absl::Status {
     if (v < 1 || v > hi) {
@@ -284,9 +284,9 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input) {
     for (int64_t l = 0; l < L; ++l) {
       const std::string mean_name = absl::StrCat("layers.", l, ".query_mean");
       const std::string cov_name = absl::StrCat("layers.", l, ".query_cov");
-      auto mean = ToF32(input.tensors[mean_name], {hq, d}, absl::StrCat("weights[", mean_name, "]"));
+      auto mean = ToF32(input.tensors.at(mean_name), {hq, d}, absl::StrCat("weights[", mean_name, "]"));
       if (!mean.ok()) return mean.status();
-      auto cov = ToF32(input.tensors[cov_name], {hq, d, d}, absl::StrCat("weights[", cov_name, "]"));
+      auto cov = ToF32(input.tensors.at(cov_name), {hq, d, d}, absl::StrCat("weights[", cov_name, "]"));
       if (!cov.ok()) return cov.status();
       model->query_mean[l] = *std::move(mean);
       model->query_cov[l] = *std::move(cov);
@@ -318,7 +318,12 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input) {
     p.prune_ratios = *std::move(ratios);
     model->profiles.emplace(name, std::move(p));
   }
-  model->input = std::move(input);
+  return model;
+}
+
+absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input) {
+  absl::StatusOr<std::shared_ptr<RegisteredModel>> model = BuildModelFrom(input);
+  if (model.ok()) (*model)->input = std::move(input);
   return model;
 }
 

@@ -132,4 +132,9 @@ struct RegisteredModel {
 /// [99, L, H_kv] with ratios in [0, 1]; dtypes f32/f16/bf16; NaN/Inf refused.
 absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModel(ModelInput input);
 
+/// BuildModel without keeping the tensors: the same checks and derived arrays, `input` only
+/// read (so other readers may run beside it), RegisteredModel::input left empty for the
+/// caller to move in.
+absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModelFrom(const ModelInput& input);
+
 }  // namespace kvtrim

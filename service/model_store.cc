@@ -3,10 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <system_error>
 #include <utility>
 
@@ -116,6 +117,35 @@ absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
     return std::chrono::duration<double>(to - from).count();
   };
   const auto start = Clock::now();
+  // Alone, the build (the Gram matrices) starts beside the digest and the file is written
+  // beside the rest of the build: all three only read `input`. With other registrations in
+  // flight (workers registering one model together), the build waits for the admission
+  // below so that identical content is built once.
+  bool alone = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    alone = adding_ == 0;
+    ++adding_;
+  }
+  struct Leave {
+    ModelStore* store;
+    ~Leave() {
+      std::lock_guard<std::mutex> lock(store->mutex_);
+      --store->adding_;
+    }
+  } leave{this};
+  std::future<absl::StatusOr<std::shared_ptr<RegisteredModel>>> build;
+  const auto start_build = [&] {
+    build = std::async(std::launch::async, [&input] { return BuildModelFrom(input); });
+  };
+  // Every path out waits for a build still reading `input`.
+  struct JoinBuild {
+    std::future<absl::StatusOr<std::shared_ptr<RegisteredModel>>>* build;
+    ~JoinBuild() {
+      if (build->valid()) build->wait();
+    }
+  } join{&build};
+  if (alone) start_build();
   const std::string digest = ComputeModelDigest(input);
   const auto digested = Clock::now();
   {
@@ -130,19 +160,28 @@ absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
     }
     pending_.insert(digest);
   }
-  const auto admitted = Clock::now();
-  absl::StatusOr<std::shared_ptr<RegisteredModel>> model = BuildModel(std::move(input));
-  absl::Status status = model.status();
+  if (!build.valid()) start_build();
+  absl::Status status;
+  if (!options_.data_dir.empty()) status = WriteModelFile(PathFor(digest), input, digest);
+  const auto persisted = Clock::now();
+  absl::StatusOr<std::shared_ptr<RegisteredModel>> model = build.get();
   const auto built = Clock::now();
-  if (status.ok()) {
-    (*model)->digest = digest;
-    if (!options_.data_dir.empty()) status = WriteModelFile(PathFor(digest), (*model)->input, digest);
+  if (!model.ok()) {
+    // An invalid model is neither held nor left on disk.
+    if (status.ok() && !options_.data_dir.empty()) {
+      std::error_code ignored;
+      std::filesystem::remove(PathFor(digest), ignored);
+    }
+    status = model.status();
   }
   if (status.ok()) {
+    (*model)->digest = digest;
+    (*model)->input = std::move(input);
     // Where a registration's time went (operators size --max_model_bytes and timeouts by it).
-    error_log_ << "kvtrimd: model " << digest << " stored: digest " << seconds(start, digested)
-               << " s, build " << seconds(admitted, built) << " s, persist "
-               << seconds(built, Clock::now()) << " s" << std::endl;
+    error_log_ << "kvtrimd: model " << digest << " stored in " << seconds(start, built)
+               << " s: digest " << seconds(start, digested) << " s, persist "
+               << seconds(digested, persisted) << " s, build done at " << seconds(start, built)
+               << " s (" << (alone ? "beside the digest" : "after it") << ")" << std::endl;
   }
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.erase(digest);

@@ -53,7 +53,9 @@ class ModelStore {
 
   /// Validates `input` (BuildModel: INVALID_ARGUMENT naming the field), computes its
   /// digest and, unless a model with that digest is already held (then it returns that
-  /// digest and writes nothing), persists it and adds it. RESOURCE_EXHAUSTED naming
+  /// digest and writes nothing), persists it and adds it. A registration alone builds
+  /// beside the digest and persists beside the build; with others in flight it builds only
+  /// once admitted (identical content built once). An invalid model is not left on disk. RESOURCE_EXHAUSTED naming
   /// --max_models when the store is full; INTERNAL / RESOURCE_EXHAUSTED (disk full) when
   /// the file cannot be written (the model is then not added).
   absl::StatusOr<std::string> Add(ModelInput input);
@@ -85,6 +87,7 @@ class ModelStore {
   std::condition_variable settled_;   // signalled when a pending Add ends
   std::map<std::string, std::shared_ptr<const RegisteredModel>> models_;
   std::set<std::string> pending_;     // digests being written by an Add
+  int adding_ = 0;                    // Add calls in flight
 };
 
 }  // namespace kvtrim::service

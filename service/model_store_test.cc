@@ -107,7 +107,7 @@ TEST(ModelStoreMemoryTest, AddFindListDelete) {
   EXPECT_EQ(store.Delete("").code(), absl::StatusCode::kInvalidArgument);
   // One line: where the registration's time went; nothing else.
   const std::string text = log.str();
-  EXPECT_THAT(text, ::testing::StartsWith("kvtrimd: model " + *digest + " stored: digest "));
+  EXPECT_THAT(text, ::testing::StartsWith("kvtrimd: model " + *digest + " stored in "));
   EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
 }
 
@@ -194,6 +194,25 @@ TEST_F(ModelStoreTest, RegisteringAgainDoesNotRewriteTheFile) {
   ASSERT_EQ(stat(store.PathFor(digest).c_str(), &after), 0);
   EXPECT_EQ(before.st_ino, after.st_ino);  // an atomic rewrite would be a new inode
   EXPECT_EQ(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
+}
+
+// The file is written beside the build: a model the build refuses is not left on disk, and
+// the data dir holds only the valid one.
+TEST_F(ModelStoreTest, AnInvalidModelLeavesNoFile) {
+  std::ostringstream log;
+  ModelStore store(Options(), log);
+  ASSERT_TRUE(store.LoadAll().ok());
+  ModelInput input = ModelB();
+  input.tensors["layers.1.w_o"].shape = {4, 2};
+  auto refused = store.Add(std::move(input));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.size(), 0u);
+  const std::string digest = *store.Add(ModelA());
+  EXPECT_THAT(log.str(), HasSubstr("(beside the digest)"));
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir_)) files.push_back(entry.path().string());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0], store.PathFor(digest));
 }
 
 TEST_F(ModelStoreTest, DeleteRemovesTheFile) {
