@@ -216,6 +216,10 @@ absl::StatusOr<std::string> Client::RegisterModel(const ModelBundle& bundle) {
   return RegisterModel(std::make_shared<const ModelBundle>(bundle));
 }
 
+absl::StatusOr<std::string> Client::RegisterModel(ModelBundle&& bundle) {
+  return RegisterModel(std::make_shared<const ModelBundle>(std::move(bundle)));
+}
+
 absl::StatusOr<std::string> Client::RegisterModel(std::shared_ptr<const ModelBundle> bundle) {
   if (bundle == nullptr) return absl::InvalidArgumentError("RegisterModel: bundle is null");
   absl::StatusOr<std::string> digest = SendRegistration(*bundle);

@@ -116,8 +116,10 @@ class Client {
   /// Streams `bundle` to RegisterModel (header, then each weight in register_chunk_bytes
   /// chunks) and returns its digest ("sha256:<hex>"), which compression settings name in
   /// model_digest. Registering the same content again returns the same digest. The bundle
-  /// is remembered for automatic re-registration (the first overload copies it).
+  /// is remembered for automatic re-registration (the first overload copies it, the second
+  /// takes it over: a multi-GB bundle is not copied).
   absl::StatusOr<std::string> RegisterModel(const ModelBundle& bundle);
+  absl::StatusOr<std::string> RegisterModel(ModelBundle&& bundle);
   absl::StatusOr<std::string> RegisterModel(std::shared_ptr<const ModelBundle> bundle);
 
   /// Every model the server holds (digest, header, weight names).
