@@ -46,8 +46,14 @@ class Region {
   /// Layers currently reading the region.
   int pins() const { return pins_.load(); }
 
+  /// Reads of at least twice this many bytes are split over several threads (ReadHost).
+  static constexpr size_t kParallelReadBytes = size_t{8} << 20;
+  static constexpr size_t kMaxReadThreads = 8;
+
   /// Reads `bytes` at `offset` of a host shm segment into `dst` (pread: a segment the
-  /// client shrank gives an error, never SIGBUS). INVALID_ARGUMENT naming `field`.
+  /// client shrank gives an error, never SIGBUS), in contiguous ranges of at least
+  /// kParallelReadBytes read by up to kMaxReadThreads threads at once. INVALID_ARGUMENT
+  /// naming `field`.
   absl::Status ReadHost(uint64_t offset, void* dst, size_t bytes, const std::string& field) const;
   /// Writes `bytes` from `src` at `offset` of a host shm segment (an output region; pwrite
   /// through a read-write descriptor opened at registration). FAILED_PRECONDITION naming
@@ -58,6 +64,9 @@ class Region {
  private:
   friend class RegionRegistry;
   friend class RegionPin;
+  /// One contiguous range of a ReadHost of `total` bytes, `before` bytes into it.
+  absl::Status ReadHostRange(uint64_t offset, char* out, size_t bytes, size_t total,
+                             size_t before, const std::string& field) const;
   RegionKind kind_;
   std::string id_;
   std::string client_id_;

@@ -2,7 +2,10 @@
 // shared memory (dense, strided, paged) and chunked inline bytes give the indices of inline
 // Compress; region misuse and chunking mistakes get clear errors and the server keeps
 // serving. (CUDA IPC runs in tests/gpu/ipc_transport_test.cc on a GPU.)
+#include <cstring>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "service/region_registry.h"
 #include "service/transport_test_util.h"
@@ -403,6 +406,39 @@ TEST(RegionRegistryTest, UnregisterWhileInUseIsRefusedUntilTheLayerIsDone) {
   EXPECT_TRUE(registry.Unregister(again, *id2).ok());
   EXPECT_EQ(registry.Acquire(again, *id2, RegionKind::kHostShm, "f").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Reads large enough to be split over several threads give the segment's bytes exactly, and
+// a segment shrunk behind the server's back is an error naming the field, never a crash.
+TEST(RegionRegistryTest, LargeReadsAreSplitAndExact) {
+  RegionOptions options;
+  options.allow_client_shm = true;
+  RegionRegistry registry(options, nullptr);
+  const size_t bytes = 5 * Region::kParallelReadBytes + 12345;
+  TestSegment segment(bytes);
+  for (size_t i = 0; i < bytes; ++i) segment.data()[i] = static_cast<char>((i * 2654435761u) >> 13);
+  const std::string client = registry.OpenClient();
+  v1::RegisterRegion request;
+  request.mutable_host_shm()->set_name(segment.name());
+  request.mutable_host_shm()->set_size_bytes(bytes);
+  auto id = registry.Register(client, request);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto pin = registry.Acquire(client, *id, RegionKind::kHostShm, "f");
+  ASSERT_TRUE(pin.ok());
+  for (size_t offset : {size_t{0}, size_t{4097}}) {
+    const size_t len = bytes - offset - 3;
+    std::vector<char> out(len, 0);
+    ASSERT_TRUE((*pin)->ReadHost(offset, out.data(), len, "layers[0].keys").ok());
+    EXPECT_EQ(std::memcmp(out.data(), segment.data() + offset, len), 0) << "offset " << offset;
+  }
+  segment.Truncate(bytes / 3);
+  std::vector<char> out(bytes, 0);
+  const absl::Status shrunk = (*pin)->ReadHost(0, out.data(), bytes, "layers[0].keys");
+  EXPECT_EQ(shrunk.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(shrunk.message()),
+              ::testing::HasSubstr("layers[0].keys: reading " + std::to_string(bytes) +
+                                   " bytes at offset 0"));
+  EXPECT_THAT(std::string(shrunk.message()), ::testing::HasSubstr("shorter than registered"));
 }
 
 }  // namespace
