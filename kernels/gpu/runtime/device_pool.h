@@ -61,8 +61,8 @@ class WorkerContext {
   StageEvents& stage_events() { return stage_events_; }
 
   /// Copies `bytes` from pageable host memory `src` to device memory `dst`, asynchronously
-  /// on the stream, through the two pinned staging chunks: chunk i is filled by memcpy
-  /// while chunk i-1 is in flight. Returns when `src` has been read in full (it may be
+  /// on the stream, through the two pinned staging chunks: chunk i is filled by memcpy (by
+  /// four threads for chunks of 4 MiB and more) while chunk i-1 is in flight. Returns when `src` has been read in full (it may be
   /// released); the copies themselves complete in stream order. Errors: CudaStatus().
   absl::Status Upload(void* dst, const void* src, size_t bytes);
 
