@@ -87,38 +87,29 @@ absl::Status MultiDeviceBackend::RunOn(size_t index,
 absl::Status MultiDeviceBackend::CompressLayer(const ResolvedPolicy& policy,
                                                const ValidatedLayer& layer,
                                                const LayerBudget& budget, LayerDecision* out) {
-  absl::StatusOr<size_t> index = Route(layer, /*model_wide=*/false);
-  if (!index.ok()) return index.status();
-  return RunOn(*index, [&](Backend& backend) {
-    absl::Status status = backend.CompressLayer(policy, layer, budget, out);
-    out->device = devices_[*index].ordinal;
-    return status;
-  });
+  return RunLayer(layer, /*model_wide=*/false, out,
+                  [&](Backend& backend) {
+                    return backend.CompressLayer(policy, layer, budget, out);
+                  });
 }
 
 absl::Status MultiDeviceBackend::ScoreLayer(const ResolvedPolicy& policy,
                                             const ValidatedLayer& layer,
                                             const LayerBudget& budget, LayerScores* out) {
-  absl::StatusOr<size_t> index = Route(layer, /*model_wide=*/false);
-  if (!index.ok()) return index.status();
-  return RunOn(*index, [&](Backend& backend) {
-    absl::Status status = backend.ScoreLayer(policy, layer, budget, out);
-    out->device = devices_[*index].ordinal;
-    return status;
-  });
+  return RunLayer(layer, /*model_wide=*/false, out,
+                  [&](Backend& backend) {
+                    return backend.ScoreLayer(policy, layer, budget, out);
+                  });
 }
 
 absl::Status MultiDeviceBackend::ScoreLayerForModelWide(const ResolvedPolicy& policy,
                                                         const ValidatedLayer& layer,
                                                         const LayerBudget& budget,
                                                         LayerScores* out) {
-  absl::StatusOr<size_t> index = Route(layer, /*model_wide=*/true);
-  if (!index.ok()) return index.status();
-  return RunOn(*index, [&](Backend& backend) {
-    absl::Status status = backend.ScoreLayerForModelWide(policy, layer, budget, out);
-    out->device = devices_[*index].ordinal;
-    return status;
-  });
+  return RunLayer(layer, /*model_wide=*/true, out,
+                  [&](Backend& backend) {
+                    return backend.ScoreLayerForModelWide(policy, layer, budget, out);
+                  });
 }
 
 absl::StatusOr<std::vector<LayerDecision>> MultiDeviceBackend::DecideModelWide(

@@ -60,6 +60,18 @@ class MultiDeviceBackend final : public Backend {
   absl::StatusOr<size_t> Route(const ValidatedLayer& layer, bool model_wide);
   /// Runs `call` on device `index`, counted in flight.
   absl::Status RunOn(size_t index, const std::function<absl::Status(Backend&)>& call);
+  /// Routes `layer` (Route), runs call(backend) there and records the device's ordinal in
+  /// out->device (LayerDecision or LayerScores).
+  template <typename Out, typename Call>
+  absl::Status RunLayer(const ValidatedLayer& layer, bool model_wide, Out* out, Call call) {
+    absl::StatusOr<size_t> index = Route(layer, model_wide);
+    if (!index.ok()) return index.status();
+    return RunOn(*index, [&](Backend& backend) {
+      absl::Status status = call(backend);
+      out->device = devices_[*index].ordinal;
+      return status;
+    });
+  }
 
   std::vector<Device> devices_;
   Locator locate_;

@@ -11,6 +11,7 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "service/model_digest.h"
@@ -127,24 +128,16 @@ absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
     alone = adding_ == 0;
     ++adding_;
   }
-  struct Leave {
-    ModelStore* store;
-    ~Leave() {
-      std::lock_guard<std::mutex> lock(store->mutex_);
-      --store->adding_;
-    }
-  } leave{this};
+  absl::Cleanup leave = [this] {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --adding_;
+  };
+  // A std::async future waits for its task when destroyed: every path out waits for a build
+  // still reading `input` (a parameter, destroyed after it).
   std::future<absl::StatusOr<std::shared_ptr<RegisteredModel>>> build;
   const auto start_build = [&] {
     build = std::async(std::launch::async, [&input] { return BuildModelFrom(input); });
   };
-  // Every path out waits for a build still reading `input`.
-  struct JoinBuild {
-    std::future<absl::StatusOr<std::shared_ptr<RegisteredModel>>>* build;
-    ~JoinBuild() {
-      if (build->valid()) build->wait();
-    }
-  } join{&build};
   if (alone) start_build();
   const std::string digest = ComputeModelDigest(input);
   const auto digested = Clock::now();

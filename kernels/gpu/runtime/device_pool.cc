@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/runtime/device_error.h"
@@ -52,30 +51,24 @@ WorkerContext::~WorkerContext() {
 
 namespace {
 
-/// Staging copies of at least this many bytes are split over kStagingCopyThreads threads:
+/// Staging copies of at least this many bytes are split over the context's copy threads:
 /// one core copies pageable memory at 5-10 GB/s, below what the copy engine takes.
 constexpr size_t kParallelStagingBytes = size_t{4} << 20;
-constexpr size_t kStagingCopyThreads = 4;
 
-/// std::memcpy of `bytes` from `src` into the pinned `dst`, in contiguous parts copied at
-/// once when large.
-void CopyToStaging(char* dst, const char* src, size_t bytes) {
-  if (bytes < kParallelStagingBytes) {
+}  // namespace
+
+void WorkerContext::CopyToStaging(char* dst, const char* src, size_t bytes) {
+  const auto parts = static_cast<size_t>(staging_copiers_.num_threads());
+  if (bytes < kParallelStagingBytes || parts <= 1) {
     std::memcpy(dst, src, bytes);
     return;
   }
-  const size_t part = (bytes + kStagingCopyThreads - 1) / kStagingCopyThreads;
-  std::thread helpers[kStagingCopyThreads - 1];
-  for (size_t i = 1; i < kStagingCopyThreads; ++i) {
-    const size_t begin = std::min(bytes, i * part);
-    const size_t len = std::min(part, bytes - begin);
-    helpers[i - 1] = std::thread([=] { std::memcpy(dst + begin, src + begin, len); });
-  }
-  std::memcpy(dst, src, std::min(part, bytes));
-  for (std::thread& helper : helpers) helper.join();
+  const size_t part = (bytes + parts - 1) / parts;
+  staging_copiers_.ParallelFor(static_cast<int64_t>(parts), [&](int64_t i) {
+    const size_t begin = std::min(bytes, static_cast<size_t>(i) * part);
+    std::memcpy(dst + begin, src + begin, std::min(part, bytes - begin));
+  });
 }
-
-}  // namespace
 
 absl::Status WorkerContext::Upload(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();

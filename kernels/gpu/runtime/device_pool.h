@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/launch_graph.h"
 #include "kernels/gpu/runtime/stage_events.h"
@@ -62,8 +63,9 @@ class WorkerContext {
 
   /// Copies `bytes` from pageable host memory `src` to device memory `dst`, asynchronously
   /// on the stream, through the two pinned staging chunks: chunk i is filled by memcpy (by
-  /// four threads for chunks of 4 MiB and more) while chunk i-1 is in flight. Returns when `src` has been read in full (it may be
-  /// released); the copies themselves complete in stream order. Errors: CudaStatus().
+  /// the context's kStagingCopyThreads for chunks of 4 MiB and more) while chunk i-1 is in
+  /// flight. Returns when `src` has been read in full (it may be released); the copies
+  /// themselves complete in stream order. Errors: CudaStatus().
   absl::Status Upload(void* dst, const void* src, size_t bytes);
 
   /// Blocks until all work queued on the stream (and the side stream) has finished.
@@ -76,6 +78,9 @@ class WorkerContext {
 
  private:
   WorkerContext(int device, const WorkerOptions& options);
+  /// std::memcpy of `bytes` into the pinned staging `dst`, split over staging_copiers_
+  /// when large.
+  void CopyToStaging(char* dst, const char* src, size_t bytes);
 
   int device_;
   WorkerOptions options_;
@@ -86,6 +91,9 @@ class WorkerContext {
   int next_chunk_ = 0;
   DeviceArena arena_;
   PinnedBuffer staging_;   // [2 x staging_chunk_bytes]
+  /// Threads (the caller included) that fill a staging chunk together.
+  static constexpr int kStagingCopyThreads = 4;
+  ThreadPool staging_copiers_{kStagingCopyThreads};
   PinnedBuffer transfer_;
   LaunchGraphCache graphs_;  // the stream's replayable launch sequences
   StageEvents stage_events_;  // destroyed after ~WorkerContext synchronised the stream
