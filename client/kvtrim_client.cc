@@ -149,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(
     session.retry.reregister = [this, digest] { return Reregister(digest); };
     session.retry.max_replay_bytes = options_.session_replay_bytes;
   }
-  return Session::Open(stubs_->kvtrim.get(), settings, std::move(session));
+  return Session::Open(channel_, settings, std::move(session));
 }
 
 absl::StatusOr<std::unique_ptr<RegionLease>> Client::OpenRegionLease() {

@@ -383,5 +383,88 @@ TEST(SessionChunkingTest, WaitForAnswerReturnsTheStreamsError) {
   server->Shutdown();
 }
 
+/// A fake server on a free port and a client of it with `chunk_bytes`.
+struct FakeServerAndClient {
+  explicit FakeServerAndClient(int64_t chunk_bytes) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    server = builder.BuildAndStart();
+    ClientOptions options;
+    options.session_chunk_bytes = chunk_bytes;
+    auto connected = Client::Connect(absl::StrCat("127.0.0.1:", port), options);
+    if (connected.ok()) client = *std::move(connected);
+  }
+  ~FakeServerAndClient() {
+    client.reset();
+    if (server != nullptr) server->Shutdown();
+  }
+  FakeKvtrim service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<Client> client;
+};
+
+TEST(SessionChunkingTest, BytesFromTheCallersMemoryReachTheServerWhole) {
+  FakeServerAndClient fake(100);
+  ASSERT_NE(fake.client, nullptr);
+  auto session = fake.client->OpenSession(v1::CompressionSettings());
+  ASSERT_TRUE(session.ok()) << session.status();
+  std::string keys(1050, 'k');
+  v1::LayerInput layer;
+  layer.set_layer_id(0);
+  layer.mutable_keys();  // shape and dtype would go here
+  LayerTensorBytes bytes;
+  bytes.keys = absl::MakeConstSpan(keys);
+  ASSERT_TRUE((*session)->SendLayer(layer, bytes).ok());
+  keys.assign(keys.size(), 'x');  // the memory is the caller's again once SendLayer returns
+  ASSERT_TRUE((*session)->WaitForAnswer(0).ok());
+  absl::StatusOr<SessionResult> result = (*session)->Finish();
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->layers.size(), 1u);
+  EXPECT_EQ(result->layers[0].num_tokens(), 1050);
+  EXPECT_EQ(fake.service.messages, 1 + 11 + 1);  // layer, 11 chunks of <= 100 bytes, finish
+}
+
+TEST(SessionChunkingTest, BytesForAMissingOrFilledTensorAreRefused) {
+  FakeServerAndClient fake(100);
+  ASSERT_NE(fake.client, nullptr);
+  auto session = fake.client->OpenSession(v1::CompressionSettings());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string data(10, 'v');
+  v1::LayerInput layer;
+  layer.mutable_keys()->set_inline_data("kk");
+  LayerTensorBytes bytes;
+  bytes.values = absl::MakeConstSpan(data);
+  absl::Status sent = (*session)->SendLayer(layer, bytes);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sent.message().find("layer.values"), std::string::npos) << sent;
+  bytes = LayerTensorBytes();
+  bytes.keys = absl::MakeConstSpan(data);
+  sent = (*session)->SendLayer(layer, bytes);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(sent.message().find("layer.keys, which already names its data"), std::string::npos)
+      << sent;
+}
+
+TEST(SessionChunkingTest, ARejectedLayerWithBorrowedBytesReturnsTheError) {
+  // The server ends the call at the layer message while megabytes of its chunks are still
+  // being written: SendLayer returns the server's error, it does not hang.
+  FakeServerAndClient fake(int64_t{1} << 20);
+  ASSERT_NE(fake.client, nullptr);
+  auto session = fake.client->OpenSession(v1::CompressionSettings());
+  ASSERT_TRUE(session.ok()) << session.status();
+  const std::string keys(size_t{48} << 20, 'k');
+  v1::LayerInput layer;
+  layer.set_layer_id(99);
+  layer.mutable_keys();
+  LayerTensorBytes bytes;
+  bytes.keys = absl::MakeConstSpan(keys);
+  absl::Status sent = (*session)->SendLayer(layer, bytes);
+  absl::Status status = sent.ok() ? (*session)->Finish().status() : sent;
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(), "layer.layer_id: 99 is bad");
+}
+
 }  // namespace
 }  // namespace kvtrim

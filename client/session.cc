@@ -1,10 +1,11 @@
 #include "client/session.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/chunking.h"
+#include "client/chunk_framing.h"
 #include "client/grpc_status.h"
 #include "client/regions.h"
 
@@ -15,21 +16,33 @@ bool IsUnknownModelDigest(const absl::Status& status) {
          absl::StrContains(status.message(), "unknown model digest");
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Open(v1::Kvtrim::StubInterface* stub,
+namespace {
+
+/// The method path of CompressSession (the generated stub's, written once here because the
+/// session opens its stream with wire-bytes requests).
+constexpr char kCompressSessionMethod[] = "/kvtrim.v1.Kvtrim/CompressSession";
+
+/// The slot of each LayerTensorBytes span, in sending order.
+constexpr v1::TensorSlot kSlots[3] = {v1::TENSOR_SLOT_KEYS, v1::TENSOR_SLOT_VALUES,
+                                      v1::TENSOR_SLOT_QUERIES};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(std::shared_ptr<grpc::Channel> channel,
                                                        const v1::CompressionSettings& settings,
                                                        absl::Duration deadline,
                                                        SessionRetry retry) {
   SessionOptions options;
   options.deadline = deadline;
   options.retry = std::move(retry);
-  return Open(stub, settings, std::move(options));
+  return Open(std::move(channel), settings, std::move(options));
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Open(v1::Kvtrim::StubInterface* stub,
+absl::StatusOr<std::unique_ptr<Session>> Session::Open(std::shared_ptr<grpc::Channel> channel,
                                                        const v1::CompressionSettings& settings,
                                                        SessionOptions options) {
   std::unique_ptr<Session> session(new Session());
-  session->stub_ = stub;
+  session->channel_ = std::move(channel);
   *session->begin_.mutable_begin() = settings;
   session->deadline_ = absl::Now() + options.deadline;
   session->retry_ = std::move(options.retry);
@@ -61,10 +74,14 @@ bool Session::StartStream() {
     absl::MutexLock lock(&mu_);
     reader_done_ = false;
   }
-  stream_ = stub_->CompressSession(context_.get());
+  const grpc::internal::RpcMethod method(
+      kCompressSessionMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
+  // What the generated stub does, with wire bytes as the request type.
+  stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::SessionResponse>::
+                    Create(channel_.get(), method, context_.get()));
   closed_ = false;
   reader_ = std::thread([this] { ReadLoop(); });
-  return stream_->Write(begin_);
+  return stream_->Write(SerializeToByteBuffer(begin_));
 }
 
 void Session::ReadLoop() {
@@ -138,7 +155,7 @@ absl::Status Session::RecoverOnce(const absl::Status& status) {
     if (answered_) return status;  // layers were answered: replaying would answer them twice
   }
   const std::function<absl::Status()> reregister = std::move(retry_.reregister);
-  std::vector<v1::SessionRequest> replay = std::move(replay_);
+  std::vector<ReplayMessage> replay = std::move(replay_);
   DisarmRetry();  // once only
   if (absl::Status registered = reregister(); !registered.ok()) {
     return absl::Status(registered.code(),
@@ -155,11 +172,11 @@ absl::Status Session::RecoverOnce(const absl::Status& status) {
   }
   bool written = StartStream();
   for (size_t i = 0; written && i < replay.size(); ++i) {
-    if (replay[i].has_layer()) {  // not for the layer's tensor_chunk messages
+    if (replay[i].is_layer) {  // not for the layer's tensor_chunk messages
       absl::MutexLock lock(&mu_);
-      sent_at_[replay[i].layer().layer_id()] = absl::Now();
+      sent_at_[replay[i].layer_id] = absl::Now();
     }
-    written = stream_->Write(replay[i]);
+    written = stream_->Write(replay[i].bytes);
   }
   if (written) return absl::OkStatus();
   absl::Status closed = CloseStream();
@@ -169,6 +186,48 @@ absl::Status Session::RecoverOnce(const absl::Status& status) {
 }
 
 absl::Status Session::SendLayer(v1::LayerInput layer) {
+  // Large inline tensors leave the message and go as chunks framed from these strings.
+  std::string taken[3];
+  LayerTensorBytes bytes;
+  absl::Span<const char>* spans[3] = {&bytes.keys, &bytes.values, &bytes.queries};
+  v1::Tensor* tensors[3] = {layer.has_keys() ? layer.mutable_keys() : nullptr,
+                            layer.has_values() ? layer.mutable_values() : nullptr,
+                            layer.has_queries() ? layer.mutable_queries() : nullptr};
+  for (int slot = 0; slot < 3 && chunk_bytes_ > 0; ++slot) {
+    v1::Tensor* tensor = tensors[slot];
+    if (tensor == nullptr || tensor->data_case() != v1::Tensor::kInlineData) continue;
+    if (static_cast<int64_t>(tensor->inline_data().size()) <= chunk_bytes_) continue;
+    taken[slot] = std::move(*tensor->mutable_inline_data());
+    tensor->clear_inline_data();
+    *spans[slot] = absl::MakeConstSpan(taken[slot]);
+  }
+  return WriteLayer(std::move(layer), bytes);
+}
+
+absl::Status Session::SendLayer(v1::LayerInput layer, const LayerTensorBytes& bytes) {
+  const absl::Span<const char>* spans[3] = {&bytes.keys, &bytes.values, &bytes.queries};
+  const v1::Tensor* tensors[3] = {layer.has_keys() ? &layer.keys() : nullptr,
+                                  layer.has_values() ? &layer.values() : nullptr,
+                                  layer.has_queries() ? &layer.queries() : nullptr};
+  static const char* const kNames[3] = {"keys", "values", "queries"};
+  for (int slot = 0; slot < 3; ++slot) {
+    if (spans[slot]->empty()) continue;
+    if (tensors[slot] == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SendLayer: ", spans[slot]->size(), " bytes given for layer.", kNames[slot],
+          ", but the layer has no ", kNames[slot], " tensor (set its shape and dtype)"));
+    }
+    if (tensors[slot]->data_case() != v1::Tensor::DATA_NOT_SET &&
+        tensors[slot]->data_case() != v1::Tensor::kChunked) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SendLayer: bytes given for layer.", kNames[slot],
+          ", which already names its data; leave its data unset"));
+    }
+  }
+  return WriteLayer(std::move(layer), bytes);
+}
+
+absl::Status Session::WriteLayer(v1::LayerInput layer, const LayerTensorBytes& bytes) {
   if (finished_) return absl::FailedPreconditionError("SendLayer: the session is finished");
   if (closed_) return final_status_;
   const int32_t id = layer.layer_id();
@@ -179,22 +238,46 @@ absl::Status Session::SendLayer(v1::LayerInput layer) {
     answered = answered_;
   }
   if (answered && retry_.reregister) DisarmRetry();
-  std::vector<v1::SessionRequest> messages = SplitLayer(std::move(layer), chunk_bytes_);
-  bool written = true;
-  for (const v1::SessionRequest& message : messages) {
-    written = stream_->Write(message);
-    if (!written) break;
+  const absl::Span<const char>* spans[3] = {&bytes.keys, &bytes.values, &bytes.queries};
+  if (!bytes.keys.empty()) layer.mutable_keys()->mutable_chunked()->set_total_bytes(bytes.keys.size());
+  if (!bytes.values.empty()) {
+    layer.mutable_values()->mutable_chunked()->set_total_bytes(bytes.values.size());
+  }
+  if (!bytes.queries.empty()) {
+    layer.mutable_queries()->mutable_chunked()->set_total_bytes(bytes.queries.size());
+  }
+  // Each chunk's data is copied once, straight into its message's send buffer; a replay
+  // keeps the same buffers (reference counted).
+  std::vector<ReplayMessage> sent;
+  {
+    v1::SessionRequest message;
+    message.mutable_layer()->Swap(&layer);
+    sent.push_back({SerializeToByteBuffer(message), true, id});
+  }
+  bool written = stream_->Write(sent.back().bytes);
+  const size_t step =
+      static_cast<size_t>(chunk_bytes_ > 0 ? chunk_bytes_ : kDefaultChunkBytes);
+  const bool keep = static_cast<bool>(retry_.reregister);
+  for (int slot = 0; slot < 3 && written; ++slot) {
+    const absl::Span<const char> data = *spans[slot];
+    for (size_t offset = 0; offset < data.size() && written; offset += step) {
+      const size_t size = std::min(step, data.size() - offset);
+      grpc::ByteBuffer chunk =
+          FrameTensorChunk(id, kSlots[slot], offset, data.data() + offset, size);
+      written = stream_->Write(chunk);
+      if (keep) sent.push_back({std::move(chunk), false, id});
+    }
   }
   if (retry_.reregister) {
     // The replay holds whole layers: all of this layer's messages, or (past the cap)
     // nothing at all.
-    for (const v1::SessionRequest& message : messages) {
-      replay_bytes_ += static_cast<int64_t>(message.ByteSizeLong());
+    for (const ReplayMessage& message : sent) {
+      replay_bytes_ += static_cast<int64_t>(message.bytes.Length());
     }
     if (replay_bytes_ > retry_.max_replay_bytes) {
       DisarmRetry();
     } else {
-      for (v1::SessionRequest& message : messages) replay_.push_back(std::move(message));
+      for (ReplayMessage& message : sent) replay_.push_back(std::move(message));
     }
   }
   if (written) return absl::OkStatus();
@@ -235,7 +318,7 @@ absl::StatusOr<SessionResult> Session::Finish() {
     if (!closed_) {
       v1::SessionRequest request;
       request.mutable_finish();
-      if (stream_->Write(request)) stream_->WritesDone();
+      if (stream_->Write(SerializeToByteBuffer(request))) stream_->WritesDone();
     }
     return CloseStream();
   };

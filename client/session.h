@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 
@@ -45,6 +46,16 @@ struct SessionRetry {
   int64_t max_replay_bytes = int64_t{256} << 20;
 };
 
+/// A layer's tensor bytes that stay in the caller's memory (a KV cache's host copy): each
+/// non-empty span is sent as its tensor's tensor_chunk messages, copied once from that
+/// memory into gRPC's send buffers (no protobuf message is built around them). Dense row-major little-endian bytes of the tensor's shape
+/// and dtype, as inline_data would hold.
+struct LayerTensorBytes {
+  absl::Span<const char> keys;
+  absl::Span<const char> values;
+  absl::Span<const char> queries;
+};
+
 /// How Session::Open opens and feeds its stream.
 struct SessionOptions {
   /// Deadline of the whole stream, from Open to Finish.
@@ -52,8 +63,9 @@ struct SessionOptions {
   /// Recovery from "unknown model digest" (none when `retry.reregister` is unset).
   SessionRetry retry;
   /// Inline tensors longer than this many bytes go as tensor_chunk messages of at most
-  /// this many data bytes after their layer message (SplitLayer); <= 0 sends every layer
-  /// as one message. Each message must fit the server's --max_message_bytes.
+  /// this many data bytes after their layer message (the wire form of SplitLayer); <= 0
+  /// sends every layer as one message (LayerTensorBytes then go in chunks of
+  /// kDefaultChunkBytes). Each message must fit the server's --max_message_bytes.
   int64_t chunk_bytes = 0;
   /// When non-empty, sent as gRPC metadata `kvtrim-client-id` (a RegionLease's client id:
   /// the server resolves region tensors only within that client's regions).
@@ -66,20 +78,25 @@ struct SessionOptions {
 /// unfinished session cancels the stream.
 class Session {
  public:
-  using Stream = grpc::ClientReaderWriterInterface<v1::SessionRequest, v1::SessionResponse>;
+  /// Requests go out as wire bytes (so that chunk data can be sent from the caller's
+  /// memory); replies are parsed as SessionResponse.
+  using Stream = grpc::ClientReaderWriter<grpc::ByteBuffer, v1::SessionResponse>;
 
-  /// Starts the stream on `stub` with a deadline of now + `deadline` and sends `begin`.
-  /// Created by Client::OpenSession; the stub must outlive the session. With `retry`
+  /// Chunk size of LayerTensorBytes when SessionOptions.chunk_bytes is <= 0.
+  static constexpr int64_t kDefaultChunkBytes = int64_t{4} << 20;
+
+  /// Starts the stream on `channel` with a deadline of now + `deadline` and sends `begin`.
+  /// Created by Client::OpenSession. With `retry`
   /// (reregister set), a FAILED_PRECONDITION "unknown model digest" failure before any
   /// layer answer re-registers and replays once (see SessionRetry); the deadline stays
   /// the original one.
-  static absl::StatusOr<std::unique_ptr<Session>> Open(v1::Kvtrim::StubInterface* stub,
+  static absl::StatusOr<std::unique_ptr<Session>> Open(std::shared_ptr<grpc::Channel> channel,
                                                        const v1::CompressionSettings& settings,
                                                        absl::Duration deadline,
                                                        SessionRetry retry = {});
 
   /// As above, with every option of SessionOptions (chunking, client id metadata).
-  static absl::StatusOr<std::unique_ptr<Session>> Open(v1::Kvtrim::StubInterface* stub,
+  static absl::StatusOr<std::unique_ptr<Session>> Open(std::shared_ptr<grpc::Channel> channel,
                                                        const v1::CompressionSettings& settings,
                                                        SessionOptions options);
 
@@ -93,6 +110,14 @@ class Session {
   /// returns the stream's final status, e.g. INVALID_ARGUMENT naming the field;
   /// FAILED_PRECONDITION after Finish.
   absl::Status SendLayer(v1::LayerInput layer);
+
+  /// Sends one layer whose tensor bytes stay in the caller's memory: `layer` names each
+  /// tensor's shape and dtype (no inline_data for a tensor with bytes in `bytes`), and each
+  /// non-empty span goes as tensor_chunk messages copied once from the caller's memory
+  /// (the memory is the caller's again when this returns). INVALID_ARGUMENT when a span
+  /// has no tensor in `layer` or its tensor also carries inline_data; otherwise as
+  /// SendLayer above.
+  absl::Status SendLayer(v1::LayerInput layer, const LayerTensorBytes& bytes);
 
   /// Blocks until the answer of layer `layer_id` (already sent) has arrived. For per-layer
   /// policies only: model-wide policies answer at Finish, so this would wait for the
@@ -120,14 +145,22 @@ class Session {
   absl::Status RecoverOnce(const absl::Status& status);
   /// Drops the replay buffer and the retry (an answer arrived, or the buffer grew too big).
   void DisarmRetry();
+  /// Writes the layer message and the chunks of `bytes`; `id` names the layer in errors.
+  absl::Status WriteLayer(v1::LayerInput layer, const LayerTensorBytes& bytes);
 
-  v1::Kvtrim::StubInterface* stub_ = nullptr;
+  std::shared_ptr<grpc::Channel> channel_;
   v1::SessionRequest begin_;
   absl::Time deadline_;
   SessionRetry retry_;
   int64_t chunk_bytes_ = 0;
   std::string client_id_;
-  std::vector<v1::SessionRequest> replay_;  // layers sent while the retry is armed
+  /// A message kept for the replay.
+  struct ReplayMessage {
+    grpc::ByteBuffer bytes;
+    bool is_layer = false;  // the layer message (not one of its chunks)
+    int32_t layer_id = 0;
+  };
+  std::vector<ReplayMessage> replay_;  // messages sent while the retry is armed
   int64_t replay_bytes_ = 0;
 
   std::unique_ptr<grpc::ClientContext> context_;

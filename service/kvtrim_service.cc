@@ -16,7 +16,7 @@ grpc::ServerUnaryReactor* KvtrimService::Compress(grpc::CallbackServerContext* c
   return StartCompress(core_, context, request, response);
 }
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* KvtrimService::CompressSession(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* KvtrimService::CompressSession(
     grpc::CallbackServerContext* context) {
   return StartCompressSession(core_, context);
 }

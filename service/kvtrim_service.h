@@ -15,13 +15,22 @@
 
 namespace kvtrim::service {
 
+/// The generated callback service with CompressSession taking wire bytes (its messages
+/// are parsed by the session itself, so that chunk data is copied once): the generated
+/// CallbackService, written out with WithRawCallbackMethod_ for that one method.
+using KvtrimCallbackBase = v1::Kvtrim::WithCallbackMethod_ListPolicies<
+    v1::Kvtrim::WithCallbackMethod_Compress<v1::Kvtrim::WithRawCallbackMethod_CompressSession<
+        v1::Kvtrim::WithCallbackMethod_RegisterModel<v1::Kvtrim::WithCallbackMethod_ListModels<
+            v1::Kvtrim::WithCallbackMethod_DeleteModel<
+                v1::Kvtrim::WithCallbackMethod_Regions<v1::Kvtrim::Service>>>>>>>;
+
 /// Implements kvtrim.v1.Kvtrim (asynchronous: gRPC's callback API). No thread is held by
 /// an idle call: a Regions lease or a session waiting for its client costs memory only;
 /// blocking work (decoding, compute, model storage) runs on the core's work pool.
 /// Compress and CompressSession are admitted against `max_inflight`, Regions leases
 /// against `max_leases`. The engine, backend, metrics and model store are borrowed and
 /// must outlive it.
-class KvtrimService final : public v1::Kvtrim::CallbackService {
+class KvtrimService final : public KvtrimCallbackBase {
  public:
   using Options = ServiceOptions;
 
@@ -65,7 +74,9 @@ class KvtrimService final : public v1::Kvtrim::CallbackService {
   /// status after a last `error` message carrying it. begin.num_layers = 0 means unknown:
   /// each layer is computed with num_layers = max(layer_id seen so far) + 1, so
   /// PyramidKV's schedule (which depends on L) is only right when begin.num_layers is set.
-  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* CompressSession(
+  /// Requests arrive as SessionRequest wire bytes, replies leave as SessionResponse's; a
+  /// message that is not a SessionRequest -> INVALID_ARGUMENT naming "SessionRequest".
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CompressSession(
       grpc::CallbackServerContext* context) override;
 
   /// Header first, then weight chunks (service/model_codec.h has the rules); validates the

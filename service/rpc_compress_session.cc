@@ -16,6 +16,7 @@
 #include "service/rpcs.h"
 #include "service/session_front_end.h"
 #include "service/session_input.h"
+#include "service/session_wire.h"
 
 namespace kvtrim::service {
 
@@ -35,11 +36,30 @@ bool CheapToDecode(const v1::SessionRequest& message) {
   return true;
 }
 
-/// The reactor of one session. At most `--session_read_ahead` decoded layers wait for the
-/// computation; beyond that no read is started, so a fast client is slowed by gRPC flow
-/// control, not by memory. A failure ends the call with its own status, after a last
-/// `error` message carrying the same code and message.
-class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionResponse> {
+/// Messages smaller than this are parsed on gRPC's thread (to see whether they are cheap
+/// to take there); larger ones are parsed on the work pool.
+constexpr size_t kParseOnGrpcThreadBytes = 64 << 10;
+
+/// tensor_chunk messages read ahead while earlier ones are still being copied.
+constexpr int kChunksReadAhead = 2;
+
+/// One message read from the stream (or its end), on its way to the front lane.
+struct Incoming {
+  bool ok = false;  // false: the stream ended
+  std::chrono::steady_clock::time_point received;
+  grpc::ByteBuffer bytes;                   // the message's wire bytes
+  std::optional<WireTensorChunk> chunk;     // a tensor_chunk, read from `bytes` directly
+  std::unique_ptr<v1::SessionRequest> request;  // any other message, once parsed
+  absl::Status parsed;                      // the parse's status, when `request` is set
+};
+
+/// The reactor of one session. Messages arrive as wire bytes: a tensor_chunk's data is
+/// copied once, from gRPC's buffers into the layer's tensor, and up to kChunksReadAhead
+/// chunks are read while earlier ones are copied. At most `--session_read_ahead` decoded
+/// layers wait for the computation; beyond that no read is started (but one message), so a
+/// fast client is slowed by gRPC flow control, not by memory. A failure ends the call with
+/// its own status, after a last `error` message carrying the same code and message.
+class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   SessionCall(ServiceCore& core, grpc::CallbackServerContext* context)
       : core_(core),
@@ -57,41 +77,115 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
       End(guard_.status(), /*tell_client=*/false);
       return;
     }
-    RequestRead();
+    RequestReadOnce();
   }
 
   void OnReadDone(bool ok) override {
-    const auto received = Clock::now();
-    std::shared_ptr<v1::SessionRequest> message;
+    auto incoming = std::make_shared<Incoming>();
+    incoming->received = Clock::now();
+    incoming->ok = ok;
+    bool cheap = !ok;
+    bool read_early = false;
     if (ok) {
-      message = std::make_shared<v1::SessionRequest>(std::move(incoming_));
-      incoming_.Clear();
+      incoming->bytes.Swap(&incoming_);
+      incoming->chunk = PeekTensorChunk(incoming->bytes);
+      if (incoming->chunk.has_value()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++chunks_waiting_;
+        read_early = !read_paused_ && chunks_waiting_ <= kChunksReadAhead;
+      } else if (incoming->bytes.Length() <= kParseOnGrpcThreadBytes) {
+        incoming->request = std::make_unique<v1::SessionRequest>();
+        incoming->parsed = ParseSessionRequest(incoming->bytes, incoming->request.get());
+        cheap = !incoming->parsed.ok() || CheapToDecode(*incoming->request);
+      }
     }
     Hold();
-    auto task = [this, ok, message, received] {
-      FrontEnd(ok, message, received);
+    auto task = [this, incoming] {
+      FrontEnd(incoming.get());
       Release();
     };
     // A message whose decoding is a few lookups (CUDA IPC tensors, begin, finish) is taken
     // on gRPC's thread when the front end is idle: no hand-off to the pool. Reading host
-    // shm, copying chunks or scanning inline bytes goes to the pool.
-    if (!ok || CheapToDecode(*message)) {
+    // shm, copying chunks, parsing or scanning inline bytes goes to the pool.
+    if (cheap) {
       front_lane_.RunOrPost(std::move(task));
     } else {
       front_lane_.Post(std::move(task));
     }
+    // Only now may the next read start: its message is queued after this one.
+    bool start = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      read_outstanding_ = false;
+      start = ok && (read_wanted_ || read_early);
+      read_wanted_ = false;
+      read_outstanding_ = start;
+    }
+    if (start) StartReadNow();
   }
 
  private:
+  /// Starts a read, or (while one is outstanding, i.e. its message not yet queued) asks
+  /// OnReadDone to start it once that message is queued.
+  void RequestReadOnce() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (read_outstanding_) {
+        read_wanted_ = true;
+        return;
+      }
+      read_outstanding_ = true;
+    }
+    StartReadNow();
+  }
+
+  /// Starts the read claimed by setting read_outstanding_ (released when none starts).
+  void StartReadNow() {
+    if (!RequestRead()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      read_outstanding_ = false;
+    }
+  }
+
+  /// The item `incoming` completes, if any: a chunk copied into its layer, a message parsed
+  /// and taken, or the end of the stream.
+  std::optional<SessionItem> Take(Incoming* incoming) {
+    if (!incoming->ok) return input_.End(context_->IsCancelled());
+    if (incoming->chunk.has_value()) {
+      const WireTensorChunk& chunk = *incoming->chunk;
+      const ChunkHeader header{chunk.layer_id, chunk.slot, chunk.offset_bytes, chunk.data_bytes};
+      std::optional<SessionItem> item = input_.TakeChunk(header, [&](char* destination) {
+        return CopyTensorChunkData(incoming->bytes, chunk, destination);
+      });
+      std::lock_guard<std::mutex> lock(mutex_);
+      --chunks_waiting_;
+      return item;
+    }
+    if (incoming->request == nullptr) {
+      incoming->request = std::make_unique<v1::SessionRequest>();
+      incoming->parsed = ParseSessionRequest(incoming->bytes, incoming->request.get());
+    }
+    if (!incoming->parsed.ok()) {
+      SessionItem failed;
+      failed.kind = SessionItem::Kind::kError;
+      failed.status = incoming->parsed;
+      return failed;
+    }
+    incoming->bytes.Clear();
+    return input_.Take(std::move(incoming->request), incoming->received);
+  }
+
   /// Front lane: one message (or the end of the stream) into an item for the computation.
-  void FrontEnd(bool ok, const std::shared_ptr<v1::SessionRequest>& message,
-                Clock::time_point received) {
+  void FrontEnd(Incoming* incoming) {
     if (ended_.load()) return;
-    std::optional<SessionItem> item =
-        ok ? input_.Take(std::make_unique<v1::SessionRequest>(std::move(*message)), received)
-           : input_.End(context_->IsCancelled());
+    std::optional<SessionItem> item = Take(incoming);
     if (!item.has_value()) {  // a layer's chunks are still coming
-      RequestRead();
+      bool paused = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        paused = read_paused_;
+      }
+      if (!paused) RequestReadOnce();
       return;
     }
     front_end_.Process(&*item);
@@ -111,7 +205,7 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
       Compute();
       Release();
     });
-    if (read_now) RequestRead();
+    if (read_now) RequestReadOnce();
   }
 
   /// Compute lane: the oldest item.
@@ -128,7 +222,7 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
         read_now = true;
       }
     }
-    if (read_now) RequestRead();
+    if (read_now) RequestReadOnce();
     if (ended_.load()) return;  // what follows the end is dropped
     bool finished = false;
     const absl::Status status = Handle(&item, &finished);
@@ -190,7 +284,7 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
         std::max(0.0, std::chrono::duration<double>(start - item->ready).count());
     v1::SessionResponse response;
     runner_.Encode(policy.settings, item->received, &*decision, response.mutable_layer());
-    Send(std::move(response));
+    Send(SerializeSessionResponse(response));
     Count(*decision);
     return absl::OkStatus();
   }
@@ -203,13 +297,13 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
       for (LayerDecision& decision : *decided) {
         v1::SessionResponse response;
         runner_.Encode(policy_->settings, item.received, &decision, response.mutable_layer());
-        Send(std::move(response));
+        Send(SerializeSessionResponse(response));
         Count(decision);
       }
     }
     v1::SessionResponse response;
     *response.mutable_finished() = summary_;
-    Send(std::move(response));
+    Send(SerializeSessionResponse(response));
     return absl::OkStatus();
   }
 
@@ -232,7 +326,7 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
       v1::SessionResponse failure;
       failure.mutable_error()->set_code(static_cast<int32_t>(wire.error_code()));
       failure.mutable_error()->set_message(wire.error_message());
-      Send(std::move(failure));  // dropped when the client is gone
+      Send(SerializeSessionResponse(failure));  // dropped when the client is gone
     }
     core_.LogServerError(Rpc::kCompressSession, request_id_, status);
     core_.metrics().RecordRequest(Rpc::kCompressSession, label_, status.code(),
@@ -256,10 +350,13 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
   std::string request_id_;
   // Shared by the lanes:
   const int read_ahead_;
-  std::mutex mutex_;  // guards items_, pending_layers_, read_paused_
+  std::mutex mutex_;  // guards what follows, up to ended_
   std::deque<SessionItem> items_;
   int pending_layers_ = 0;
   bool read_paused_ = false;
+  bool read_outstanding_ = false;  // a read started whose message is not yet queued
+  bool read_wanted_ = false;       // a read was asked for meanwhile
+  int chunks_waiting_ = 0;         // tensor_chunk messages read, not yet copied
   std::atomic<bool> ended_{false};
   SerialLane front_lane_;
   SerialLane compute_lane_;
@@ -267,7 +364,7 @@ class SessionCall final : public BidiStream<v1::SessionRequest, v1::SessionRespo
 
 }  // namespace
 
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* StartCompressSession(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartCompressSession(
     ServiceCore& core, grpc::CallbackServerContext* context) {
   return new SessionCall(core, context);
 }

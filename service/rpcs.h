@@ -19,7 +19,7 @@ grpc::ServerUnaryReactor* StartCompress(ServiceCore& core, grpc::CallbackServerC
                                         v1::CompressResponse* response);
 
 /// CompressSession: begin -> layer* -> finish (see KvtrimService::CompressSession).
-grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionResponse>* StartCompressSession(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartCompressSession(
     ServiceCore& core, grpc::CallbackServerContext* context);
 
 /// RegisterModel: header, then weight chunks; stores the model, answers its digest.

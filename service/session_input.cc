@@ -56,6 +56,22 @@ std::optional<SessionItem> SessionInput::Take(std::unique_ptr<v1::SessionRequest
   return DecodePending();
 }
 
+std::optional<SessionItem> SessionInput::TakeChunk(const ChunkHeader& header,
+                                                   absl::FunctionRef<bool(char*)> copy_data) {
+  if (!pending_.has_value()) {
+    return ErrorItem(absl::InvalidArgumentError(absl::StrCat(
+        "tensor_chunk: no chunked tensor is pending (layer_id ", header.layer_id,
+        "); chunks follow their layer message")));
+  }
+  const absl::Status added = AddChunk(header, copy_data);
+  if (!added.ok()) {
+    pending_.reset();
+    return ErrorItem(added);
+  }
+  if (open_ > 0) return std::nullopt;
+  return DecodePending();
+}
+
 SessionItem SessionInput::End(bool cancelled) {
   if (!pending_.has_value()) return SessionItem{};  // kEnd
   const std::string text =
@@ -111,30 +127,48 @@ absl::Status SessionInput::AddChunk(const v1::SessionRequest& message) {
     }
   }
   const v1::TensorChunk& chunk = message.tensor_chunk();
-  if (chunk.layer_id() != layer_id) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor_chunk.layer_id: ", chunk.layer_id(),
+  ChunkHeader header;
+  header.layer_id = chunk.layer_id();
+  header.slot = static_cast<int32_t>(chunk.slot());
+  header.offset_bytes = chunk.offset_bytes();
+  header.data_bytes = static_cast<int64_t>(chunk.data().size());
+  return AddChunk(header, [&chunk](char* destination) {
+    std::memcpy(destination, chunk.data().data(), chunk.data().size());
+    return true;
+  });
+}
+
+absl::Status SessionInput::AddChunk(const ChunkHeader& chunk,
+                                    absl::FunctionRef<bool(char*)> copy_data) {
+  const int32_t layer_id = pending_->request->layer().layer_id();
+  if (chunk.layer_id != layer_id) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_chunk.layer_id: ", chunk.layer_id,
                                                    ", but the layer being assembled is ",
                                                    layer_id));
   }
-  const int slot = static_cast<int>(chunk.slot()) - 1;
+  const int slot = chunk.slot - 1;
   if (slot < 0 || slot > 2 || expected_[slot] == 0) {
+    const std::string name = v1::TensorSlot_IsValid(chunk.slot)
+                                 ? v1::TensorSlot_Name(static_cast<v1::TensorSlot>(chunk.slot))
+                                 : absl::StrCat(chunk.slot);
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor_chunk.slot: ", v1::TensorSlot_Name(chunk.slot()), " is not a chunked tensor "
-        "of layer ", layer_id));
+        "tensor_chunk.slot: ", name, " is not a chunked tensor of layer ", layer_id));
   }
-  if (chunk.offset_bytes() != static_cast<uint64_t>(received_[slot])) {
+  if (chunk.offset_bytes != static_cast<uint64_t>(received_[slot])) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor_chunk.offset_bytes: ", chunk.offset_bytes(), " for layer ", layer_id, "'s ",
+        "tensor_chunk.offset_bytes: ", chunk.offset_bytes, " for layer ", layer_id, "'s ",
         SlotName(slot), ", expected ", received_[slot], " (chunks arrive in order)"));
   }
-  const int64_t size = static_cast<int64_t>(chunk.data().size());
+  const int64_t size = chunk.data_bytes;
   if (size == 0 || received_[slot] + size > expected_[slot]) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor_chunk.data: ", size, " bytes at offset ", received_[slot], " of layer ",
         layer_id, "'s ", SlotName(slot), " (", expected_[slot], " bytes in all)"));
   }
-  std::memcpy(reinterpret_cast<char*>(chunks_[slot].get()) + received_[slot],
-              chunk.data().data(), static_cast<size_t>(size));
+  if (!copy_data(reinterpret_cast<char*>(chunks_[slot].get()) + received_[slot])) {
+    return absl::InternalError(absl::StrCat("tensor_chunk.data: ", size,
+                                            " bytes could not be read from the message"));
+  }
   received_[slot] += size;
   pending_->wire_bytes += size;
   if (received_[slot] == expected_[slot]) --open_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "kernels/engine.h"
 #include "kvtrim/v1/kvtrim.pb.h"
@@ -43,6 +44,15 @@ struct SessionItem {
   bool last() const { return kind == Kind::kEnd || kind == Kind::kError || kind == Kind::kFinish; }
 };
 
+/// A tensor_chunk's fields other than its data (read from a parsed message or its wire
+/// bytes).
+struct ChunkHeader {
+  int32_t layer_id = 0;
+  int32_t slot = 0;  // a v1::TensorSlot value
+  uint64_t offset_bytes = 0;
+  int64_t data_bytes = 0;
+};
+
 /// Turns a session's messages into items. A layer whose tensors are `chunked` is held
 /// until the tensor_chunk messages that follow it complete them (each layer at most
 /// `max_layer_bytes` in total); layers are decoded with `context` (regions, client id,
@@ -56,6 +66,12 @@ class SessionInput {
   /// layer's chunks are still coming.
   std::optional<SessionItem> Take(std::unique_ptr<v1::SessionRequest> message,
                                   std::chrono::steady_clock::time_point received);
+  /// A tensor_chunk read from the wire without parsing its data: `copy_data` copies its
+  /// `header.data_bytes` bytes to the given address once the header is found valid. The
+  /// item it completes, nothing while chunks are still coming, or kError (also when
+  /// `copy_data` returns false).
+  std::optional<SessionItem> TakeChunk(const ChunkHeader& header,
+                                       absl::FunctionRef<bool(char*)> copy_data);
   /// The stream ended (`cancelled`: by the client or the deadline): kEnd, or kError when a
   /// layer's chunks were incomplete.
   SessionItem End(bool cancelled);
@@ -65,6 +81,8 @@ class SessionInput {
   absl::Status StartChunks(SessionItem* item);
   /// Adds one tensor_chunk to the pending layer.
   absl::Status AddChunk(const v1::SessionRequest& message);
+  /// Adds the chunk `header` describes; `copy_data` writes its data where it belongs.
+  absl::Status AddChunk(const ChunkHeader& header, absl::FunctionRef<bool(char*)> copy_data);
   /// Decodes the pending (complete) layer into its item.
   SessionItem DecodePending();
 

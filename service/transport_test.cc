@@ -198,6 +198,31 @@ TEST_F(TransportTest, ChunkedInlineSessionMatchesInlineCompress) {
   }
 }
 
+TEST_F(TransportTest, AnUndecodableMessageNamesSessionRequest) {
+  // Wire bytes that are no SessionRequest, after a valid begin: the session ends with
+  // INVALID_ARGUMENT naming the message (not "closed without finish").
+  std::shared_ptr<grpc::Channel> channel = Connect(*server_);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  const grpc::internal::RpcMethod method("/kvtrim.v1.Kvtrim/CompressSession",
+                                         grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, v1::SessionResponse>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::SessionResponse>::Create(
+          channel.get(), method, &context));
+  auto bytes = [](const std::string& data) {
+    grpc::Slice slice(data);
+    return grpc::ByteBuffer(&slice, 1);
+  };
+  stream->Write(bytes(SessionBegin(MakeSettings("snapkv")).SerializeAsString()));
+  stream->Write(bytes(std::string("\x22\xff\xff\xff\xff\x0f", 6)));
+  stream->WritesDone();
+  v1::SessionResponse response;
+  while (stream->Read(&response)) {
+  }
+  EXPECT_GRPC_ERROR(stream->Finish(), grpc::StatusCode::INVALID_ARGUMENT,
+                    "SessionRequest: a message of 6 bytes is not a valid SessionRequest");
+}
+
 TEST_F(TransportTest, ChunkingMistakesNameTensorChunk) {
   LayerDims dims;
   auto messages = ChunkedLayers(dims, 1000);

@@ -9,7 +9,7 @@ absl::StatusOr<std::unique_ptr<LayerSource>> MakeLayerSource(const LoadgenConfig
                                                              Client& client) {
   switch (config.transport) {
     case Transport::kInline:
-      return MakeInlineSource(layer);
+      return MakeInlineSource(layer, /*borrow=*/config.chunk_bytes > 0);
     case Transport::kHostShm:
       return MakeHostShmSource(layer, config.rewrite_per_layer, client);
     case Transport::kCudaIpc:

@@ -27,6 +27,10 @@ class LayerSource {
   /// Tensor bytes one layer carries on the wire (inline data; 0 for region transports).
   virtual int64_t WireBytesPerLayer() const = 0;
 
+  /// Tensor bytes sent with every layer straight from the source's memory
+  /// (Session::SendLayer with LayerTensorBytes); empty when Layer() carries them.
+  virtual LayerTensorBytes Bytes() const { return {}; }
+
   /// Remarks for the report (e.g. a fallback the transport had to take).
   const std::vector<std::string>& notes() const { return notes_; }
 
@@ -42,8 +46,10 @@ absl::StatusOr<std::unique_ptr<LayerSource>> MakeLayerSource(const LoadgenConfig
                                                              const HostLayer& layer,
                                                              Client& client);
 
-/// The inline source: every layer carries a copy of `layer`'s bytes.
-std::unique_ptr<LayerSource> MakeInlineSource(const HostLayer& layer);
+/// The inline source. With `borrow`, each layer's tensors are sent as chunks straight from
+/// `layer`'s memory (as a worker whose KV cache sits in host memory would send it); else
+/// every layer message carries a copy of `layer`'s bytes (one message per layer).
+std::unique_ptr<LayerSource> MakeInlineSource(const HostLayer& layer, bool borrow);
 
 /// The host_shm source: one segment holding `layer`, registered once and named by every
 /// layer; with `rewrite_per_layer`, the layer's bytes are copied into it again before each

@@ -43,7 +43,11 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
     absl::StatusOr<v1::LayerInput> layer = source.Layer(id);
     if (!layer.ok()) return layer.status();
     sample.layer_prepare_s[id] = absl::ToDoubleSeconds(absl::Now() - prepare);
-    if (absl::Status sent = (*session)->SendLayer(*std::move(layer)); !sent.ok()) {
+    const LayerTensorBytes bytes = source.Bytes();
+    const bool borrowed = !bytes.keys.empty() || !bytes.values.empty() || !bytes.queries.empty();
+    absl::Status sent = borrowed ? (*session)->SendLayer(*std::move(layer), bytes)
+                                 : (*session)->SendLayer(*std::move(layer));
+    if (!sent.ok()) {
       return absl::Status(sent.code(), absl::StrCat("layer ", id, ": ", sent.message()));
     }
     if (config.serial) {

@@ -314,6 +314,14 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
   absl::StatusOr<std::string> digest = client_->RegisterModel(*bundle);
   ASSERT_TRUE(digest.ok()) << digest.status();
 
+  // A second client whose sessions send large tensors as 1000-byte chunks.
+  ClientOptions chunking;
+  chunking.max_message_bytes = 16 << 20;
+  chunking.default_deadline = absl::Seconds(30);
+  chunking.session_chunk_bytes = 1000;
+  absl::StatusOr<std::unique_ptr<Client>> chunking_client = Client::Connect(target_, chunking);
+  ASSERT_TRUE(chunking_client.ok()) << chunking_client.status();
+
   std::map<std::string, Expected> expected;
   for (const v1::PolicyInfo& policy : presets) {
     SCOPED_TRACE(absl::StrCat("policy ", policy.name()));
@@ -356,6 +364,31 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
     EXPECT_EQ(result->summary.tokens_kept(), kept);
     EXPECT_EQ(result->summary.backend(), "cpu");
     ExpectSameAnswers(unary_layers, result->layers);
+
+    // The same layers sent from the caller's memory (LayerTensorBytes) in 1000-byte chunks.
+    absl::StatusOr<std::unique_ptr<Session>> borrowing =
+        (*chunking_client)->OpenSession(settings);
+    ++e.session_calls;
+    ASSERT_TRUE(borrowing.ok()) << borrowing.status();
+    for (const v1::LayerInput& layer : sample->layers) {
+      v1::LayerInput header = layer;
+      LayerTensorBytes bytes;
+      auto borrow = [](const v1::Tensor& from, v1::Tensor* to, absl::Span<const char>* span) {
+        if (from.data_case() != v1::Tensor::kInlineData) return;
+        *span = absl::MakeConstSpan(from.inline_data());
+        to->clear_inline_data();
+      };
+      if (layer.has_keys()) borrow(layer.keys(), header.mutable_keys(), &bytes.keys);
+      if (layer.has_values()) borrow(layer.values(), header.mutable_values(), &bytes.values);
+      if (layer.has_queries()) borrow(layer.queries(), header.mutable_queries(), &bytes.queries);
+      ASSERT_TRUE((*borrowing)->SendLayer(std::move(header), bytes).ok());
+    }
+    absl::StatusOr<SessionResult> borrowed = (*borrowing)->Finish();
+    ASSERT_TRUE(borrowed.ok()) << borrowed.status();
+    std::sort(borrowed->layers.begin(), borrowed->layers.end(),
+              [](const auto& a, const auto& b) { return a.layer_id() < b.layer_id(); });
+    Account(borrowed->layers, &e);
+    ExpectSameAnswers(unary_layers, borrowed->layers);
   }
 
   // One deliberately bad request: a budget outside (0, 1].
@@ -394,7 +427,7 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
   EXPECT_EQ(metrics.Sum("kvtrim_request_duration_seconds_count", {{"rpc", "Compress"}}),
             presets.size() + 1);
   EXPECT_EQ(metrics.Sum("kvtrim_request_duration_seconds_count", {{"rpc", "CompressSession"}}),
-            presets.size());
+            2 * presets.size());  // each preset's session of whole layers and of chunks
   EXPECT_GT(metrics.Sum("kvtrim_request_bytes_total", {{"rpc", "Compress"}}), 0);
   EXPECT_GT(metrics.Sum("kvtrim_stage_duration_seconds_count", {{"stage", "compute"}}), 0);
   EXPECT_EQ(metrics.Count("kvtrim_inflight_requests", {}), 1);
