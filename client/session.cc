@@ -239,7 +239,9 @@ absl::Status Session::WriteLayer(v1::LayerInput layer, const LayerTensorBytes& b
   }
   if (answered && retry_.reregister) DisarmRetry();
   const absl::Span<const char>* spans[3] = {&bytes.keys, &bytes.values, &bytes.queries};
-  if (!bytes.keys.empty()) layer.mutable_keys()->mutable_chunked()->set_total_bytes(bytes.keys.size());
+  if (!bytes.keys.empty()) {
+    layer.mutable_keys()->mutable_chunked()->set_total_bytes(bytes.keys.size());
+  }
   if (!bytes.values.empty()) {
     layer.mutable_values()->mutable_chunked()->set_total_bytes(bytes.values.size());
   }
@@ -258,13 +260,15 @@ absl::Status Session::WriteLayer(v1::LayerInput layer, const LayerTensorBytes& b
   const size_t step =
       static_cast<size_t>(chunk_bytes_ > 0 ? chunk_bytes_ : kDefaultChunkBytes);
   const bool keep = static_cast<bool>(retry_.reregister);
-  for (int slot = 0; slot < 3 && written; ++slot) {
+  // With a replay armed, every chunk is framed even past a failed write: the replay holds
+  // whole layers.
+  for (int slot = 0; slot < 3 && (written || keep); ++slot) {
     const absl::Span<const char> data = *spans[slot];
-    for (size_t offset = 0; offset < data.size() && written; offset += step) {
+    for (size_t offset = 0; offset < data.size() && (written || keep); offset += step) {
       const size_t size = std::min(step, data.size() - offset);
       grpc::ByteBuffer chunk =
           FrameTensorChunk(id, kSlots[slot], offset, data.data() + offset, size);
-      written = stream_->Write(chunk);
+      if (written) written = stream_->Write(chunk);
       if (keep) sent.push_back({std::move(chunk), false, id});
     }
   }
