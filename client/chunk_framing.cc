@@ -2,6 +2,7 @@
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
 
 #include <cstring>
 #include <string>
@@ -53,9 +54,11 @@ grpc::ByteBuffer FrameTensorChunk(int32_t layer_id, v1::TensorSlot slot, uint64_
 }
 
 grpc::ByteBuffer SerializeToByteBuffer(const google::protobuf::MessageLite& message) {
-  grpc::Slice slice(message.ByteSizeLong());
-  message.SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slice.begin()));
-  return grpc::ByteBuffer(&slice, 1);
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  grpc::SerializationTraits<google::protobuf::MessageLite>::Serialize(message, &buffer, &own)
+      .IgnoreError();  // fails only past 2 GiB, which no session message reaches
+  return buffer;
 }
 
 }  // namespace kvtrim

@@ -19,7 +19,7 @@ namespace kvtrim {
 grpc::ByteBuffer FrameTensorChunk(int32_t layer_id, v1::TensorSlot slot, uint64_t offset_bytes,
                                   const char* data, size_t size);
 
-/// `message` serialised into a ByteBuffer (one owned slice).
+/// `message` serialised into a ByteBuffer (gRPC's own protobuf serialisation).
 grpc::ByteBuffer SerializeToByteBuffer(const google::protobuf::MessageLite& message);
 
 }  // namespace kvtrim

@@ -1,6 +1,7 @@
 #include "client/session.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -18,9 +19,13 @@ bool IsUnknownModelDigest(const absl::Status& status) {
 
 namespace {
 
-/// The method path of CompressSession (the generated stub's, written once here because the
-/// session opens its stream with wire-bytes requests).
-constexpr char kCompressSessionMethod[] = "/kvtrim.v1.Kvtrim/CompressSession";
+/// The method path of CompressSession, from the generated service's name (the session
+/// opens its stream itself, with wire bytes as the request type).
+const char* CompressSessionMethod() {
+  static const std::string* const kPath =
+      new std::string(absl::StrCat("/", v1::Kvtrim::service_full_name(), "/CompressSession"));
+  return kPath->c_str();
+}
 
 /// The slot of each LayerTensorBytes span, in sending order.
 constexpr v1::TensorSlot kSlots[3] = {v1::TENSOR_SLOT_KEYS, v1::TENSOR_SLOT_VALUES,
@@ -75,8 +80,7 @@ bool Session::StartStream() {
     reader_done_ = false;
   }
   const grpc::internal::RpcMethod method(
-      kCompressSessionMethod, grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
-  // What the generated stub does, with wire bytes as the request type.
+      CompressSessionMethod(), grpc::internal::RpcMethod::BIDI_STREAMING, channel_);
   stream_.reset(grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, v1::SessionResponse>::
                     Create(channel_.get(), method, context_.get()));
   closed_ = false;

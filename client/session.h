@@ -63,7 +63,7 @@ struct SessionOptions {
   /// Recovery from "unknown model digest" (none when `retry.reregister` is unset).
   SessionRetry retry;
   /// Inline tensors longer than this many bytes go as tensor_chunk messages of at most
-  /// this many data bytes after their layer message (the wire form of SplitLayer); <= 0
+  /// this many data bytes after their layer message (FrameTensorChunk); <= 0
   /// sends every layer as one message (LayerTensorBytes then go in chunks of
   /// kDefaultChunkBytes). Each message must fit the server's --max_message_bytes.
   int64_t chunk_bytes = 0;

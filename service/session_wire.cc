@@ -3,6 +3,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/wire_format_lite.h>
 #include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/impl/codegen/proto_utils.h>
 
 #include <cstring>
 
@@ -16,9 +17,6 @@ using google::protobuf::internal::WireFormatLite;
 
 constexpr uint32_t kLengthDelimited = WireFormatLite::WIRETYPE_LENGTH_DELIMITED;
 constexpr uint32_t kVarint = WireFormatLite::WIRETYPE_VARINT;
-
-/// Reads one varint field's value into `value`; false when the bytes end first.
-bool ReadVarint(CodedInputStream* in, uint64_t* value) { return in->ReadVarint64(value); }
 
 }  // namespace
 
@@ -44,15 +42,15 @@ std::optional<WireTensorChunk> PeekTensorChunk(grpc::ByteBuffer& message) {
     uint64_t value = 0;
     switch (field) {
       case v1::TensorChunk::kLayerIdFieldNumber:
-        if (type != kVarint || !ReadVarint(&in, &value)) return std::nullopt;
+        if (type != kVarint || !in.ReadVarint64(&value)) return std::nullopt;
         chunk.layer_id = static_cast<int32_t>(value);  // int32: the low 32 bits
         break;
       case v1::TensorChunk::kSlotFieldNumber:
-        if (type != kVarint || !ReadVarint(&in, &value)) return std::nullopt;
+        if (type != kVarint || !in.ReadVarint64(&value)) return std::nullopt;
         chunk.slot = static_cast<int32_t>(value);
         break;
       case v1::TensorChunk::kOffsetBytesFieldNumber:
-        if (type != kVarint || !ReadVarint(&in, &chunk.offset_bytes)) return std::nullopt;
+        if (type != kVarint || !in.ReadVarint64(&chunk.offset_bytes)) return std::nullopt;
         break;
       case v1::TensorChunk::kDataFieldNumber: {
         uint32_t size = 0;
@@ -102,9 +100,11 @@ absl::Status ParseSessionRequest(grpc::ByteBuffer& message, v1::SessionRequest* 
 }
 
 grpc::ByteBuffer SerializeSessionResponse(const v1::SessionResponse& response) {
-  grpc::Slice slice(response.ByteSizeLong());
-  response.SerializeWithCachedSizesToArray(const_cast<uint8_t*>(slice.begin()));
-  return grpc::ByteBuffer(&slice, 1);
+  grpc::ByteBuffer buffer;
+  bool own = false;
+  grpc::SerializationTraits<v1::SessionResponse>::Serialize(response, &buffer, &own)
+      .IgnoreError();  // fails only past 2 GiB, which no answer reaches
+  return buffer;
 }
 
 }  // namespace kvtrim::service

@@ -44,8 +44,9 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
     if (!layer.ok()) return layer.status();
     sample.layer_prepare_s[id] = absl::ToDoubleSeconds(absl::Now() - prepare);
     const LayerTensorBytes bytes = source.Bytes();
-    const bool borrowed = !bytes.keys.empty() || !bytes.values.empty() || !bytes.queries.empty();
-    absl::Status sent = borrowed ? (*session)->SendLayer(*std::move(layer), bytes)
+    const bool from_memory =
+        !bytes.keys.empty() || !bytes.values.empty() || !bytes.queries.empty();
+    absl::Status sent = from_memory ? (*session)->SendLayer(*std::move(layer), bytes)
                                  : (*session)->SendLayer(*std::move(layer));
     if (!sent.ok()) {
       return absl::Status(sent.code(), absl::StrCat("layer ", id, ": ", sent.message()));
