@@ -246,16 +246,18 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
   const std::pair<const TensorView*, const char*> tensors[] = {
       {&k, ".keys"}, {&layer.values, ".values"}, {&layer.queries, ".queries"}};
   for (const auto& [tensor, name] : tensors) {
-    if (tensor->present() && tensor->on_device() && !backend_.reads_device_memory()) {
+    if (tensor->present() && !tensor->host_readable() && !backend_.reads_device_memory()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          field, name, ": a device tensor (cuda_ipc) needs the GPU backend; this kvtrimd "
-          "computes on the ", backend_.name(), " (send host_shm or inline_data)"));
+          field, name, tensor->on_device() ? ": a device tensor (cuda_ipc)"
+                                           : ": a page-locked host_shm tensor",
+          " needs the GPU backend; this kvtrimd computes on the ", backend_.name(),
+          tensor->on_device() ? " (send host_shm or inline_data)" : ""));
     }
   }
-  // Values must be finite (last: it reads every byte). Device tensors are checked by the
-  // backend on the device, with the same message.
+  // Values must be finite (last: it reads every byte). Device and pinned host tensors are
+  // checked by the backend on the device, with the same message.
   for (const auto& [tensor, name] : tensors) {
-    if (!tensor->present() || tensor->on_device()) continue;
+    if (!tensor->present() || !tensor->host_readable()) continue;
     if (auto st = CheckFinite(*tensor, field + name); !st.ok()) return st;
   }
   v.layer_id = layer.layer_id;

@@ -178,6 +178,25 @@ TEST_F(EngineTest, RejectsMissingInputsNonFiniteAndBudgetOverN) {
   }
 }
 
+TEST_F(EngineTest, DeviceReadTensorsNeedABackendThatReadsDeviceMemory) {
+  const ResolvedPolicy knorm = Policy("knorm");
+  for (MemorySpace space : {MemorySpace::kDevice, MemorySpace::kPinnedHost}) {
+    Layer l(2, 40, 8, 4, 8);
+    l.request.values.space = space;
+    l.k[3] = std::nanf("");  // never scanned: the refusal comes before the host scan
+    l.request.values.data = l.k.data();
+    auto r = engine_.CompressLayer(knorm, l.request, "layers[0]");
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_NE(r.status().message().find(
+                  space == MemorySpace::kDevice
+                      ? "layers[0].values: a device tensor (cuda_ipc) needs the GPU backend"
+                      : "layers[0].values: a page-locked host_shm tensor needs the GPU backend"),
+              std::string::npos)
+        << r.status();
+  }
+}
+
 TEST_F(EngineTest, KeptCountsFollowTheBudgetRule) {
   Layer l(3, 99, 16, 6, 32);
   for (const auto& preset : registry_.presets()) {

@@ -16,7 +16,12 @@ namespace kvtrim {
 ///  kHost    process memory, readable by the CPU
 ///  kDevice  CUDA device memory of the backend's device (a mapped CUDA IPC region); only a
 ///           backend whose reads_device_memory() is true takes such tensors
-enum class MemorySpace { kHost, kDevice };
+///  kPinnedHost  host memory page-locked for the devices (a worker's host shm segment,
+///           mapped): the device copies it by DMA, and nothing on the host reads it, since
+///           the worker may shrink its segment (a host read would fault); only a backend
+///           whose reads_device_memory() is true takes such tensors, and it checks them for
+///           NaN / Inf on the device as it does device tensors
+enum class MemorySpace { kHost, kDevice, kPinnedHost };
 
 /// Element addresses of a device tensor that is not dense row-major (a worker's own KV
 /// layout, e.g. a paged pool). Element [i0, i1, i2] sits at element offset
@@ -44,6 +49,9 @@ struct TensorView {
 
   /// True when the bytes are in device memory.
   bool on_device() const { return space == MemorySpace::kDevice; }
+  /// True when host code may read the bytes (kHost); device and pinned host tensors are
+  /// read by the device only.
+  bool host_readable() const { return space == MemorySpace::kHost; }
 
   /// True when the tensor was provided.
   bool present() const { return data != nullptr; }

@@ -58,7 +58,16 @@ run ipc_32k_serial_off_output 60 --transport=cuda_ipc --tokens=32768 --prefills=
   --warmup_prefills=1 --serial --perturbation=off --output_region
 run ipc_128k_serial_off_output 90 --transport=cuda_ipc --tokens=131072 --prefills=2 \
   --warmup_prefills=1 --serial --perturbation=off --output_region
+# Pipelined with the statistic off and the lists into a device output region: a worker
+# that sends each layer and goes on with the next (prefill attention never waits for an
+# eviction answer), the deployment the output region is for.
+run ipc_32k_off_output 60 --transport=cuda_ipc --tokens=32768 --prefills=5 --warmup_prefills=1 \
+  --perturbation=off --output_region
+run ipc_128k_off_output 90 --transport=cuda_ipc --tokens=131072 --prefills=3 --warmup_prefills=1 \
+  --perturbation=off --output_region
+# Host shm, its segment page-locked at registration (--max_pinned_shm_bytes, on by default).
 run shm_32k 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
+run shm_32k_serial 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1 --serial
 run inline_32k 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
 run inline_32k_w8 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 --workers=8
 run inline_32k_w8_shared 150 --transport=inline --tokens=32768 --prefills=1 --warmup_prefills=0 \
@@ -78,6 +87,17 @@ run inline_32k_w8_window 150 --transport=inline --tokens=32768 --prefills=1 --wa
   --workers=8 --http2_window_bytes=$((64 << 20))
 kill -TERM "$pid"
 wait "$pid" || { echo "kvtrimd (window) exit status $?"; RC=1; }
+
+# Host shm read with pread into kvtrimd's memory (no page-locking): the same-run reference.
+echo "== kvtrimd --max_pinned_shm_bytes=0"
+server_log="$OUT/kvtrimd_transport_pread.log"
+start_kvtrimd "$server_log" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 \
+  --metrics_listen= --workers=2 --max_message_bytes=$((64 << 20)) --max_pinned_shm_bytes=0 || exit 1
+run shm_32k_pread 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
+run shm_32k_serial_pread 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1 \
+  --serial
+kill -TERM "$pid"
+wait "$pid" || { echo "kvtrimd (pread) exit status $?"; RC=1; }
 
 # The same node over a Unix domain socket instead of TCP loopback.
 echo "== kvtrimd --listen=unix:..."

@@ -104,6 +104,11 @@ ABSL_FLAG(bool, allow_client_shm, false,
 ABSL_FLAG(int32_t, max_regions_per_client, 64,
           "Most regions (shm segments, CUDA IPC allocations and events) one client lease holds "
           "at once (1 .. 65536); more get RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_pinned_shm_bytes, int64_t{32} << 30,
+          "With the GPU backend, host shm segments are mapped and page-locked at registration "
+          "so that the GPU copies their tensors by DMA, while the pinned segments of all "
+          "clients stay within this many bytes (0 .. 2^44; 0 = never: every segment is read "
+          "with pread into kvtrimd's memory).");
 ABSL_FLAG(int64_t, max_layer_bytes, int64_t{8} << 30,
           "Largest layer a CompressSession may send as chunked tensors, in bytes: the sum of "
           "the layer's chunked tensors (1024 .. 2^40); more get RESOURCE_EXHAUSTED.");
@@ -129,7 +134,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
                                      "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
-                                     "allow_client_shm", "max_regions_per_client",
+                                     "allow_client_shm", "max_regions_per_client", "max_pinned_shm_bytes",
                                      "max_layer_bytes", "session_read_ahead",
                                      "host_buffer_pool_bytes"};
 
@@ -270,6 +275,10 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckRange("max_layer_bytes", max_layer_bytes, 1024, int64_t{1} << 40);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("max_pinned_shm_bytes", max_pinned_shm_bytes, 0, int64_t{1} << 44);
       !st.ok()) {
     return st;
   }
@@ -437,6 +446,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   config.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
   config.max_regions_per_client = absl::GetFlag(FLAGS_max_regions_per_client);
+  config.max_pinned_shm_bytes = absl::GetFlag(FLAGS_max_pinned_shm_bytes);
   config.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   config.session_read_ahead = absl::GetFlag(FLAGS_session_read_ahead);
   config.host_buffer_pool_bytes = absl::GetFlag(FLAGS_host_buffer_pool_bytes);

@@ -74,6 +74,9 @@ struct Config {
   bool allow_client_shm = false;
   /// Most regions one client lease holds at once.
   int max_regions_per_client = 64;
+  /// Host shm segments are page-locked for direct device copies while all pinned segments
+  /// stay within this many bytes; 0 = read every segment with pread.
+  int64_t max_pinned_shm_bytes = int64_t{32} << 30;
   /// Largest layer a session may send as chunked tensors (sum of its chunked tensors).
   int64_t max_layer_bytes = int64_t{8} << 30;
   /// Layers a session reads and decodes ahead of the one being computed.

@@ -1,6 +1,7 @@
 // DeviceMapper over kernels/gpu/ipc_region (built with CUDA only; see
 // service/no_cuda_device_mapper.cc for the other build).
 #include "kernels/gpu/runtime/ipc_region.h"
+#include "kernels/gpu/runtime/pinned_host_mapping.h"
 #include "service/device_mapper.h"
 
 namespace kvtrim::service {
@@ -28,6 +29,17 @@ class CudaMappedEvent final : public MappedDeviceEvent {
   std::unique_ptr<gpu::IpcEvent> event_;
 };
 
+/// gpu::PinnedHostMapping as a PinnedHostMemory.
+class CudaPinnedHost final : public PinnedHostMemory {
+ public:
+  explicit CudaPinnedHost(std::unique_ptr<gpu::PinnedHostMapping> mapping)
+      : mapping_(std::move(mapping)) {}
+  const char* base() const override { return mapping_->base(); }
+
+ private:
+  std::unique_ptr<gpu::PinnedHostMapping> mapping_;
+};
+
 /// Opens handles on one device ordinal.
 class CudaDeviceMapper final : public DeviceMapper {
  public:
@@ -47,6 +59,12 @@ class CudaDeviceMapper final : public DeviceMapper {
     auto event = gpu::IpcEvent::Open(device_, handle, field);
     if (!event.ok()) return event.status();
     return std::unique_ptr<MappedDeviceEvent>(new CudaMappedEvent(*std::move(event)));
+  }
+  absl::StatusOr<std::unique_ptr<PinnedHostMemory>> PinHost(int fd, uint64_t size_bytes,
+                                                            const std::string& field) override {
+    auto mapping = gpu::PinnedHostMapping::Map(device_, fd, size_bytes, field);
+    if (!mapping.ok()) return mapping.status();
+    return std::unique_ptr<PinnedHostMemory>(new CudaPinnedHost(*std::move(mapping)));
   }
 
  private:

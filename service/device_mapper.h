@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvtrim::service {
 
@@ -28,6 +29,15 @@ class MappedDeviceEvent {
   virtual void* event() const = 0;
 };
 
+/// A host shm segment mapped and page-locked for the devices' copy engines; unregistered
+/// and unmapped when destroyed. The host CPU never reads it (see PinHost).
+class PinnedHostMemory {
+ public:
+  virtual ~PinnedHostMemory() = default;
+  /// The segment's first byte in this process.
+  virtual const char* base() const = 0;
+};
+
 /// Opens CUDA IPC handles on the sidecar's device. Thread-safe.
 class DeviceMapper {
  public:
@@ -43,6 +53,16 @@ class DeviceMapper {
   /// Opens a cudaIpcEventHandle. INVALID_ARGUMENT naming `field` + ".handle".
   virtual absl::StatusOr<std::unique_ptr<MappedDeviceEvent>> OpenEvent(
       const std::string& handle, const std::string& field) = 0;
+  /// Maps `size_bytes` of the host shm segment open read-only at `fd` and page-locks it
+  /// for every served device, so that layers are copied from it by DMA. UNIMPLEMENTED where
+  /// the mapper cannot (the caller then reads the segment with pread); INVALID_ARGUMENT
+  /// naming `field` when the system or the driver refuses.
+  virtual absl::StatusOr<std::unique_ptr<PinnedHostMemory>> PinHost(int fd, uint64_t size_bytes,
+                                                                    const std::string& field) {
+    (void)fd;
+    (void)size_bytes;
+    return absl::UnimplementedError(absl::StrCat(field, ": no device to pin host memory for"));
+  }
   /// The mapper of the served device whose UUID is `uuid16`, or null when kvtrimd does not
   /// compute on it. One device: itself when the UUID matches.
   virtual DeviceMapper* ForUuid(const std::string& uuid16) {
@@ -69,6 +89,10 @@ class MultiDeviceMapper final : public DeviceMapper {
   absl::StatusOr<std::unique_ptr<MappedDeviceEvent>> OpenEvent(
       const std::string& handle, const std::string& field) override {
     return devices_.front()->OpenEvent(handle, field);
+  }
+  absl::StatusOr<std::unique_ptr<PinnedHostMemory>> PinHost(int fd, uint64_t size_bytes,
+                                                            const std::string& field) override {
+    return devices_.front()->PinHost(fd, size_bytes, field);  // portable: every device
   }
   DeviceMapper* ForUuid(const std::string& uuid16) override;
   std::string ServedDevices() const override;

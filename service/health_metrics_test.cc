@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <future>
 #include <thread>
 
@@ -211,10 +212,19 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   ASSERT_TRUE(stub_->ListPolicies(&list_context, v1::ListPoliciesRequest(), &list).ok());
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "ListPolicies"}, {"policy", "none"}, {"code", "OK"}}), 1);
-  const auto after = server_->metrics().registry()->Collect();
-  const auto* inflight = FindMetric(after, "kvtrim_inflight_requests", {});
-  ASSERT_NE(inflight, nullptr);
-  EXPECT_EQ(inflight->gauge.value, 0);
+  // A call's in-flight slot is released when its reactor is destroyed, after OnDone, which
+  // gRPC runs once the status has been sent: the client may read its status first.
+  double inflight_now = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  do {
+    const auto after = server_->metrics().registry()->Collect();
+    const auto* inflight = FindMetric(after, "kvtrim_inflight_requests", {});
+    ASSERT_NE(inflight, nullptr);
+    inflight_now = inflight->gauge.value;
+    if (inflight_now == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(inflight_now, 0);
 }
 
 /// GET /metrics over HTTP from the exporter on an ephemeral port.

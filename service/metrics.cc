@@ -139,6 +139,11 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
                          .Name("kvtrim_region_leases")
                          .Help("Open Regions streams (client leases)")
                          .Register(*registry_)),
+      pinned_family_(prometheus::BuildGauge()
+                         .Name("kvtrim_pinned_shm_bytes")
+                         .Help("Bytes of host shm segments page-locked for direct device "
+                               "copies now (--max_pinned_shm_bytes)")
+                         .Register(*registry_)),
       device_layers_(prometheus::BuildCounter()
                          .Name("kvtrim_device_layers_total")
                          .Help("Layers answered, by the device that computed them (a CUDA "
@@ -150,6 +155,7 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
   const char* kinds[] = {"host_shm", "cuda_ipc", "cuda_ipc_event"};
   for (size_t i = 0; i < 3; ++i) region_kinds_[i] = &regions_.Add({{"kind", kinds[i]}});
   leases_ = &leases_family_.Add({});
+  pinned_shm_bytes_ = &pinned_family_.Add({});
   for (Rpc rpc : kAllRpcs) {
     const auto i = static_cast<size_t>(rpc);
     rpc_duration_[i] = &request_duration_.Add({{"rpc", RpcName(rpc)}}, RequestBuckets());
@@ -236,7 +242,8 @@ void Metrics::AddTransportBytes(Transport transport, int64_t bytes) {
 }
 
 void Metrics::SetRegions(int64_t host_shm, int64_t cuda_ipc, int64_t cuda_ipc_event,
-                         int64_t leases) {
+                         int64_t leases, uint64_t pinned_shm_bytes) {
+  pinned_shm_bytes_->Set(static_cast<double>(pinned_shm_bytes));
   region_kinds_[0]->Set(static_cast<double>(host_shm));
   region_kinds_[1]->Set(static_cast<double>(cuda_ipc));
   region_kinds_[2]->Set(static_cast<double>(cuda_ipc_event));

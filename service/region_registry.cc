@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -51,6 +52,10 @@ const char* RegionKindName(RegionKind kind) {
 }
 
 Region::~Region() {
+  if (pinned_ != nullptr) {
+    pinned_.reset();
+    pinned_total_->fetch_sub(size_);
+  }
   if (fd_ >= 0) close(fd_);
   if (write_fd_ >= 0) close(write_fd_);
 }
@@ -155,6 +160,27 @@ absl::Status RegionRegistry::CheckEnabled() const {
       "tensors are off; send inline_data, or start kvtrimd with --allow_client_shm");
 }
 
+void RegionRegistry::PinHostShm(Region& region, const std::string& field) {
+  if (mapper_ == nullptr) return;
+  const uint64_t bytes = region.size_bytes();
+  // Reserve the bytes first, so that concurrent registrations cannot pass the cap together.
+  uint64_t total = pinned_total_->load();
+  do {
+    if (total + bytes > options_.max_pinned_shm_bytes || total + bytes < total) return;
+  } while (!pinned_total_->compare_exchange_weak(total, total + bytes));
+  auto pinned = mapper_->PinHost(region.fd_, bytes, field);
+  if (!pinned.ok()) {
+    pinned_total_->fetch_sub(bytes);
+    std::cerr << absl::StrCat("kvtrimd: host shm region ", region.id(), " is read with pread: ",
+                              pinned.status().message(), "\n");
+    return;
+  }
+  region.pinned_ = *std::move(pinned);
+  region.pinned_total_ = pinned_total_;
+  std::cerr << absl::StrCat("kvtrimd: host shm region ", region.id(), ": ", bytes,
+                            " bytes page-locked; its tensors are copied to the device by DMA\n");
+}
+
 std::string RegionRegistry::OpenClient() {
   std::string id = RandomHex();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -229,6 +255,7 @@ absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_i
       region = std::make_shared<Region>(RegionKind::kHostShm, "shm-" + RandomHex(), client_id,
                                         shm.size_bytes());
       region->fd_ = fd;
+      PinHostShm(*region, field);
       // Output regions are written through a second descriptor, when the segment allows it.
       region->write_fd_ = shm_open(shm.name().c_str(), O_RDWR | O_CLOEXEC, 0);
       if (region->write_fd_ < 0) region->write_error_ = std::strerror(errno);

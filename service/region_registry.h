@@ -39,6 +39,10 @@ class Region {
   uint64_t size_bytes() const { return size_; }
   /// Host shm: the read-only descriptor of the segment.
   int fd() const { return fd_; }
+  /// Host shm pinned for the devices' copy engines (RegionOptions::max_pinned_shm_bytes):
+  /// the segment's mapping, which only the device reads; null when the segment is read
+  /// with pread (no GPU backend, over the cap, or the driver refused).
+  const char* pinned_base() const { return pinned_ ? pinned_->base() : nullptr; }
   /// CUDA IPC: the mapped allocation's base in this process.
   const char* device_base() const { return memory_ ? memory_->base() : nullptr; }
   /// CUDA IPC event: the cudaEvent_t (opaque).
@@ -76,6 +80,8 @@ class Region {
   std::string write_error_;  // why it could not be
   std::unique_ptr<MappedDeviceMemory> memory_;
   std::unique_ptr<MappedDeviceEvent> event_;
+  std::unique_ptr<PinnedHostMemory> pinned_;
+  std::shared_ptr<std::atomic<uint64_t>> pinned_total_;  // the registry's count, when pinned
   std::atomic<int> pins_{0};
 };
 
@@ -101,6 +107,9 @@ class RegionPin {
 struct RegionOptions {
   bool allow_client_shm = false;   // --allow_client_shm: off = every region call refused
   int max_regions_per_client = 64; // --max_regions_per_client
+  /// --max_pinned_shm_bytes: host shm segments are page-locked for direct device copies
+  /// while the pinned segments of all clients stay within this many bytes (0 = never).
+  uint64_t max_pinned_shm_bytes = uint64_t{32} << 30;
 };
 
 /// All clients' regions. Thread-safe.
@@ -142,7 +151,14 @@ class RegionRegistry {
   std::map<RegionKind, int64_t> CountByKind() const;
   /// Open leases (metrics, tests).
   int64_t clients() const;
+  /// Bytes of host shm segments pinned now (metrics).
+  uint64_t pinned_shm_bytes() const { return pinned_total_->load(); }
   const RegionOptions& options() const { return options_; }
+
+ private:
+  /// Pins host shm `region` through the mapper when the cap allows; a refusal is logged and
+  /// the region stays a pread region.
+  void PinHostShm(Region& region, const std::string& field);
 
  private:
   RegionOptions options_;
@@ -150,6 +166,8 @@ class RegionRegistry {
   mutable std::mutex mutex_;
   std::map<std::string, std::shared_ptr<Region>> regions_;  // by region id
   std::map<std::string, int> clients_;                       // client id -> regions held
+  std::shared_ptr<std::atomic<uint64_t>> pinned_total_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 /// The gRPC metadata key that names the calling client's lease.

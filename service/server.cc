@@ -133,6 +133,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   RegionOptions region_options;
   region_options.allow_client_shm = config_.allow_client_shm;
   region_options.max_regions_per_client = config_.max_regions_per_client;
+  region_options.max_pinned_shm_bytes = static_cast<uint64_t>(config_.max_pinned_shm_bytes);
   regions_ = std::make_unique<RegionRegistry>(region_options, device_mapper_.get());
   TransportOptions transport_options;
   transport_options.max_layer_bytes = config_.max_layer_bytes;

@@ -110,7 +110,8 @@ void ServiceCore::PublishRegionMetrics() {
   if (regions_ == nullptr) return;
   const auto counts = regions_->CountByKind();
   metrics_.SetRegions(counts.at(RegionKind::kHostShm), counts.at(RegionKind::kCudaIpc),
-                      counts.at(RegionKind::kCudaIpcEvent), regions_->clients());
+                      counts.at(RegionKind::kCudaIpcEvent), regions_->clients(),
+                      regions_->pinned_shm_bytes());
 }
 
 void ServiceCore::StartDraining() {

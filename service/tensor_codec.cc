@@ -235,7 +235,13 @@ absl::StatusOr<TensorView> DecodeRegionTensor(const v1::RegionSlice& slice, Regi
   const Region& region = **pin;
   auto geometry = DecodeGeometry(slice, view, region.size_bytes(), field);
   if (!geometry.ok()) return geometry.status();
-  if (kind == RegionKind::kHostShm) {
+  if (kind == RegionKind::kHostShm && region.pinned_base() != nullptr && geometry->dense) {
+    // Page-locked: the device copies the tensor from the segment itself (one DMA); kvtrimd
+    // never reads it on the host (a segment the worker shrank cannot fault the process).
+    view.data = region.pinned_base() + slice.offset_bytes();
+    view.space = MemorySpace::kPinnedHost;
+    bytes->host_shm += view.nbytes();
+  } else if (kind == RegionKind::kHostShm) {
     auto data = ReadHostTensor(region, slice, view, *geometry, field, context.buffers, owned);
     if (!data.ok()) return data.status();
     view.data = *data;

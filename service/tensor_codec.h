@@ -72,8 +72,10 @@ struct DecodeContext {
 ///    PERMISSION_DENIED, FAILED_PRECONDITION), strides ("<field>.<kind>.strides_elements"),
 ///    paging ("<field>.<kind>.paged...") and bounds ("<field>.<kind>.offset_bytes": every
 ///    addressed element inside the region, offset a multiple of the element size);
-///    host_shm is read into `owned` (dense); cuda_ipc is a device view in place (with a
-///    StridedLayout unless dense). The region stays pinned through `pins`.
+///    host_shm is a kPinnedHost view into the segment's mapping when the registry
+///    page-locked the segment and the tensor is dense (the device copies it; nothing on
+///    the host reads it), else read into `owned` (dense); cuda_ipc is a device view in
+///    place (with a StridedLayout unless dense). The region stays pinned through `pins`.
 absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, TensorRole role,
                                         const EngineLimits& limits, const std::string& field,
                                         const DecodeContext& context, OwnedBuffers* owned,

@@ -5,6 +5,9 @@
 // indices of inline Compress; output regions on the device hold the lists of inline Compress; region
 // misuse gets clear errors and the server keeps serving. Skips without a GPU.
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -445,6 +448,88 @@ TEST_F(IpcTransportTest, HostShmSessionOnTheGpuBackendMatchesInline) {
   auto answers = RunSession("snapkv", std::move(layers));
   ASSERT_TRUE(answers.ok()) << answers.status();
   EXPECT_EQ(*answers, expected);
+  // The segment was page-locked (--max_pinned_shm_bytes): its tensors went by DMA.
+  EXPECT_NE(process_->Log().find("bytes page-locked"), std::string::npos) << process_->Log();
+}
+
+// A page-locked host shm segment: NaN found on the device and named as the host check
+// names it; head dims above the GPU kernels' limit (the CPU fallback) copied out by DMA and
+// scanned; a segment the worker shrinks after registering it never faults kvtrimd.
+TEST_F(IpcTransportTest, PinnedHostShmIsCheckedOnTheDeviceAndSurvivesAShrunkSegment) {
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  constexpr int64_t kWideDim = 320;  // above GpuBackend::kMaxGpuHeadDim
+  const size_t tensor = kHeads * kTokens * kWideDim * 2;
+  auto segment = SharedMemorySegment::Create(UniqueShmName("ipc-pinned"), 2 * tensor);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  auto region = (*lease)->RegisterHostShm((*segment)->name(), (*segment)->size());
+  ASSERT_TRUE(region.ok()) << region.status();
+  char* base = static_cast<char*>((*segment)->data());
+  auto shm_tensor = [&](uint64_t at, std::vector<int64_t> shape) {
+    v1::Tensor t = Header(shape);
+    t.mutable_host_shm()->set_region_id(*region);
+    t.mutable_host_shm()->set_offset_bytes(at);
+    return t;
+  };
+  auto compress = [&](const v1::LayerInput& layer) {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings("knorm");
+    *request.add_layers() = layer;
+    return client_->Compress(request);
+  };
+  // d = 64 keys with a NaN at [1, 2, 3]: the device probe's message.
+  {
+    std::vector<uint16_t> keys = Data(kHeads * kTokens * kDim, 7);
+    keys[(1 * kTokens + 2) * kDim + 3] = 0x7FC0;
+    std::memcpy(base, keys.data(), keys.size() * 2);
+    v1::LayerInput layer;
+    *layer.mutable_keys() = shm_tensor(0, {kHeads, kTokens, kDim});
+    auto response = compress(layer);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument) << response.status();
+    EXPECT_NE(response.status().message().find("layers[0].keys: contains NaN at [1, 2, 3]"),
+              std::string::npos) << response.status();
+  }
+  // d = 320 (the CPU fallback): the same kept sets as inline; then a NaN found there.
+  std::vector<uint16_t> wide = Data(kHeads * kTokens * kWideDim, 8);
+  std::memcpy(base + tensor, wide.data(), tensor);
+  v1::LayerInput inline_layer;
+  *inline_layer.mutable_keys() = Header({kHeads, kTokens, kWideDim});
+  inline_layer.mutable_keys()->set_inline_data(std::string(base + tensor, tensor));
+  auto expected = compress(inline_layer);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  v1::LayerInput wide_layer;
+  *wide_layer.mutable_keys() = shm_tensor(tensor, {kHeads, kTokens, kWideDim});
+  auto answer = compress(wide_layer);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  ASSERT_EQ(answer->layers_size(), 1);
+  EXPECT_EQ(std::vector<int32_t>(answer->layers(0).indices().begin(),
+                                 answer->layers(0).indices().end()),
+            std::vector<int32_t>(expected->layers(0).indices().begin(),
+                                 expected->layers(0).indices().end()));
+  const uint16_t inf = 0x7F80;
+  std::memcpy(base + tensor + 2 * ((0 * kTokens + 9) * kWideDim + 300), &inf, 2);
+  auto wide_nan = compress(wide_layer);
+  EXPECT_EQ(wide_nan.status().code(), absl::StatusCode::kInvalidArgument) << wide_nan.status();
+  EXPECT_NE(wide_nan.status().message().find("layers[0].keys: contains Inf at [0, 9, 300]"),
+            std::string::npos) << wide_nan.status();
+  // The worker shrinks its segment to nothing: stale pages or an error, never a crash.
+  // (This process no longer touches its own mapping past the new end either.)
+  const int fd = shm_open((*segment)->name().c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 0), 0);
+  close(fd);
+  v1::LayerInput small;
+  *small.mutable_keys() = shm_tensor(0, {kHeads, kTokens, kDim});
+  for (const v1::LayerInput* layer : {&small, &wide_layer}) {
+    auto after = compress(*layer);
+    if (!after.ok()) EXPECT_NE(after.status().code(), absl::StatusCode::kUnavailable);
+  }
+  v1::CompressRequest request;
+  *request.mutable_settings() = Settings("snapkv");
+  *request.add_layers() = InlineLayer(0);
+  EXPECT_TRUE(client_->Compress(request).ok());
+  EXPECT_TRUE(process_->Running());
 }
 
 TEST_F(IpcTransportTest, InlineSessionsPlainAndChunkedMatchInlineCompress) {

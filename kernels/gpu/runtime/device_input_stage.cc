@@ -97,9 +97,17 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
     StagedInput& in = inputs_[i];
     if (in.view == nullptr) continue;
     const TensorView& view = *in.view;
-    if (!view.on_device()) {
+    if (view.host_readable()) {
       KVTRIM_RETURN_IF_ERROR(
           context.Upload(base + in.dense_at, view.data, static_cast<size_t>(view.nbytes())));
+      in.device_data = base + in.dense_at;
+      continue;
+    }
+    if (!view.on_device()) {  // page-locked host shm: one DMA, no staging
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(base + in.dense_at, view.data, static_cast<size_t>(view.nbytes()),
+                          cudaMemcpyHostToDevice, stream),
+          "cudaMemcpyAsync(pinned host input)");
       in.device_data = base + in.dense_at;
       continue;
     }
@@ -126,7 +134,9 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
       in.device_data = base + in.dense_at;
     }
   }
-  if (!any_device) return absl::OkStatus();
+  bool any_probed = false;
+  for (const StagedInput& in : inputs_) any_probed |= in.view != nullptr && !in.view->host_readable();
+  if (!any_probed) return absl::OkStatus();
   // The probes read what the kernels read, on the side stream: the scorer starts at once and
   // the answer is held back until CheckProbes has read their result.
   if (probe_words == nullptr) return absl::InvalidArgumentError("input probes: no pinned words");
@@ -135,7 +145,7 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
   for (int i = 0; i < 3; ++i) {
     const StagedInput& in = inputs_[i];
     probe_words[i] = ~0ull;
-    if (in.view == nullptr || !in.view->on_device()) continue;
+    if (in.view == nullptr || in.view->host_readable()) continue;
     KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFindFirstNonFinite(in.device_data, in.view->dtype,
                                                          in.view->numel(), probes + i, side),
                                 "LaunchFindFirstNonFinite");
@@ -151,7 +161,7 @@ absl::Status DeviceInputStage::CheckProbes() const {
   if (probe_words_ == nullptr) return absl::OkStatus();
   for (int i = 0; i < 3; ++i) {
     const StagedInput& in = inputs_[i];
-    if (in.view == nullptr || !in.view->on_device() || probe_words_[i] == ~0ull) continue;
+    if (in.view == nullptr || in.view->host_readable() || probe_words_[i] == ~0ull) continue;
     return NonFiniteStatus(in.name, *in.view, in.device_data, probe_words_[i]);
   }
   return absl::OkStatus();
@@ -189,7 +199,8 @@ absl::Status DownloadDense(WorkerContext& context, const TensorView& view, void*
     }
     dense = scratch;
   }
-  cudaError_t err = cudaMemcpyAsync(out->data(), dense, bytes, cudaMemcpyDeviceToHost, stream);
+  // Default: `dense` is device memory or a page-locked host mapping.
+  cudaError_t err = cudaMemcpyAsync(out->data(), dense, bytes, cudaMemcpyDefault, stream);
   if (scratch != nullptr) cudaFreeAsync(scratch, stream);
   if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(download)");
   return context.Synchronize();

@@ -1,7 +1,9 @@
 // Staging of one layer's input tensors into device memory the kernels read: host tensors
-// are uploaded into the worker's arena; device tensors (CUDA IPC regions) are read in place
-// when dense, or gathered into the arena when strided / paged, after the worker's ready
-// event; device tensors are probed for NaN / Inf on the device, beside the kernels.
+// are uploaded into the worker's arena (through pinned staging, or by one DMA from a
+// page-locked host shm mapping); device tensors (CUDA IPC regions) are read in place when
+// dense, or gathered into the arena when strided / paged, after the worker's ready event;
+// device and page-locked host tensors are probed for NaN / Inf on the device, beside the
+// kernels.
 #pragma once
 
 #include <cstddef>
@@ -67,8 +69,8 @@ class DeviceInputStage {
   const unsigned long long* probe_words_ = nullptr;  // pinned, set by Stage when it probed
 };
 
-/// A dense host copy of a device tensor (for host-side preparation that reads it, e.g.
-/// Expected Attention's window statistics): waits on `ready_event` (may be null), gathers
+/// A dense host copy of a device or page-locked host tensor (for host-side preparation that
+/// reads it, e.g. Expected Attention's window statistics): waits on `ready_event` (may be null), gathers
 /// when strided, copies back. `out` receives nbytes() bytes (uint32 words, aligned).
 absl::Status DownloadDense(WorkerContext& context, const TensorView& view, void* ready_event,
                            std::vector<uint32_t>* out);

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
+#include <vector>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/finite_scan.h"
 #include "kernels/gpu/runtime/device_decision.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/runtime/device_probe.h"
@@ -93,9 +96,34 @@ absl::Status WriteHostDecision(WorkerContext& context, const OutputTarget& targe
 }
 
 
-/// Layers with d > kMaxGpuHeadDim run on the CPU fallback, which cannot read device tensors.
-absl::Status CheckHostOnly(const ValidatedLayer& layer) {
-  if (!layer.has_device_tensors()) return absl::OkStatus();
+/// Layers with d > kMaxGpuHeadDim run on the CPU fallback, which cannot read device tensors
+/// (refused) nor page-locked host shm mappings (copied into `storage` by DMA, so a segment
+/// the worker shrank cannot fault, then scanned for NaN / Inf as the engine scans host
+/// tensors). Returns the layer the fallback reads.
+absl::StatusOr<ValidatedLayer> HostOnlyLayer(const ValidatedLayer& layer, int device,
+                                             std::vector<std::vector<char>>* storage) {
+  if (!layer.has_device_tensors()) {
+    ValidatedLayer host = layer;
+    std::pair<TensorView*, const char*> views[] = {
+        {&host.keys, "keys"}, {&host.values, "values"}, {&host.queries, "queries"}};
+    for (auto& [view, name] : views) {
+      if (!view->present() || view->host_readable()) continue;
+      std::vector<char>& bytes = storage->emplace_back(static_cast<size_t>(view->nbytes()));
+      KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(bytes.data(), view->data, bytes.size(), cudaMemcpyDefault),
+          "cudaMemcpy(pinned host input)");
+      view->data = bytes.data();
+      view->space = MemorySpace::kHost;
+      const int64_t bad = FirstNonFinite(*view);
+      if (bad >= 0) {
+        float value = 0;
+        ConvertToF32(view->dtype, bytes.data() + bad * DTypeSize(view->dtype), 1, &value);
+        return NonFiniteError(name, *view, bad, value);
+      }
+    }
+    return host;
+  }
   return absl::FailedPreconditionError(absl::StrCat(
       "keys.shape[2]: d=", layer.shape.head_dim, " is above the GPU kernels' limit of ",
       GpuBackend::kMaxGpuHeadDim, "; such layers run on the CPU, which cannot read cuda_ipc "
@@ -107,8 +135,10 @@ absl::Status CheckHostOnly(const ValidatedLayer& layer) {
 absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
   if (layer.shape.head_dim > kMaxGpuHeadDim) {
-    KVTRIM_RETURN_IF_ERROR(CheckHostOnly(layer));
-    return cpu_fallback_->CompressLayer(policy, layer, budget, out);
+    std::vector<std::vector<char>> storage;
+    auto host = HostOnlyLayer(layer, options_.device, &storage);
+    if (!host.ok()) return host.status();
+    return cpu_fallback_->CompressLayer(policy, *host, budget, out);
   }
   Outputs outputs;
   outputs.decision = out;
@@ -120,8 +150,10 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
 absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, LayerScores* out) {
   if (layer.shape.head_dim > kMaxGpuHeadDim) {
-    KVTRIM_RETURN_IF_ERROR(CheckHostOnly(layer));
-    return cpu_fallback_->ScoreLayer(policy, layer, budget, out);
+    std::vector<std::vector<char>> storage;
+    auto host = HostOnlyLayer(layer, options_.device, &storage);
+    if (!host.ok()) return host.status();
+    return cpu_fallback_->ScoreLayer(policy, *host, budget, out);
   }
   Outputs outputs;
   outputs.raw = out;

@@ -87,7 +87,7 @@ absl::Status LayerRun::PlanModelInputs() {
   // queries come back to the host first (w rows: small).
   TensorView host_queries = layer_.queries;
   std::vector<uint32_t> downloaded;
-  if (host_queries.present() && host_queries.on_device()) {
+  if (host_queries.present() && !host_queries.host_readable()) {
     KVTRIM_RETURN_IF_ERROR(DownloadDense(context_, layer_.queries, layer_.ready_event, &downloaded));
     host_queries.data = downloaded.data();
     host_queries.space = MemorySpace::kHost;

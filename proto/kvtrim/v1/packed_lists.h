@@ -67,12 +67,12 @@ inline void PackOffsets(const int64_t* offsets, size_t count, std::string* out) 
 /// Writes indices [count] (each in [0, 2^(8 width))) as `width`-byte (2 or 4)
 /// little-endian values into `out` (replacing it).
 inline void PackIndices(const int32_t* indices, size_t count, uint32_t width, std::string* out) {
-  out->resize(count * width);
-  char* p = out->data();
-  if (HostIsLittleEndian() && width == 4) {
-    if (count > 0) std::memcpy(p, indices, count * 4);
+  if (HostIsLittleEndian() && width == 4) {  // one copy, no zero-fill first
+    out->assign(reinterpret_cast<const char*>(indices), count * 4);
     return;
   }
+  out->resize(count * width);
+  char* p = out->data();
   if (HostIsLittleEndian() && width == 2) {
     for (size_t i = 0; i < count; ++i) {
       const uint16_t v = static_cast<uint16_t>(indices[i]);
