@@ -198,9 +198,19 @@ absl::Status DownloadDense(WorkerContext& context, const TensorView& view, void*
       return CudaStatus(err, "LaunchGatherStrided(download)");
     }
     dense = scratch;
+  } else if (!view.on_device()) {
+    // A page-locked host mapping: through device memory, since a host-to-host copy would
+    // read the mapping on the host (SIGBUS once the worker shrank its segment).
+    KVTRIM_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&scratch, bytes, stream),
+                                "cudaMallocAsync(download)");
+    cudaError_t err = cudaMemcpyAsync(scratch, view.data, bytes, cudaMemcpyHostToDevice, stream);
+    if (err != cudaSuccess) {
+      cudaFreeAsync(scratch, stream);
+      return CudaStatus(err, "cudaMemcpyAsync(download)");
+    }
+    dense = scratch;
   }
-  // Default: `dense` is device memory or a page-locked host mapping.
-  cudaError_t err = cudaMemcpyAsync(out->data(), dense, bytes, cudaMemcpyDefault, stream);
+  cudaError_t err = cudaMemcpyAsync(out->data(), dense, bytes, cudaMemcpyDeviceToHost, stream);
   if (scratch != nullptr) cudaFreeAsync(scratch, stream);
   if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(download)");
   return context.Synchronize();

@@ -110,9 +110,16 @@ absl::StatusOr<ValidatedLayer> HostOnlyLayer(const ValidatedLayer& layer, int de
       if (!view->present() || view->host_readable()) continue;
       std::vector<char>& bytes = storage->emplace_back(static_cast<size_t>(view->nbytes()));
       KVTRIM_CUDA_RETURN_IF_ERROR(cudaSetDevice(device), "cudaSetDevice");
-      KVTRIM_CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(bytes.data(), view->data, bytes.size(), cudaMemcpyDefault),
-          "cudaMemcpy(pinned host input)");
+      // Through device memory: a host-to-host cudaMemcpy would be a CPU copy, reading the
+      // mapping on the host (SIGBUS once the worker shrank its segment).
+      void* bounce = nullptr;
+      KVTRIM_CUDA_RETURN_IF_ERROR(cudaMalloc(&bounce, bytes.size()), "cudaMalloc(pinned bounce)");
+      cudaError_t err = cudaMemcpy(bounce, view->data, bytes.size(), cudaMemcpyHostToDevice);
+      if (err == cudaSuccess) {
+        err = cudaMemcpy(bytes.data(), bounce, bytes.size(), cudaMemcpyDeviceToHost);
+      }
+      cudaFree(bounce);
+      KVTRIM_CUDA_RETURN_IF_ERROR(err, "cudaMemcpy(pinned host input)");
       view->data = bytes.data();
       view->space = MemorySpace::kHost;
       const int64_t bad = FirstNonFinite(*view);
