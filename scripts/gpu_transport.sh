@@ -99,6 +99,18 @@ run shm_32k_serial_pread 90 --transport=host_shm --tokens=32768 --prefills=2 --w
 kill -TERM "$pid"
 wait "$pid" || { echo "kvtrimd (pread) exit status $?"; RC=1; }
 
+# Pipelined CUDA IPC with four layers computed at once instead of two.
+echo "== kvtrimd --workers=4"
+server_log="$OUT/kvtrimd_transport_w4.log"
+start_kvtrimd "$server_log" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 \
+  --metrics_listen= --workers=4 --max_message_bytes=$((64 << 20)) || exit 1
+run ipc_32k_off_output_kw4 60 --transport=cuda_ipc --tokens=32768 --prefills=5 \
+  --warmup_prefills=1 --perturbation=off --output_region
+run ipc_128k_off_output_kw4 90 --transport=cuda_ipc --tokens=131072 --prefills=3 \
+  --warmup_prefills=1 --perturbation=off --output_region
+kill -TERM "$pid"
+wait "$pid" || { echo "kvtrimd (workers=4) exit status $?"; RC=1; }
+
 # The same node over a Unix domain socket instead of TCP loopback.
 echo "== kvtrimd --listen=unix:..."
 server_log="$OUT/kvtrimd_transport_uds.log"
