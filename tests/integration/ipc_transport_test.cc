@@ -535,6 +535,59 @@ TEST_F(IpcTransportTest, PinnedHostShmIsCheckedOnTheDeviceAndSurvivesAShrunkSegm
   EXPECT_TRUE(process_->Running());
 }
 
+// DropKV and SnapKV check the K / V they read for NaN / Inf in their own first pass (no
+// separate probe of those): each bad element is still named exactly, dense or gathered from a
+// token-major layout, and the clean layers around it are unaffected.
+TEST_F(IpcTransportTest, NonFiniteKAndVAreFoundByTheScorersOwnPass) {
+  auto lease = client_->OpenRegionLease();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  client_->SetClientId((*lease)->client_id());
+  auto region = (*lease)->RegisterCudaIpc(handle_, 0, uuid_, bytes_);
+  ASSERT_TRUE(region.ok()) << region.status();
+  auto poke = [&](uint64_t at, uint16_t bits) {
+    uint16_t old = 0;
+    EXPECT_EQ(cudaMemcpy(&old, static_cast<char*>(device_) + at, 2, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(static_cast<char*>(device_) + at, &bits, 2, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return old;
+  };
+  auto compress = [&](const std::string& policy, Layout layout) {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings(policy);
+    *request.add_layers() = IpcLayer(2, *region, layout, "");
+    return client_->Compress(request);
+  };
+  struct Case {
+    const char* policy;
+    Layout layout;
+    bool in_values;
+    uint16_t bits;
+    const char* message;
+  };
+  const int64_t h = 1, t = 7, c = 3;
+  for (const Case& bad : {
+           Case{"dropkv", Layout::kDense, true, 0x7FC0, "layers[0].values: contains NaN at [1, 7, 3]"},
+           Case{"dropkv", Layout::kDense, false, 0xFF80, "layers[0].keys: contains Inf at [1, 7, 3]"},
+           Case{"snapkv", Layout::kDense, false, 0x7F80, "layers[0].keys: contains Inf at [1, 7, 3]"},
+           Case{"dropkv", Layout::kTokenMajor, true, 0x7FC0,
+                "layers[0].values: contains NaN at [1, 7, 3]"}}) {
+    const int li = static_cast<int>(bad.layout);
+    const uint64_t base = bad.in_values ? offsets_[2].values[li] : offsets_[2].keys[li];
+    const int64_t element = bad.layout == Layout::kDense ? (h * kTokens + t) * kDim + c
+                                                         : (t * kHeads + h) * kDim + c;
+    const uint16_t old = poke(base + 2 * element, bad.bits);
+    auto response = compress(bad.policy, bad.layout);
+    EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument)
+        << bad.policy << ": " << response.status();
+    EXPECT_NE(response.status().message().find(bad.message), std::string::npos)
+        << response.status();
+    poke(base + 2 * element, old);
+    auto clean = compress(bad.policy, bad.layout);
+    EXPECT_TRUE(clean.ok()) << bad.policy << " after the repair: " << clean.status();
+  }
+}
+
 TEST_F(IpcTransportTest, InlineSessionsPlainAndChunkedMatchInlineCompress) {
   for (int64_t chunk : {int64_t{0}, int64_t{4096}, int64_t{65536}}) {
     ClientOptions options;

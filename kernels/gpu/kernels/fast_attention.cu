@@ -76,6 +76,9 @@ struct FastArgs {
   const int64_t* list_offsets = nullptr;
   const int32_t* list_indices = nullptr;
   bool one_list = false;
+  // Pass A over every token with 16-bit inputs (DeviceLayer::finite_flag): set to 1 when a
+  // K (or, for DropKV, V) element it loads is NaN / Inf. Null: no check.
+  unsigned int* nonfinite = nullptr;
 };
 
 /// Where a row of a KV head comes from: query head g of the group, window row offset t
@@ -212,6 +215,27 @@ __device__ __forceinline__ void LoadRows(RowPtr row_ptr, int rows, int d,
                 valid ? 16 : 0);
     }
   }
+}
+
+/// True when one of the 16-bit elements of the 64-token tile `tile` in shared memory (rows
+/// of kStride elements, DP columns; padding is zero) is NaN or Inf: this thread's share of
+/// its 16-byte chunks, tested by their exponent bits.
+template <typename CT, int DP>
+__device__ __forceinline__ bool TileHasNonFinite(const CT* tile) {
+  constexpr int kStride = DP + 8;
+  constexpr int kChunks = DP / 8;
+  constexpr uint32_t kExp = std::is_same<CT, __half>::value ? 0x7C00u : 0x7F80u;
+  constexpr uint32_t kMask = kExp | (kExp << 16);
+  bool bad = false;
+  for (int idx = threadIdx.x; idx < kTileTokens * kChunks; idx += kThreads) {
+    const uint4 v = *reinterpret_cast<const uint4*>(tile + (idx / kChunks) * kStride +
+                                                    (idx % kChunks) * 8);
+    for (uint32_t w : {v.x, v.y, v.z, v.w}) {
+      const uint32_t e = w & kMask;
+      bad |= (e & 0xFFFFu) == kExp || (e >> 16) == kExp;
+    }
+  }
+  return bad;
 }
 
 /// Loads tile `tile` (64 tokens of KV head h) of `tensor` [H, n, d] into `dst` planes.
@@ -761,6 +785,8 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
         for (int e = 0; e < 4; ++e) o[mg][dt][e] = 0.0f;
   }
 
+  const bool check_finite = kStats && a.nonfinite != nullptr && !gathered && chunk == 0;
+  bool nonfinite = false;
   for (int it = 0; it < count; ++it) {
     CpAsyncWait<kStages - 2>();
     __syncthreads();  // tile `it` is in; every warp is done with the stage reloaded next
@@ -777,6 +803,14 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
     const CT* kt = sk + stage * L::kStage;
     const CT* vt = sv + stage * L::kStage;
     const int64_t tok0 = tile_of(it) * kTileTokens;
+    if constexpr (kStats && !std::is_same<T, float>::value) {
+      // The inputs' finiteness, checked where they are read anyway (the first row chunk of
+      // every split reads each K / V tile once) instead of by a separate pass over them.
+      if (check_finite) {
+        nonfinite |= TileHasNonFinite<CT, DP>(kt);
+        if constexpr (kDrop) nonfinite |= TileHasNonFinite<CT, DP>(vt);
+      }
+    }
 
     if (active) {
       float s[MG][NT][4];
@@ -974,6 +1008,8 @@ __global__ void __launch_bounds__(kThreads) FastPassKernel(FastArgs a) {
       }
     }
   }
+
+  if (nonfinite) *reinterpret_cast<volatile unsigned int*>(a.nonfinite) = 1u;  // pinned host word
 
   if constexpr (kStats) {
     if (!active) return;
@@ -1314,6 +1350,7 @@ FastArgs ArgsOf(const FastAttentionPlan& plan, const DeviceLayer& layer,
   args.row_out = base + plan.row_out_offset;
   args.partial = reinterpret_cast<float*>(base + plan.partial_offset);
   args.out = out;
+  args.nonfinite = plan.dtype != DType::kF32 ? layer.finite_flag : nullptr;
   return args;
 }
 

@@ -32,6 +32,10 @@ struct DeviceLayer {
   float softmax_scale = 0;        // resolved, never 0
   int32_t layer_id = 0;
   uint64_t seed = 0;              // random scorer
+  /// A word of page-locked host memory that the fast attention scorers' pass A sets to 1 when
+  /// an element of K (DropKV: or V) it reads is NaN / Inf, for 16-bit inputs
+  /// (FusedFiniteCheckCovers says when a launch covers them); null: no check.
+  unsigned int* finite_flag = nullptr;
 };
 
 /// The scorer kinds (kernels/policy_kind.h); the last three read a registered model

@@ -79,9 +79,21 @@ const void* DeviceInputStage::DevicePointer(int i, char* base) const {
   return base != nullptr ? base + in.dense_at : &kPlaceholder;
 }
 
+uint32_t DeviceInputStage::device_read_inputs() const {
+  uint32_t bits = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (inputs_[i].view != nullptr && !inputs_[i].view->host_readable()) bits |= 1u << i;
+  }
+  return bits;
+}
+
 absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
-                                     unsigned long long* probe_words, StageEvents* events) {
+                                     unsigned long long* probe_words, StageEvents* events,
+                                     uint32_t fused, unsigned int* finite_flag) {
   probe_words_ = nullptr;
+  fused_ = finite_flag != nullptr ? fused & device_read_inputs() : 0;
+  finite_flag_ = finite_flag;
+  if (finite_flag != nullptr) *finite_flag = 0;
   cudaStream_t stream = context.stream();
   bool any_device = false;
   for (const StagedInput& in : inputs_) any_device |= in.view != nullptr && in.view->on_device();
@@ -134,9 +146,12 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
       in.device_data = base + in.dense_at;
     }
   }
-  bool any_probed = false;
-  for (const StagedInput& in : inputs_) any_probed |= in.view != nullptr && !in.view->host_readable();
-  if (!any_probed) return absl::OkStatus();
+  auto probed = [&](int i) {
+    return inputs_[i].view != nullptr && !inputs_[i].view->host_readable() &&
+           (fused_ & (1u << i)) == 0;
+  };
+  probe_device_ = reinterpret_cast<unsigned long long*>(base + probe_at_);
+  if (!probed(0) && !probed(1) && !probed(2)) return absl::OkStatus();
   // The probes read what the kernels read, on the side stream: the scorer starts at once and
   // the answer is held back until CheckProbes has read their result.
   if (probe_words == nullptr) return absl::InvalidArgumentError("input probes: no pinned words");
@@ -145,7 +160,7 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
   for (int i = 0; i < 3; ++i) {
     const StagedInput& in = inputs_[i];
     probe_words[i] = ~0ull;
-    if (in.view == nullptr || in.view->host_readable()) continue;
+    if (!probed(i)) continue;
     KVTRIM_CUDA_RETURN_IF_ERROR(LaunchFindFirstNonFinite(in.device_data, in.view->dtype,
                                                          in.view->numel(), probes + i, side),
                                 "LaunchFindFirstNonFinite");
@@ -157,12 +172,30 @@ absl::Status DeviceInputStage::Stage(WorkerContext& context, char* base,
   return absl::OkStatus();
 }
 
-absl::Status DeviceInputStage::CheckProbes() const {
-  if (probe_words_ == nullptr) return absl::OkStatus();
+absl::Status DeviceInputStage::CheckProbes(WorkerContext& context) const {
+  const bool fused_hit = fused_ != 0 && *finite_flag_ != 0;
   for (int i = 0; i < 3; ++i) {
     const StagedInput& in = inputs_[i];
-    if (in.view == nullptr || in.view->host_readable() || probe_words_[i] == ~0ull) continue;
-    return NonFiniteStatus(in.name, *in.view, in.device_data, probe_words_[i]);
+    if (in.view == nullptr || in.view->host_readable()) continue;
+    unsigned long long first = ~0ull;
+    if ((fused_ & (1u << i)) != 0) {
+      if (!fused_hit) continue;
+      // The scorer saw a NaN / Inf in one of the inputs it checked: find the element (the
+      // error path only).
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          LaunchFindFirstNonFinite(in.device_data, in.view->dtype, in.view->numel(),
+                                   probe_device_ + i, context.stream()),
+          "LaunchFindFirstNonFinite");
+      KVTRIM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(&first, probe_device_ + i, sizeof first, cudaMemcpyDeviceToHost,
+                          context.stream()),
+          "cudaMemcpyAsync(input probe)");
+      KVTRIM_RETURN_IF_ERROR(context.Synchronize());
+    } else if (probe_words_ != nullptr) {
+      first = probe_words_[i];
+    }
+    if (first == ~0ull) continue;
+    return NonFiniteStatus(in.name, *in.view, in.device_data, first);
   }
   return absl::OkStatus();
 }

@@ -55,18 +55,30 @@ class DeviceInputStage {
   /// the CUDA status of a failed call.
   /// With `events`, records StageEvents::kBegin before the wait for the ready event and
   /// kWaited after it.
+  /// Inputs whose bit is set in `fused` (1 keys, 2 values, 4 queries) are not probed: the
+  /// scorer checks them as it reads them and sets `*finite_flag` (a word of pinned host
+  /// memory, cleared here) when one holds a NaN / Inf (FusedFiniteInputs).
   absl::Status Stage(WorkerContext& context, char* base, unsigned long long* probe_words,
-                     StageEvents* events = nullptr);
+                     StageEvents* events = nullptr, uint32_t fused = 0,
+                     unsigned int* finite_flag = nullptr);
+  /// The device-read inputs (device or page-locked host tensors) present and read: bits as
+  /// Stage's `fused`. Valid after AddSlots.
+  uint32_t device_read_inputs() const;
   /// After the worker context synchronised: INVALID_ARGUMENT "<name>: contains NaN at
-  /// [a, b, c]" (the engine's host message) for the first probed input with a NaN / Inf, in
-  /// the order keys, values, queries; OK otherwise (and when Stage probed nothing).
-  absl::Status CheckProbes() const;
+  /// [a, b, c]" (the engine's host message) for the first checked input with a NaN / Inf, in
+  /// the order keys, values, queries; OK otherwise (and when Stage probed nothing). When the
+  /// scorer's fused check saw one, the inputs it checked are probed now (on `context`'s
+  /// stream, synchronously) to find the element.
+  absl::Status CheckProbes(WorkerContext& context) const;
 
  private:
   StagedInput inputs_[3];
   size_t probe_at_ = 0;  // three unsigned long long words
   void* ready_event_ = nullptr;
   const unsigned long long* probe_words_ = nullptr;  // pinned, set by Stage when it probed
+  unsigned long long* probe_device_ = nullptr;       // the arena's probe words (Stage)
+  uint32_t fused_ = 0;                               // inputs the scorer checks (Stage)
+  const volatile unsigned int* finite_flag_ = nullptr;
 };
 
 /// A dense host copy of a device or page-locked host tensor (for host-side preparation that

@@ -14,6 +14,7 @@
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/fast_attention.cuh"
 #include "kernels/gpu/kernels/fast_keys.cuh"
+#include "kernels/gpu/kernels/key_scorers.h"
 
 namespace kvtrim::gpu {
 
@@ -110,6 +111,18 @@ bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim) {
   const int32_t d = static_cast<int32_t>(head_dim);
   return fast::FastAttentionSupported(kind, dtype, d) ||
          fast::FastKeyScorerSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
+}
+
+uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer) {
+  if (!plan.params.fast || plan.model_scorer || IsKeyScorer(plan.scorer) ||
+      layer.dtype == DType::kF32) {
+    return 0;
+  }
+  fast::FastAttentionPlan fast_plan;  // the plan LaunchScore takes
+  if (fast::MakeFastAttentionPlan(plan.scorer, layer, plan.params, &fast_plan) != cudaSuccess) {
+    return 0;
+  }
+  return 1u | (fast_plan.with_values ? 2u : 0u);
 }
 
 absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerShape& shape,
@@ -502,7 +515,7 @@ absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer
 
 // A field added to one of these structs must join the key below (then update the size).
 static_assert(sizeof(ScorerParams) == 28, "new ScorerParams field: add it to the launch key");
-static_assert(sizeof(DeviceLayer) == 72, "new DeviceLayer field: add it to the launch key");
+static_assert(sizeof(DeviceLayer) == 80, "new DeviceLayer field: add it to the launch key");
 static_assert(sizeof(PipelineBuffers) == 160, "new PipelineBuffers field: add it to the key");
 static_assert(sizeof(DeviceModelInputs) == 56, "new DeviceModelInputs field: add it to the key");
 static_assert(sizeof(FastModelInputs) == 8, "new FastModelInputs field: add it to the key");
@@ -526,7 +539,7 @@ void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
   key->Add(layer.keys).Add(layer.values).Add(layer.queries).Add(layer.dtype);
   key->Add(layer.num_kv_heads).Add(layer.num_query_heads).Add(layer.window_rows);
   key->Add(layer.head_dim).Add(layer.num_tokens).Add(layer.softmax_scale).Add(layer.layer_id);
-  key->Add(layer.seed);
+  key->Add(layer.seed).Add(layer.finite_flag);
   // The buffers, every pointer and size, the model inputs included.
   const PipelineBuffers& b = buffers;
   key->Add(b.scores).Add(b.counts).Add(b.offsets).Add(b.indices).Add(b.perturbation);

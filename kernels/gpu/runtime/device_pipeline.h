@@ -103,6 +103,12 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
 /// scorer itself reads.
 void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan);
 
+/// Bits of the inputs (1 keys, 2 values) that the layer's scorer launch checks for NaN / Inf
+/// itself when DeviceLayer::finite_flag is set: the fast attention scorers (SnapKV, H2O,
+/// TOVA, DropKV on LaunchScore's fast plan) on 16-bit inputs read every element of K in
+/// their pass A, DropKV every element of V too. 0 for every other plan.
+uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer);
+
 /// A DeviceLayer over device tensors (V and Q only when the plan reads them; nullptr
 /// pointers and zero query dims otherwise). `keys` is passed even when the plan does not
 /// read K (the launchers never dereference it then).

@@ -165,8 +165,14 @@ absl::Status LayerRun::Stage() {
   pinned_.decision = host.Add(upload.size());
   pinned_.critical_nan = host.Add(sizeof(unsigned long long));
   pinned_.probes = host.Add(3 * sizeof(unsigned long long));
+  pinned_.finite_flag = host.Add(sizeof(unsigned int));
   KVTRIM_RETURN_IF_ERROR(context_.transfer().Reserve(host.total()));
   char* pinned = context_.transfer().data();
+  // The scorer checks the device-read K / V it reads anyway for NaN / Inf (its pass A writes
+  // the pinned flag word); only the rest get a separate probe.
+  const uint32_t fused = FusedFiniteInputs(plan_, device_layer_) & inputs_.device_read_inputs();
+  auto* finite_flag = reinterpret_cast<unsigned int*>(pinned + pinned_.finite_flag);
+  device_layer_.finite_flag = fused != 0 ? finite_flag : nullptr;
 
   // Inputs: host K/V/Q through the staging chunks, device ones in place or gathered (and
   // probed for NaN / Inf); the meta region, the statistics and the decision's upload.
@@ -174,7 +180,8 @@ absl::Status LayerRun::Stage() {
   if (profiled_) context_.stage_events().Reset();
   KVTRIM_RETURN_IF_ERROR(inputs_.Stage(
       context_, base, reinterpret_cast<unsigned long long*>(pinned + pinned_.probes),
-      profiled_ ? &context_.stage_events() : nullptr));
+      profiled_ ? &context_.stage_events() : nullptr, fused,
+      fused != 0 ? finite_flag : nullptr));
   cudaStream_t stream = context_.stream();
   auto to_device = [&](void* dst, size_t at, const void* src, size_t bytes,
                        const char* what) -> absl::Status {
@@ -325,7 +332,7 @@ absl::Status LayerRun::Fetch() {
 
 absl::Status LayerRun::FetchDecision() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
-  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes());  // the inputs' NaN / Inf first
+  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes(context_));  // the inputs' NaN / Inf first
   held_.clear();
   if (profiled_) KVTRIM_RETURN_IF_ERROR(context_.stage_events().Read(&device_profile_));
   if (device_decision_) {
@@ -378,7 +385,7 @@ absl::Status LayerRun::EnqueueResident() {
 
 absl::Status LayerRun::FetchResident() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
-  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes());  // the inputs' NaN / Inf first
+  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes(context_));  // the inputs' NaN / Inf first
   held_.clear();
   KVTRIM_RETURN_IF_ERROR(NaNStatus(plan_, Pinned<unsigned long long>(pinned_.first_nan, 1)[0]));
   resident_->set_layout(ScoreBufferLayout{layer_.shape.num_kv_heads, layer_.shape.num_tokens,
@@ -411,7 +418,7 @@ absl::Status LayerRun::EnqueueDownload() {
 
 absl::Status LayerRun::FetchDownload() {
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
-  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes());  // the inputs' NaN / Inf first
+  KVTRIM_RETURN_IF_ERROR(inputs_.CheckProbes(context_));  // the inputs' NaN / Inf first
   held_.clear();
   const size_t count = static_cast<size_t>(layer_.shape.num_kv_heads) *
                        static_cast<size_t>(layer_.shape.num_tokens);

@@ -87,6 +87,7 @@ class LayerRun {
     size_t meta = 0, offsets = 0, indices = 0, perturbation = 0, first_nan = 0;
     size_t scores = 0, critical = 0, ea_mean = 0, ea_cov = 0, decision = 0, critical_nan = 0;
     size_t probes = 0;  // three words: the inputs' NaN / Inf probes (DeviceInputStage)
+    size_t finite_flag = 0;  // one word the scorer sets on a NaN / Inf it reads (fused check)
   };
 
   /// Model tensors of the plan from the cache, and Expected Attention's statistics.
