@@ -117,6 +117,10 @@ ABSL_FLAG(int64_t, host_buffer_pool_bytes, int64_t{1} << 30,
           "copies of 1 MiB or more) kept for the next layers, in idle bytes at most (0 .. 2^40; "
           "0 = every layer allocates afresh). Reused pages are already mapped: a 64 MiB shm "
           "read no longer page-faults.");
+ABSL_FLAG(int32_t, session_parallel_layers, 2,
+          "Layers of one CompressSession computed at once for per-layer policies (1 .. 16; 1 = "
+          "one after the other); answers still go out in the order the layers came. With the "
+          "GPU backend, at most --workers of them run at a time.");
 ABSL_FLAG(int32_t, session_read_ahead, 2,
           "Layers a CompressSession reads, assembles and maps ahead of the layer being "
           "computed (1 .. 64): the pipelining depth, and the bound on buffered layers.");
@@ -135,7 +139,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client", "max_pinned_shm_bytes",
-                                     "max_layer_bytes", "session_read_ahead",
+                                     "max_layer_bytes", "session_read_ahead", "session_parallel_layers",
                                      "host_buffer_pool_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
@@ -283,6 +287,9 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckRange("session_read_ahead", session_read_ahead, 1, 64); !st.ok()) return st;
+  if (auto st = CheckRange("session_parallel_layers", session_parallel_layers, 1, 16); !st.ok()) {
+    return st;
+  }
   if (auto st = CheckRange("host_buffer_pool_bytes", host_buffer_pool_bytes, 0,
                            int64_t{1} << 40);
       !st.ok()) {
@@ -449,6 +456,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_pinned_shm_bytes = absl::GetFlag(FLAGS_max_pinned_shm_bytes);
   config.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   config.session_read_ahead = absl::GetFlag(FLAGS_session_read_ahead);
+  config.session_parallel_layers = absl::GetFlag(FLAGS_session_parallel_layers);
   config.host_buffer_pool_bytes = absl::GetFlag(FLAGS_host_buffer_pool_bytes);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {

@@ -81,6 +81,8 @@ struct Config {
   int64_t max_layer_bytes = int64_t{8} << 30;
   /// Layers a session reads and decodes ahead of the one being computed.
   int session_read_ahead = 2;
+  /// Layers of one session computed at once (per-layer policies), answered in order.
+  int session_parallel_layers = 2;
   /// Host buffers of finished layers (host shm reads, assembled chunks) kept for reuse by the
   /// next ones, at most these many idle bytes together; 0 = every layer allocates afresh.
   int64_t host_buffer_pool_bytes = int64_t{1} << 30;

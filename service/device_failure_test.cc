@@ -6,8 +6,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "service/backend_factory.h"
@@ -36,6 +39,10 @@ class ScriptedBackend final : public Backend {
 
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++calls_[layer.layer_id];
+    }
     switch (layer.layer_id) {
       case kBlockingLayer: {
         {
@@ -64,6 +71,11 @@ class ScriptedBackend final : public Backend {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [this] { return blocked_; });
   }
+  /// CompressLayer calls for layer `layer_id` so far (entered, finished or not).
+  int calls(int32_t layer_id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return calls_[layer_id];
+  }
   /// Lets kBlockingLayer calls finish.
   void Release() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -74,6 +86,7 @@ class ScriptedBackend final : public Backend {
  private:
   CpuBackend cpu_{1};
   std::atomic<bool> healthy_{true};
+  std::map<int32_t, int> calls_;  // by layer id, under mutex_
   std::mutex mutex_;
   std::condition_variable changed_;
   bool blocked_ = false;
@@ -159,6 +172,57 @@ TEST(DeviceFailureTest, SessionEndsWithTheBackendsOwnStatus) {
     EXPECT_EQ(last.error().code(), static_cast<int32_t>(code));
     EXPECT_THAT(last.error().message(), HasSubstr(fragment));
   }
+  EXPECT_TRUE(CallCompress(*f.stub, RequestForLayer(0)).ok());
+}
+
+TEST(DeviceFailureTest, SessionLayersComputeSideBySideAndAnswerInStreamOrder) {
+  // --session_parallel_layers (2 by default): the layer after a slow one is computed
+  // meanwhile, and its answer still waits for the slow one's.
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = f.stub->CompressSession(&context);
+  ASSERT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
+  for (int32_t id : {kBlockingLayer, 3, 4}) ASSERT_TRUE(stream->Write(SessionLayer(MakeLayer(id))));
+  ASSERT_TRUE(stream->Write(SessionFinish()));
+  stream->WritesDone();
+  f.backend->WaitUntilBlocked();
+  // Layer 3 enters the backend while layer 7 is held there.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (f.backend->calls(3) < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(f.backend->calls(3), 1) << "the next layer did not start beside the held one";
+  f.backend->Release();
+  std::vector<int32_t> order;
+  v1::SessionResponse response;
+  while (stream->Read(&response)) {
+    if (response.has_layer()) order.push_back(response.layer().layer_id());
+  }
+  ASSERT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(order, (std::vector<int32_t>{kBlockingLayer, 3, 4}));
+}
+
+TEST(DeviceFailureTest, AFailedSessionLayerEndsTheSessionAfterTheLayersBeforeIt) {
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = f.stub->CompressSession(&context);
+  ASSERT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
+  for (int32_t id : {0, kGlitchLayer, 1, 2}) ASSERT_TRUE(stream->Write(SessionLayer(MakeLayer(id))));
+  ASSERT_TRUE(stream->Write(SessionFinish()));
+  stream->WritesDone();
+  std::vector<v1::SessionResponse> responses;
+  v1::SessionResponse response;
+  while (stream->Read(&response)) responses.push_back(response);
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INTERNAL) << status.error_message();
+  ASSERT_EQ(responses.size(), 2u);  // layer 0, then the error: layers 1 and 2 are dropped
+  EXPECT_EQ(responses[0].layer().layer_id(), 0);
+  ASSERT_TRUE(responses[1].has_error());
+  EXPECT_THAT(responses[1].error().message(), HasSubstr("not sticky"));
   EXPECT_TRUE(CallCompress(*f.stub, RequestForLayer(0)).ok());
 }
 

@@ -1,7 +1,8 @@
 // CompressSession: a bidirectional stream, begin -> layer* -> finish. Two lanes on the
 // work pool per call: the front end (assembling, decoding, protocol checks, validation of
-// layer l + 1) and the computation (layer l), so they overlap; neither holds a thread
-// while the session waits for its client.
+// layer l + 1) and the computation (layer l, and for per-layer policies up to
+// --session_parallel_layers layers at once, answered in stream order), so they overlap;
+// neither holds a thread while the session waits for its client.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -70,6 +71,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
         front_end_(core),
         runner_(core),
         read_ahead_(std::max(1, core.transport_options().session_read_ahead)),
+        parallel_layers_(std::max(1, core.transport_options().session_parallel_layers)),
         front_lane_(core.pool()),
         compute_lane_(core.pool()) {
     summary_.set_backend(std::string(core_.engine().backend_name()));
@@ -208,25 +210,35 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     if (read_now) RequestReadOnce();
   }
 
-  /// Compute lane: the oldest item.
+  /// Compute lane: the items in stream order, as far as the layers in flight allow (a layer
+  /// waits for a free place among parallel_layers_, anything else for every layer in flight
+  /// to be answered); a layer job that finishes runs this again.
   void Compute() {
-    SessionItem item;
-    bool read_now = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      item = std::move(items_.front());
-      items_.pop_front();
-      if (item.kind == SessionItem::Kind::kLayer) --pending_layers_;
-      if (read_paused_ && pending_layers_ < read_ahead_) {
-        read_paused_ = false;
-        read_now = true;
+    while (true) {
+      SessionItem item;
+      bool read_now = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (items_.empty()) return;
+        const bool layer = items_.front().kind == SessionItem::Kind::kLayer;
+        if (layer ? layers_in_flight_ >= parallel_layers_ : layers_in_flight_ > 0) return;
+        item = std::move(items_.front());
+        items_.pop_front();
+        if (layer) --pending_layers_;
+        if (read_paused_ && pending_layers_ < read_ahead_) {
+          read_paused_ = false;
+          read_now = true;
+        }
+      }
+      if (read_now) RequestReadOnce();
+      if (ended_.load()) return;  // what follows the end is dropped
+      bool finished = false;
+      const absl::Status status = Handle(&item, &finished);
+      if (!status.ok() || finished) {
+        End(status, /*tell_client=*/true);
+        return;
       }
     }
-    if (read_now) RequestReadOnce();
-    if (ended_.load()) return;  // what follows the end is dropped
-    bool finished = false;
-    const absl::Status status = Handle(&item, &finished);
-    if (!status.ok() || finished) End(status, /*tell_client=*/true);
   }
 
   /// One item in stream order; `finished` once the summary is sent.
@@ -269,6 +281,50 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
       // Answered at finish: keep this layer's scores only (never K/V).
       return runner_.ScoreValidated(policy, *item->validated, item->validate_seconds, &buffered_);
     }
+    // Computed beside the lane (the next layers start while this one runs); the answers
+    // go out in stream order (Answer).
+    const int64_t seq = next_seq_++;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++layers_in_flight_;
+    }
+    Hold();
+    auto shared = std::make_shared<SessionItem>(std::move(*item));
+    core_.pool().Post([this, seq, shared] {
+      LayerOutcome outcome;
+      outcome.status = ComputeLayer(shared.get(), &outcome);
+      shared->validated.reset();
+      shared->decoded.reset();  // releases the layer's region pins and buffers
+      Answer(seq, std::move(outcome));
+      bool resume = false;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        --layers_in_flight_;
+        resume = !items_.empty();
+      }
+      if (resume) {
+        Hold();
+        compute_lane_.Post([this] {
+          Compute();
+          Release();
+        });
+      }
+      Release();
+    });
+    return absl::OkStatus();
+  }
+
+  /// A computed layer: its status, and on success the decision and the serialised answer.
+  struct LayerOutcome {
+    absl::Status status;
+    std::optional<LayerDecision> decision;
+    grpc::ByteBuffer answer;
+  };
+
+  /// Computes one validated per-layer item (any pool thread), writes a host_shm output
+  /// region, and encodes the answer into `out`.
+  absl::Status ComputeLayer(SessionItem* item, LayerOutcome* out) {
+    const ResolvedPolicy& policy = *item->policy;
     const auto start = Clock::now();
     auto decision = runner_.CompressValidated(policy, *item->validated, item->validate_seconds);
     if (!decision.ok()) return decision.status();
@@ -277,20 +333,42 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
         return st;
       }
     }
-    item->validated.reset();
-    item->decoded.reset();  // releases the layer's region pins and buffers
     decision->profile.decode = item->decode_seconds;
     decision->profile.queued =
         std::max(0.0, std::chrono::duration<double>(start - item->ready).count());
     v1::SessionResponse response;
     runner_.Encode(policy.settings, item->received, &*decision, response.mutable_layer());
-    Send(SerializeSessionResponse(response));
-    Count(*decision);
+    out->answer = SerializeSessionResponse(response);
+    out->decision = *std::move(decision);
     return absl::OkStatus();
   }
 
-  /// finish: the model-wide decision's layers, then the summary.
+  /// Stores layer `seq`'s outcome and sends every answer now due, in stream order; the
+  /// first failure in that order ends the session (the layers after it are dropped).
+  void Answer(int64_t seq, LayerOutcome outcome) {
+    std::lock_guard<std::mutex> lock(answer_mutex_);
+    const size_t slot = static_cast<size_t>(seq - answered_seq_);
+    if (outcomes_.size() <= slot) outcomes_.resize(slot + 1);
+    outcomes_[slot] = std::move(outcome);
+    while (!outcomes_.empty() && outcomes_.front().has_value()) {
+      LayerOutcome& due = *outcomes_.front();
+      if (!ended_.load()) {
+        if (!due.status.ok()) {
+          End(due.status, /*tell_client=*/true);
+        } else {
+          Send(std::move(due.answer));
+          Count(*due.decision);
+        }
+      }
+      outcomes_.pop_front();
+      ++answered_seq_;
+    }
+  }
+
+  /// finish: the model-wide decision's layers, then the summary (every layer in flight has
+  /// been answered: Compute runs it only then).
   absl::Status FinishSession(const SessionItem& item) {
+    std::lock_guard<std::mutex> lock(answer_mutex_);
     if (policy_ != nullptr && policy_->model_wide()) {
       auto decided = runner_.DecideModelWide(*policy_, &buffered_);
       if (!decided.ok()) return decided.status();
@@ -307,7 +385,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     return absl::OkStatus();
   }
 
-  /// Records an answered layer in the metrics and the summary.
+  /// Records an answered layer in the metrics and the summary (under answer_mutex_).
   void Count(const LayerDecision& decision) {
     core_.metrics().RecordLayer(label_, decision);
     summary_.set_layers(summary_.layers() + 1);
@@ -342,14 +420,20 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
   SessionInput input_;
   SessionFrontEnd front_end_;
   // Compute lane only (and End, once):
-  LayerRunner runner_;
+  LayerRunner runner_;  // stateless: the layer jobs share it
   std::shared_ptr<const ResolvedPolicy> policy_;
   ModelWideScores buffered_;  // model-wide policies: per-layer scores until finish
   v1::SessionSummary summary_;
   std::string label_ = kNoPolicy;
   std::string request_id_;
+  int64_t next_seq_ = 0;  // the next layer job's place in stream order
+  // The layer jobs' answers, in stream order:
+  std::mutex answer_mutex_;  // guards what follows, summary_ and the metrics' Count
+  std::deque<std::optional<LayerOutcome>> outcomes_;  // from answered_seq_ on
+  int64_t answered_seq_ = 0;
   // Shared by the lanes:
   const int read_ahead_;
+  const int parallel_layers_;
   std::mutex mutex_;  // guards what follows, up to ended_
   std::deque<SessionItem> items_;
   int pending_layers_ = 0;
@@ -357,6 +441,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
   bool read_outstanding_ = false;  // a read started whose message is not yet queued
   bool read_wanted_ = false;       // a read was asked for meanwhile
   int chunks_waiting_ = 0;         // tensor_chunk messages read, not yet copied
+  int layers_in_flight_ = 0;       // layer jobs computing
   std::atomic<bool> ended_{false};
   SerialLane front_lane_;
   SerialLane compute_lane_;

@@ -138,6 +138,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   TransportOptions transport_options;
   transport_options.max_layer_bytes = config_.max_layer_bytes;
   transport_options.session_read_ahead = config_.session_read_ahead;
+  transport_options.session_parallel_layers = config_.session_parallel_layers;
   transport_options.host_buffer_pool_bytes = static_cast<size_t>(config_.host_buffer_pool_bytes);
   service_->SetTransports(regions_.get(), transport_options);
 
