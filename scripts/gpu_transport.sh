@@ -99,6 +99,21 @@ run shm_32k_serial_pread 90 --transport=host_shm --tokens=32768 --prefills=2 --w
 kill -TERM "$pid"
 wait "$pid" || { echo "kvtrimd (pread) exit status $?"; RC=1; }
 
+# The same-run reference for --session_parallel_layers: a session's layers one at a time.
+echo "== kvtrimd --session_parallel_layers=1"
+server_log="$OUT/kvtrimd_transport_p1.log"
+start_kvtrimd "$server_log" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 \
+  --metrics_listen= --workers=2 --max_message_bytes=$((64 << 20)) --session_parallel_layers=1 \
+  || exit 1
+run ipc_32k_off_output_p1 60 --transport=cuda_ipc --tokens=32768 --prefills=5 --warmup_prefills=1 \
+  --perturbation=off --output_region
+run ipc_128k_off_output_p1 90 --transport=cuda_ipc --tokens=131072 --prefills=3 \
+  --warmup_prefills=1 --perturbation=off --output_region
+run inline_32k_p1 120 --transport=inline --tokens=32768 --prefills=2 --warmup_prefills=1
+run shm_32k_p1 90 --transport=host_shm --tokens=32768 --prefills=2 --warmup_prefills=1
+kill -TERM "$pid"
+wait "$pid" || { echo "kvtrimd (parallel 1) exit status $?"; RC=1; }
+
 # Pipelined CUDA IPC with four layers computed at once instead of two.
 echo "== kvtrimd --workers=4"
 server_log="$OUT/kvtrimd_transport_w4.log"
