@@ -31,14 +31,25 @@ start_kvtrimd "$server_log" --backend=gpu --allow_client_shm --listen=127.0.0.1:
 cat "$server_log"
 
 # run NAME CAP ARGS...: one load-generator run -> loadgen_NAME.json
+# cpu_ticks: "busy total" jiffies of all cores from /proc/stat (the host's CPU use over a run).
+cpu_ticks() {
+  awk '/^cpu /{busy=$2+$3+$4+$7+$8; total=busy+$5+$6; print busy, total}' /proc/stat
+}
+
 run() {
   local name=$1 cap=$2
   shift 2
   case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return 0 ;; esac
   echo "== loadgen $name: $*"
+  local before after
+  before=$(cpu_ticks)
   timeout "$cap" "$BIN/kvtrim-loadgen" --target="$address" --policy=dropkv --keep_fraction=0.2 \
     --layers=32 --kv_heads=8 --q_heads=32 --head_dim=128 --window=32 --dtype=bf16 \
     --json_out="$OUT/loadgen_$name.json" "$@" || { echo "loadgen $name failed"; RC=1; }
+  after=$(cpu_ticks)
+  # The whole host's CPU over the run (load generator, kvtrimd and the kernel's socket work).
+  echo "$before $after" | awk -v cores="$(nproc)" '{b=$3-$1; t=$4-$2;
+    if (t > 0) printf "  host CPU busy over the run: %.1f %% of %d cores\n", 100*b/t, cores}'
 }
 run ipc_32k 60 --transport=cuda_ipc --tokens=32768 --prefills=5 --warmup_prefills=1
 run ipc_32k_serial 60 --transport=cuda_ipc --tokens=32768 --prefills=3 --warmup_prefills=1 --serial
