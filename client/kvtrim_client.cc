@@ -197,7 +197,7 @@ absl::StatusOr<std::string> Client::SendRegistration(const ModelBundle& bundle) 
         if (manifest != bundle.manifests.end()) c->set_manifest_json(manifest->second);
       }
       const size_t size = std::min(chunk, tensor.data.size() - offset);
-      c->set_data(tensor.data.substr(offset, size));
+      c->set_data(tensor.data.data() + offset, size);  // into the message's reused buffer
       offset += size;
       open = writer->Write(message);
     } while (open && offset < tensor.data.size());
