@@ -175,18 +175,28 @@ TEST(DeviceFailureTest, SessionEndsWithTheBackendsOwnStatus) {
   EXPECT_TRUE(CallCompress(*f.stub, RequestForLayer(0)).ok());
 }
 
+/// A snapkv session of layers `ids` then finish, all written before any answer is read.
+struct WrittenSession {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream;
+
+  WrittenSession(v1::Kvtrim::Stub& stub, std::initializer_list<int32_t> ids) {
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    stream = stub.CompressSession(&context);
+    EXPECT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
+    for (int32_t id : ids) EXPECT_TRUE(stream->Write(SessionLayer(MakeLayer(id))));
+    EXPECT_TRUE(stream->Write(SessionFinish()));
+    stream->WritesDone();
+  }
+};
+
 TEST(DeviceFailureTest, SessionLayersComputeSideBySideAndAnswerInStreamOrder) {
   // --session_parallel_layers (2 by default): the layer after a slow one is computed
   // meanwhile, and its answer still waits for the slow one's.
   Fixture f;
   ASSERT_NE(f.server, nullptr);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto stream = f.stub->CompressSession(&context);
-  ASSERT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
-  for (int32_t id : {kBlockingLayer, 3, 4}) ASSERT_TRUE(stream->Write(SessionLayer(MakeLayer(id))));
-  ASSERT_TRUE(stream->Write(SessionFinish()));
-  stream->WritesDone();
+  WrittenSession session(*f.stub, {kBlockingLayer, 3, 4});
+  auto& stream = session.stream;
   f.backend->WaitUntilBlocked();
   // Layer 3 enters the backend while layer 7 is held there.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -207,13 +217,8 @@ TEST(DeviceFailureTest, SessionLayersComputeSideBySideAndAnswerInStreamOrder) {
 TEST(DeviceFailureTest, AFailedSessionLayerEndsTheSessionAfterTheLayersBeforeIt) {
   Fixture f;
   ASSERT_NE(f.server, nullptr);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  auto stream = f.stub->CompressSession(&context);
-  ASSERT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
-  for (int32_t id : {0, kGlitchLayer, 1, 2}) ASSERT_TRUE(stream->Write(SessionLayer(MakeLayer(id))));
-  ASSERT_TRUE(stream->Write(SessionFinish()));
-  stream->WritesDone();
+  WrittenSession session(*f.stub, {0, kGlitchLayer, 1, 2});
+  auto& stream = session.stream;
   std::vector<v1::SessionResponse> responses;
   v1::SessionResponse response;
   while (stream->Read(&response)) responses.push_back(response);

@@ -30,9 +30,11 @@ ServiceCore::ServiceCore(const PolicyEngine& engine, const Backend& backend, Met
       options_{std::max(1, options.max_inflight), std::max(1, options.max_leases),
                options.default_numerics},
       error_log_(error_log) {
-  // Each admitted call runs at most two tasks at once (a session's front end and its
-  // compute); the rest is model registration.
-  pool_ = std::make_unique<WorkPool>(2 * options_.max_inflight + 16);
+  // An admitted session runs its front end, its compute lane and its layer jobs (two by
+  // default, --session_parallel_layers) at once; the rest is model registration. Past the
+  // cap, tasks queue: none of them waits for a queued one, so the cap bounds threads, not
+  // progress.
+  pool_ = std::make_unique<WorkPool>(4 * options_.max_inflight + 16);
   EncodePolicies(engine_.registry(), backend, &policies_);
   for (const auto& info : policies_.policies()) policy_names_.insert(info.name());
 }
