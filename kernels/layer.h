@@ -109,12 +109,6 @@ struct ValidatedLayer {
   bool has_device_tensors() const {
     return keys.on_device() || values.on_device() || queries.on_device();
   }
-  /// True when any present tensor is read by the device only (device or pinned host).
-  bool has_device_read_tensors() const {
-    return (keys.present() && !keys.host_readable()) ||
-           (values.present() && !values.host_readable()) ||
-           (queries.present() && !queries.host_readable());
-  }
 };
 
 /// The per-head budget of a layer after rules 2 and 3.

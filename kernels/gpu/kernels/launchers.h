@@ -34,7 +34,7 @@ struct DeviceLayer {
   uint64_t seed = 0;              // random scorer
   /// A word of page-locked host memory that the fast attention scorers' pass A sets to 1 when
   /// an element of K (DropKV: or V) it reads is NaN / Inf, for 16-bit inputs
-  /// (FusedFiniteCheckCovers says when a launch covers them); null: no check.
+  /// (FusedFiniteInputs, kernels/gpu/runtime, says which a launch covers); null: no check.
   unsigned int* finite_flag = nullptr;
 };
 

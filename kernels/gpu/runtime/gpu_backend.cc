@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <thread>
 #include <utility>
 #include <vector>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/finite_scan.h"
