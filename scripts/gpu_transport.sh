@@ -41,11 +41,25 @@ run() {
   shift 2
   case " ${RUNS:-all} " in *" all "*|*" $name "*) ;; *) return 0 ;; esac
   echo "== loadgen $name: $*"
-  local before after
+  local before after top_pid=""
   before=$(cpu_ticks)
+  # THREADS_TOP=1: the busiest threads over the run (top -H, one sample a second).
+  if [ -n "${THREADS_TOP:-}" ] && command -v top >/dev/null; then
+    top -b -H -d 1 -n "${THREADS_TOP_SAMPLES:-8}" -w 200 > "$OUT/top_$name.txt" 2>&1 &
+    top_pid=$!
+  fi
   timeout "$cap" "$BIN/kvtrim-loadgen" --target="$address" --policy=dropkv --keep_fraction=0.2 \
     --layers=32 --kv_heads=8 --q_heads=32 --head_dim=128 --window=32 --dtype=bf16 \
     --json_out="$OUT/loadgen_$name.json" "$@" || { echo "loadgen $name failed"; RC=1; }
+  if [ -n "$top_pid" ]; then
+    kill "$top_pid" 2>/dev/null; wait "$top_pid" 2>/dev/null
+    echo "  busiest threads (mean %CPU over the samples; pid, name):"
+    # The first sample counts since each thread started: skipped.
+    awk '/^top -/ { samples++; next }
+         samples > 1 && $1 ~ /^[0-9]+$/ && NF >= 12 && $12 != "top" { sum[$1 " " $12] += $9 }
+         END { for (k in sum) printf "%8.1f  %s\n", sum[k] / (samples - 1), k }' \
+      "$OUT/top_$name.txt" | sort -rn | head -12
+  fi
   after=$(cpu_ticks)
   # The whole host's CPU over the run (load generator, kvtrimd and the kernel's socket work).
   echo "$before $after" | awk -v cores="$(nproc)" '{b=$3-$1; t=$4-$2;
