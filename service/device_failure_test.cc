@@ -180,11 +180,12 @@ struct WrittenSession {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream;
 
-  WrittenSession(v1::Kvtrim::Stub& stub, std::initializer_list<int32_t> ids) {
+  WrittenSession(v1::Kvtrim::Stub& stub, std::initializer_list<int32_t> ids,
+                 const LayerDims& dims = {}) {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     stream = stub.CompressSession(&context);
     EXPECT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
-    for (int32_t id : ids) EXPECT_TRUE(stream->Write(SessionLayer(MakeLayer(id))));
+    for (int32_t id : ids) EXPECT_TRUE(stream->Write(SessionLayer(MakeLayer(id, dims))));
     EXPECT_TRUE(stream->Write(SessionFinish()));
     stream->WritesDone();
   }
@@ -212,6 +213,29 @@ TEST(DeviceFailureTest, SessionLayersComputeSideBySideAndAnswerInStreamOrder) {
   }
   ASSERT_TRUE(stream->Finish().ok());
   EXPECT_EQ(order, (std::vector<int32_t>{kBlockingLayer, 3, 4}));
+}
+
+TEST(DeviceFailureTest, SessionLayersWithManyHostBytesComputeOneAtATime) {
+  // Over 8 MiB of inline bytes per layer (keys [2, 65536, 16] f32 and the queries): their
+  // uploads would compete with the wire, so the next layer waits for the held one.
+  Fixture f;
+  ASSERT_NE(f.server, nullptr);
+  LayerDims big;
+  big.tokens = 65536;
+  big.head_dim = 16;
+  big.values = false;
+  WrittenSession session(*f.stub, {kBlockingLayer, 3}, big);
+  f.backend->WaitUntilBlocked();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(f.backend->calls(3), 0) << "a layer with many host bytes started beside another";
+  f.backend->Release();
+  std::vector<int32_t> order;
+  v1::SessionResponse response;
+  while (session.stream->Read(&response)) {
+    if (response.has_layer()) order.push_back(response.layer().layer_id());
+  }
+  ASSERT_TRUE(session.stream->Finish().ok());
+  EXPECT_EQ(order, (std::vector<int32_t>{kBlockingLayer, 3}));
 }
 
 TEST(DeviceFailureTest, AFailedSessionLayerEndsTheSessionAfterTheLayersBeforeIt) {
