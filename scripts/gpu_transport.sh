@@ -6,7 +6,9 @@
 # Run by scripts/gpu_run.sh (section `transport`), or alone from the repo copy with the
 # bundle: bash scripts/gpu_transport.sh. Output under $OUT: ipc_test.xml, kernel/ (gpu
 # bench json/csv), sdpa_prefill.json, loadgen_<run>.json, transport.log.
-# Environment: OUT (default out), BUNDLE (gpu_bundle), RUNS (default: every run below).
+# Environment: OUT (default out), BUNDLE (gpu_bundle), RUNS (default: every run below),
+# THREADS_TOP=1 (the busiest threads of each run, top -H; THREADS_TOP_SAMPLES, default 8).
+# Each run also prints the host's CPU use over it (/proc/stat).
 set -uo pipefail
 # shellcheck source=scripts/gpu_env.sh
 source "$(dirname "$0")/gpu_env.sh"
