@@ -138,8 +138,9 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
                                      "gpu_launch_graphs",
                                      "data_dir",        "max_models",     "max_model_bytes",
-                                     "allow_client_shm", "max_regions_per_client", "max_pinned_shm_bytes",
-                                     "max_layer_bytes", "session_read_ahead", "session_parallel_layers",
+                                     "allow_client_shm", "max_regions_per_client",
+                                     "max_pinned_shm_bytes", "max_layer_bytes",
+                                     "session_read_ahead", "session_parallel_layers",
                                      "host_buffer_pool_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether

@@ -160,7 +160,6 @@ class RegionRegistry {
   /// the region stays a pread region.
   void PinHostShm(Region& region, const std::string& field);
 
- private:
   RegionOptions options_;
   DeviceMapper* mapper_;
   mutable std::mutex mutex_;
