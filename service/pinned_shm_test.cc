@@ -153,7 +153,9 @@ TEST(PinnedShmTest, DenseTensorsOfAPinnedSegmentAreViewsIntoTheMappingOthersAreR
       EXPECT_EQ(std::memcmp(dense->data, segment.data() + kTensorBytes, kTensorBytes), 0);
     }
     // Token-major (strides [d, H_kv * d, 1]): read with pread into dense memory either way.
-    for (int64_t s : {kDim, kHeads * kDim, int64_t{1}}) tensor.mutable_host_shm()->add_strides_elements(s);
+    for (int64_t s : {kDim, kHeads * kDim, int64_t{1}}) {
+      tensor.mutable_host_shm()->add_strides_elements(s);
+    }
     auto strided = DecodeTensor(tensor, TensorRole::kKeys, EngineLimits{}, "layers[0].keys",
                                 context, &owned, &pins, &bytes);
     ASSERT_TRUE(strided.ok()) << strided.status();

@@ -566,12 +566,12 @@ TEST_F(IpcTransportTest, NonFiniteKAndVAreFoundByTheScorersOwnPass) {
     const char* message;
   };
   const int64_t h = 1, t = 7, c = 3;
-  for (const Case& bad : {
-           Case{"dropkv", Layout::kDense, true, 0x7FC0, "layers[0].values: contains NaN at [1, 7, 3]"},
-           Case{"dropkv", Layout::kDense, false, 0xFF80, "layers[0].keys: contains Inf at [1, 7, 3]"},
-           Case{"snapkv", Layout::kDense, false, 0x7F80, "layers[0].keys: contains Inf at [1, 7, 3]"},
-           Case{"dropkv", Layout::kTokenMajor, true, 0x7FC0,
-                "layers[0].values: contains NaN at [1, 7, 3]"}}) {
+  const char* kValuesNaN = "layers[0].values: contains NaN at [1, 7, 3]";
+  const char* kKeysInf = "layers[0].keys: contains Inf at [1, 7, 3]";
+  for (const Case& bad : {Case{"dropkv", Layout::kDense, true, 0x7FC0, kValuesNaN},
+                          Case{"dropkv", Layout::kDense, false, 0xFF80, kKeysInf},
+                          Case{"snapkv", Layout::kDense, false, 0x7F80, kKeysInf},
+                          Case{"dropkv", Layout::kTokenMajor, true, 0x7FC0, kValuesNaN}}) {
     const int li = static_cast<int>(bad.layout);
     const uint64_t base = bad.in_values ? offsets_[2].values[li] : offsets_[2].keys[li];
     const int64_t element = bad.layout == Layout::kDense ? (h * kTokens + t) * kDim + c

@@ -82,8 +82,9 @@ class DeviceInputStage {
 };
 
 /// A dense host copy of a device or page-locked host tensor (for host-side preparation that
-/// reads it, e.g. Expected Attention's window statistics): waits on `ready_event` (may be null), gathers
-/// when strided, copies back. `out` receives nbytes() bytes (uint32 words, aligned).
+/// reads it, e.g. Expected Attention's window statistics): waits on `ready_event` (may be
+/// null), gathers when strided, copies back (a page-locked host tensor through device
+/// memory). `out` receives nbytes() bytes (uint32 words, aligned).
 absl::Status DownloadDense(WorkerContext& context, const TensorView& view, void* ready_event,
                            std::vector<uint32_t>* out);
 
