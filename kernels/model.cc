@@ -18,9 +18,9 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return out + "]";
 }
 
-/// Converts a raw tensor of the expected shape to fp32, refusing NaN/Inf.
-absl::StatusOr<std::vector<float>> ToF32(const RawTensor& t, const std::vector<int64_t>& shape,
-                                         const std::string& field) {
+/// Checks that a raw tensor has the expected shape and the bytes it needs.
+absl::Status CheckRawShape(const RawTensor& t, const std::vector<int64_t>& shape,
+                           const std::string& field) {
   if (t.shape != shape) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".shape: expected ", ShapeText(shape),
                                                    ", got ", ShapeText(t.shape)));
@@ -32,6 +32,15 @@ absl::StatusOr<std::vector<float>> ToF32(const RawTensor& t, const std::vector<i
         field, ".data: holds ", t.bytes.size(), " bytes, the shape ", ShapeText(shape), " in ",
         DTypeName(t.dtype), " needs ", count * static_cast<int64_t>(DTypeSize(t.dtype))));
   }
+  return absl::OkStatus();
+}
+
+/// Converts a raw tensor of the expected shape to fp32, refusing NaN/Inf.
+absl::StatusOr<std::vector<float>> ToF32(const RawTensor& t, const std::vector<int64_t>& shape,
+                                         const std::string& field) {
+  if (auto st = CheckRawShape(t, shape, field); !st.ok()) return st;
+  int64_t count = 1;
+  for (int64_t s : shape) count *= s;
   std::vector<float> out(static_cast<size_t>(count));
   ConvertToF32(t.dtype, t.bytes.data(), out.size(), out.data());
   for (size_t i = 0; i < out.size(); ++i) {
@@ -222,36 +231,62 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModelFrom(const ModelInput
   model->w_o.resize(L);
   model->head_gram.resize(L);
   model->group_gram.resize(L);
+  // Structure first, layer by layer (every W_O present with its shape, query statistics in
+  // pairs), stopping at the first fault; the fp32 conversions (which refuse NaN / Inf) and the
+  // Gram matrices then run over the host's cores. A fault reports as a layer-by-layer walk
+  // would: the lowest layer's, and within a layer W_O's shape, then its values, then the pair.
   int64_t stats_layers = 0;
+  absl::Status structure;           // the first structural fault, if any
+  int64_t fault_layer = L;          // its layer
+  bool fault_after_values = false;  // a missing query statistic (checked after W_O's values)
   for (int64_t l = 0; l < L; ++l) {
     const std::string name = absl::StrCat("layers.", l, ".w_o");
     auto it = input.tensors.find(name);
     if (it == input.tensors.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      structure = absl::InvalidArgumentError(absl::StrCat(
           "weights[", name, "]: missing; every layer needs its output projection [D=", D,
           ", H_q*d=", hq * d, "]"));
+    } else {
+      structure = CheckRawShape(it->second, {D, hq * d}, absl::StrCat("weights[", name, "]"));
     }
-    auto w = ToF32(it->second, {D, hq * d}, absl::StrCat("weights[", name, "]"));
-    if (!w.ok()) return w.status();
-    model->w_o[l] = *std::move(w);
+    if (!structure.ok()) {
+      fault_layer = l;
+      break;
+    }
     const bool has_mean = input.tensors.count(absl::StrCat("layers.", l, ".query_mean")) != 0;
     const bool has_cov = input.tensors.count(absl::StrCat("layers.", l, ".query_cov")) != 0;
     if (has_mean != has_cov) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      structure = absl::InvalidArgumentError(absl::StrCat(
           "weights[layers.", l, ".query_", has_mean ? "cov" : "mean",
           "]: missing; query statistics need both query_mean [H_q, d] and query_cov "
           "[H_q, d, d]"));
+      fault_layer = l;
+      fault_after_values = true;
+      break;
     }
     if (has_mean) ++stats_layers;
   }
-  // Per-head and per-group Gram matrices, the layers spread over the host's cores (each
-  // layer's matrices depend on its W_O alone: the same result in any order).
+  // The layers whose values decide the answer: all, or those before the fault (and the
+  // fault's own layer when its W_O's values come first).
+  const int64_t converted = structure.ok() ? L : fault_layer + (fault_after_values ? 1 : 0);
+  std::vector<absl::Status> values(static_cast<size_t>(converted));
+  // W_O in fp32 and the per-head and per-group Gram matrices, the layers spread over the
+  // host's cores (each layer's matrices depend on its W_O alone: the same result in any
+  // order); no Gram matrices when a fault will be reported anyway.
   const int64_t workers = std::max<int64_t>(
-      1, std::min<int64_t>(L, static_cast<int64_t>(std::thread::hardware_concurrency())));
+      1, std::min<int64_t>(converted, static_cast<int64_t>(std::thread::hardware_concurrency())));
   auto gram_layers = [&](int64_t first) {
     std::vector<double> slice(static_cast<size_t>(D * d));
     std::vector<double> group(static_cast<size_t>(D * d));
-    for (int64_t l = first; l < L; l += workers) {
+    for (int64_t l = first; l < converted; l += workers) {
+      const std::string name = absl::StrCat("layers.", l, ".w_o");
+      auto w = ToF32(input.tensors.at(name), {D, hq * d}, absl::StrCat("weights[", name, "]"));
+      if (!w.ok()) {
+        values[l] = w.status();
+        continue;
+      }
+      model->w_o[l] = *std::move(w);
+      if (!structure.ok()) continue;
       model->head_gram[l].assign(static_cast<size_t>(hq * d * d), 0.0f);
       model->group_gram[l].assign(static_cast<size_t>(hkv * d * d), 0.0f);
       for (int64_t g = 0; g < hkv; ++g) {
@@ -273,6 +308,10 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModelFrom(const ModelInput
   for (int64_t t = 1; t < workers; ++t) threads.emplace_back(gram_layers, t);
   gram_layers(0);
   for (std::thread& thread : threads) thread.join();
+  for (const absl::Status& st : values) {
+    if (!st.ok()) return st;  // the lowest layer's, before any later fault
+  }
+  if (!structure.ok()) return structure;
   if (stats_layers != 0 && stats_layers != L) {
     return absl::InvalidArgumentError(absl::StrCat(
         "weights[layers.*.query_mean]: query statistics were sent for ", stats_layers, " of ",

@@ -3,9 +3,13 @@
 // every layer, head and group, and symmetric.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/model.h"
 #include "kernels/random_model_test_util.h"
 
@@ -58,6 +62,50 @@ TEST(ModelGram, RowByRowOnEveryCoreEqualsTheDefinitionBitForBit) {
                                    (*model)->group_gram[l].begin() + (g + 1) * d * d);
       EXPECT_EQ(got, want) << "layer " << l << " group " << g;
     }
+  }
+}
+
+// W_O is converted on every core, after a layer-by-layer walk of the structure; the fault
+// reported is still the one a layer-by-layer walk meets first: the lowest layer's, and
+// within a layer W_O's shape, then its values, then the query-statistics pair.
+TEST(ModelGram, FaultsReportAsALayerByLayerWalkMeetsThem) {
+  RandomModelOptions o;
+  o.layers = 5;
+  o.query_stats = true;
+  auto poison = [](ModelInput* in, int l) {
+    RawTensor& w = in->tensors[absl::StrCat("layers.", l, ".w_o")];
+    const float nan = std::nanf("");
+    std::memcpy(w.bytes.data() + 4 * 3, &nan, 4);
+  };
+  auto message = [](ModelInput in) {
+    auto model = BuildModel(std::move(in));
+    EXPECT_FALSE(model.ok());
+    return model.ok() ? std::string() : std::string(model.status().message());
+  };
+  {  // NaN in layer 1, layer 3's W_O missing: layer 1.
+    ModelInput in = RandomModelInput(o);
+    poison(&in, 1);
+    in.tensors.erase("layers.3.w_o");
+    EXPECT_EQ(message(std::move(in)), "weights[layers.1.w_o].data: element 3 is not finite");
+  }
+  {  // Layer 0's W_O missing, NaN in layer 1: layer 0.
+    ModelInput in = RandomModelInput(o);
+    in.tensors.erase("layers.0.w_o");
+    poison(&in, 1);
+    EXPECT_NE(message(std::move(in)).find("weights[layers.0.w_o]: missing"), std::string::npos);
+  }
+  {  // Layer 2: NaN in W_O and its query_cov missing: the values first.
+    ModelInput in = RandomModelInput(o);
+    poison(&in, 2);
+    in.tensors.erase("layers.2.query_cov");
+    EXPECT_EQ(message(std::move(in)), "weights[layers.2.w_o].data: element 3 is not finite");
+  }
+  {  // Layer 2's query_cov missing, NaN in layer 4: layer 2.
+    ModelInput in = RandomModelInput(o);
+    in.tensors.erase("layers.2.query_cov");
+    poison(&in, 4);
+    EXPECT_NE(message(std::move(in)).find("weights[layers.2.query_cov]: missing"),
+              std::string::npos);
   }
 }
 
