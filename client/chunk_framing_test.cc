@@ -7,8 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/tensor_chunk_bytes.h"
+
 namespace kvtrim {
 namespace {
+
+using ::kvtrim::testing::TensorChunkRequestBytes;
 
 /// The bytes of `buffer`, concatenated.
 std::string Bytes(const grpc::ByteBuffer& buffer) {
@@ -21,18 +25,6 @@ std::string Bytes(const grpc::ByteBuffer& buffer) {
   return out;
 }
 
-/// protobuf's own encoding of the same chunk.
-std::string ProtobufBytes(int32_t layer_id, v1::TensorSlot slot, uint64_t offset,
-                          const std::string& data) {
-  v1::SessionRequest request;
-  v1::TensorChunk* chunk = request.mutable_tensor_chunk();
-  chunk->set_layer_id(layer_id);
-  chunk->set_slot(slot);
-  chunk->set_offset_bytes(offset);
-  chunk->set_data(data);
-  return request.SerializeAsString();
-}
-
 TEST(ChunkFramingTest, FramedChunksAreProtobufsBytes) {
   for (int32_t layer_id : {0, 1, 31, -7, 2147483647}) {
     for (uint64_t offset : {uint64_t{0}, uint64_t{4096}, uint64_t{1} << 40}) {
@@ -41,7 +33,8 @@ TEST(ChunkFramingTest, FramedChunksAreProtobufsBytes) {
         for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 7 + layer_id);
         const grpc::ByteBuffer framed = FrameTensorChunk(
             layer_id, v1::TENSOR_SLOT_VALUES, offset, data.data(), data.size());
-        EXPECT_EQ(Bytes(framed), ProtobufBytes(layer_id, v1::TENSOR_SLOT_VALUES, offset, data))
+        EXPECT_EQ(Bytes(framed),
+                  TensorChunkRequestBytes(layer_id, v1::TENSOR_SLOT_VALUES, offset, data))
             << "layer " << layer_id << " offset " << offset << " size " << size;
       }
     }
@@ -52,7 +45,7 @@ TEST(ChunkFramingTest, TheDataIsCopiedOnce) {
   std::string data(300, 'a');
   const grpc::ByteBuffer framed =
       FrameTensorChunk(1, v1::TENSOR_SLOT_QUERIES, 8, data.data(), data.size());
-  const std::string expected = ProtobufBytes(1, v1::TENSOR_SLOT_QUERIES, 8, data);
+  const std::string expected = TensorChunkRequestBytes(1, v1::TENSOR_SLOT_QUERIES, 8, data);
   data.assign(data.size(), 'z');  // the caller's memory is free once framed
   EXPECT_EQ(Bytes(framed), expected);
 }

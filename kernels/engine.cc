@@ -13,14 +13,6 @@ namespace kvtrim {
 
 namespace {
 
-absl::Status CheckFinite(const TensorView& t, const std::string& field) {
-  const int64_t i = FirstNonFinite(t);
-  if (i < 0) return absl::OkStatus();
-  float value = 0;
-  ConvertToF32(t.dtype, static_cast<const char*>(t.data) + i * DTypeSize(t.dtype), 1, &value);
-  return NonFiniteError(field, t, i, value);
-}
-
 /// Backends name a layer's tensor without the request's field ("keys: contains NaN ...");
 /// prefix INVALID_ARGUMENT messages that start with a tensor name with `field` + ".".
 absl::Status QualifyBackendError(const absl::Status& status, const std::string& field) {

@@ -78,4 +78,12 @@ int64_t FirstNonFinite(const TensorView& t, int max_threads) {
   return -1;
 }
 
+absl::Status CheckFinite(const TensorView& t, const std::string& field) {
+  const int64_t i = FirstNonFinite(t);
+  if (i < 0) return absl::OkStatus();
+  float value = 0;
+  ConvertToF32(t.dtype, static_cast<const char*>(t.data) + i * DTypeSize(t.dtype), 1, &value);
+  return NonFiniteError(field, t, i, value);
+}
+
 }  // namespace kvtrim

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
 
 #include "kernels/tensor.h"
 
@@ -17,5 +20,9 @@ constexpr int64_t kParallelScanBytes = int64_t{8} << 20;
 /// threads (0: the host's hardware threads, at most 8); the answer is the same first index
 /// whatever the split.
 int64_t FirstNonFinite(const TensorView& t, int max_threads = 0);
+
+/// OK when every element of host tensor `t` is finite, else INVALID_ARGUMENT "<field>:
+/// contains NaN at [a, b, c]" (NonFiniteError) for the first one.
+absl::Status CheckFinite(const TensorView& t, const std::string& field);
 
 }  // namespace kvtrim

@@ -176,17 +176,22 @@ TEST(DeviceFailureTest, SessionEndsWithTheBackendsOwnStatus) {
 }
 
 /// A snapkv session of layers `ids` then finish, all written before any answer is read.
+/// Writing stops at the first write that fails: a session that fails ends the call, and
+/// the client's later writes then fail (`all_written` false), which is not an error.
 struct WrittenSession {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionResponse>> stream;
+  bool all_written = false;
 
   WrittenSession(v1::Kvtrim::Stub& stub, std::initializer_list<int32_t> ids,
                  const LayerDims& dims = {}) {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     stream = stub.CompressSession(&context);
-    EXPECT_TRUE(stream->Write(SessionBegin(MakeSettings("snapkv"))));
-    for (int32_t id : ids) EXPECT_TRUE(stream->Write(SessionLayer(MakeLayer(id, dims))));
-    EXPECT_TRUE(stream->Write(SessionFinish()));
+    all_written = stream->Write(SessionBegin(MakeSettings("snapkv")));
+    for (int32_t id : ids) {
+      all_written = all_written && stream->Write(SessionLayer(MakeLayer(id, dims)));
+    }
+    all_written = all_written && stream->Write(SessionFinish());
     stream->WritesDone();
   }
 };
@@ -197,6 +202,7 @@ TEST(DeviceFailureTest, SessionLayersComputeSideBySideAndAnswerInStreamOrder) {
   Fixture f;
   ASSERT_NE(f.server, nullptr);
   WrittenSession session(*f.stub, {kBlockingLayer, 3, 4});
+  ASSERT_TRUE(session.all_written);
   auto& stream = session.stream;
   f.backend->WaitUntilBlocked();
   // Layer 3 enters the backend while layer 7 is held there.
@@ -225,6 +231,7 @@ TEST(DeviceFailureTest, SessionLayersWithManyHostBytesComputeOneAtATime) {
   big.head_dim = 16;
   big.values = false;
   WrittenSession session(*f.stub, {kBlockingLayer, 3}, big);
+  ASSERT_TRUE(session.all_written);
   f.backend->WaitUntilBlocked();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(f.backend->calls(3), 0) << "a layer with many host bytes started beside another";

@@ -8,8 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/tensor_chunk_bytes.h"
+
 namespace kvtrim::service {
 namespace {
+
+using ::kvtrim::testing::TensorChunkRequestBytes;
 
 /// `bytes` as a ByteBuffer cut into slices at `cuts` (ascending offsets).
 grpc::ByteBuffer Buffer(const std::string& bytes, std::vector<size_t> cuts = {}) {
@@ -21,18 +25,6 @@ grpc::ByteBuffer Buffer(const std::string& bytes, std::vector<size_t> cuts = {})
     start = cut;
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
-}
-
-/// A tensor_chunk request's protobuf bytes.
-std::string ChunkBytes(int32_t layer_id, v1::TensorSlot slot, uint64_t offset,
-                       const std::string& data) {
-  v1::SessionRequest request;
-  v1::TensorChunk* chunk = request.mutable_tensor_chunk();
-  chunk->set_layer_id(layer_id);
-  chunk->set_slot(slot);
-  chunk->set_offset_bytes(offset);
-  chunk->set_data(data);
-  return request.SerializeAsString();
 }
 
 /// The bytes of varint `value`.
@@ -54,7 +46,7 @@ std::string Data(size_t size) {
 
 TEST(SessionWireTest, ChunkFieldsAndDataAreReadFromAnySlices) {
   const std::string data = Data(10000);
-  const std::string bytes = ChunkBytes(-3, v1::TENSOR_SLOT_QUERIES, 123456789, data);
+  const std::string bytes = TensorChunkRequestBytes(-3, v1::TENSOR_SLOT_QUERIES, 123456789, data);
   for (std::vector<size_t> cuts : std::vector<std::vector<size_t>>{
            {}, {1}, {2, 3, 4}, {20}, {bytes.size() - 1}, {7, 5000, 5001, 9000}}) {
     grpc::ByteBuffer buffer = Buffer(bytes, cuts);
@@ -88,7 +80,7 @@ TEST(SessionWireTest, FieldsInAnyOrderAndDefaultsAreRead) {
   ASSERT_TRUE(CopyTensorChunkData(buffer, *chunk, copied.data()));
   EXPECT_EQ(copied, parsed.tensor_chunk().data());
   // Layer 0, no slot, offset 0, no data: every field left out.
-  grpc::ByteBuffer empty = Buffer(ChunkBytes(0, v1::TENSOR_SLOT_UNSPECIFIED, 0, ""));
+  grpc::ByteBuffer empty = Buffer(TensorChunkRequestBytes(0, v1::TENSOR_SLOT_UNSPECIFIED, 0, ""));
   chunk = PeekTensorChunk(empty);
   ASSERT_TRUE(chunk.has_value());
   EXPECT_EQ(chunk->layer_id, 0);
@@ -97,7 +89,7 @@ TEST(SessionWireTest, FieldsInAnyOrderAndDefaultsAreRead) {
 }
 
 TEST(SessionWireTest, AnythingElseIsLeftToTheFullParse) {
-  const std::string chunk = ChunkBytes(1, v1::TENSOR_SLOT_KEYS, 0, Data(50));
+  const std::string chunk = TensorChunkRequestBytes(1, v1::TENSOR_SLOT_KEYS, 0, Data(50));
   v1::SessionRequest begin;
   begin.mutable_begin()->mutable_policy()->set_name("snapkv");
   v1::SessionRequest finish;

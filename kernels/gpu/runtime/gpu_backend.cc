@@ -122,12 +122,7 @@ absl::StatusOr<ValidatedLayer> HostOnlyLayer(const ValidatedLayer& layer, int de
       KVTRIM_CUDA_RETURN_IF_ERROR(err, "cudaMemcpy(pinned host input)");
       view->data = bytes.data();
       view->space = MemorySpace::kHost;
-      const int64_t bad = FirstNonFinite(*view);
-      if (bad >= 0) {
-        float value = 0;
-        ConvertToF32(view->dtype, bytes.data() + bad * DTypeSize(view->dtype), 1, &value);
-        return NonFiniteError(name, *view, bad, value);
-      }
+      KVTRIM_RETURN_IF_ERROR(CheckFinite(*view, name));
     }
     return host;
   }
