@@ -2,6 +2,10 @@
 // (service/model_digest.h) and the field-naming errors of BuildModel behind them.
 #include "service/model_codec.h"
 
+#include <openssl/sha.h>
+
+#include <cstring>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/model_digest.h"
@@ -75,6 +79,73 @@ TEST(ModelCodecTest, DigestCoversEveryPart) {
   EXPECT_FALSE(IsWellFormedDigest("sha256:abc"));
   EXPECT_FALSE(IsWellFormedDigest(std::string("sha256:") + std::string(64, 'A')));
   EXPECT_TRUE(IsWellFormedDigest(std::string("sha256:") + std::string(64, 'a')));
+}
+
+/// The v2 canonical serialisation spelt out byte by byte from model_digest.h's comment,
+/// hashed in one pass: an independent reading of the documented form.
+std::string DigestAsDocumented(const ModelInput& input) {
+  std::string out;
+  const auto u64 = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  };
+  const auto str = [&](const std::string& text) {
+    u64(text.size());
+    out += text;
+  };
+  const auto sha = [](const std::string& bytes) {
+    unsigned char h[32];
+    SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), h);
+    return std::string(reinterpret_cast<const char*>(h), 32);
+  };
+  const auto tensor = [&](const RawTensor& t) {
+    str(DTypeName(t.dtype));
+    u64(t.shape.size());
+    for (int64_t e : t.shape) u64(static_cast<uint64_t>(e));
+    u64(t.bytes.size());
+    out += sha(t.bytes);
+  };
+  str("kvtrim-model-v2");
+  str(input.layout.name);
+  for (int64_t v : {input.layout.num_layers, input.layout.num_query_heads,
+                    input.layout.num_kv_heads, input.layout.head_dim, input.layout.hidden_size}) {
+    u64(static_cast<uint64_t>(v));
+  }
+  uint64_t theta = 0;
+  std::memcpy(&theta, &input.rope_theta, 8);
+  u64(theta);
+  str(input.rope_scaling_json);
+  str(input.rope_layout);
+  u64(input.tensors.size());
+  for (const auto& [name, t] : input.tensors) {
+    str(name);
+    tensor(t);
+  }
+  u64(input.profiles.size());
+  for (const auto& [name, p] : input.profiles) {
+    str(name);
+    str(p.metric);
+    u64(static_cast<uint64_t>(p.sink));
+    u64(static_cast<uint64_t>(p.window));
+    tensor(p.ratios);
+  }
+  std::string hex = kDigestPrefix;
+  for (unsigned char c : sha(out)) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    hex.push_back(kHex[c >> 4]);
+    hex.push_back(kHex[c & 0xf]);
+  }
+  return hex;
+}
+
+TEST(ModelCodecTest, DigestIsTheDocumentedCanonicalForm) {
+  ModelInput input = FullModel();
+  input.rope_scaling_json = R"({"rope_type":"linear","factor":2.0})";
+  input.rope_layout = "interleaved";
+  EXPECT_EQ(ComputeModelDigest(input), DigestAsDocumented(input));
+  // More tensors than cores: hashed side by side, still in name order.
+  ModelInput wide = MakeTestModelInput(40, 4, 2, 8, 32, /*seed=*/3, /*with_query_stats=*/true);
+  EXPECT_EQ(ComputeModelDigest(wide), DigestAsDocumented(wide));
+  EXPECT_NE(ComputeLegacyModelDigest(input), ComputeModelDigest(input));
 }
 
 TEST(ModelCodecTest, HeaderComesFirstAndOnce) {

@@ -2,9 +2,14 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 
@@ -42,12 +47,14 @@ class CanonicalHasher {
     Bytes(text.data(), text.size());
   }
 
-  /// dtype, rank, extents, length-prefixed bytes.
-  void Tensor(const RawTensor& tensor) {
+  /// dtype, rank, extents, then the bytes' length and `content`: the bytes themselves
+  /// (v1) or their SHA-256 (v2).
+  void Tensor(const RawTensor& tensor, const void* content, size_t content_size) {
     String(DTypeName(tensor.dtype));
     U64(tensor.shape.size());
     for (int64_t extent : tensor.shape) I64(extent);
-    String(tensor.bytes);
+    U64(tensor.bytes.size());
+    Bytes(content, content_size);
   }
 
   /// "sha256:" + 64 lower-case hex digits.
@@ -68,11 +75,35 @@ class CanonicalHasher {
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx_;
 };
 
-}  // namespace
+using ContentHash = std::array<unsigned char, 32>;
 
-std::string ComputeModelDigest(const ModelInput& input) {
+/// SHA-256 of each of `blobs`, the blobs spread over the host's cores (one blob per task:
+/// each hash is serial by definition).
+std::vector<ContentHash> HashEach(const std::vector<const std::string*>& blobs) {
+  std::vector<ContentHash> hashes(blobs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < blobs.size(); i = next++) {
+      unsigned int size = 0;
+      EVP_Digest(blobs[i]->data(), blobs[i]->size(), hashes[i].data(), &size, EVP_sha256(),
+                 nullptr);
+    }
+  };
+  const size_t workers = std::min<size_t>(
+      blobs.size(), std::max<unsigned>(1, std::thread::hardware_concurrency()));
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < workers; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& thread : threads) thread.join();
+  return hashes;
+}
+
+/// The canonical serialisation shared by both forms; `content(i, tensor)` feeds the i-th
+/// tensor's content (tensors in name order, then the profiles' ratios in name order).
+template <typename Content>
+std::string Digest(const ModelInput& input, const char* form, Content content) {
   CanonicalHasher h;
-  h.String("kvtrim-model-v1");
+  h.String(form);
   const ModelLayout& m = input.layout;
   h.String(m.name);
   h.I64(m.num_layers);
@@ -83,10 +114,11 @@ std::string ComputeModelDigest(const ModelInput& input) {
   h.F64(input.rope_theta);
   h.String(input.rope_scaling_json);
   h.String(input.rope_layout);
+  size_t index = 0;
   h.U64(input.tensors.size());
   for (const auto& [name, tensor] : input.tensors) {  // std::map: name order
     h.String(name);
-    h.Tensor(tensor);
+    content(h, index++, tensor);
   }
   h.U64(input.profiles.size());
   for (const auto& [name, profile] : input.profiles) {
@@ -94,9 +126,28 @@ std::string ComputeModelDigest(const ModelInput& input) {
     h.String(profile.metric);
     h.I64(profile.sink);
     h.I64(profile.window);
-    h.Tensor(profile.ratios);
+    content(h, index++, profile.ratios);
   }
   return h.Finish();
+}
+
+}  // namespace
+
+std::string ComputeModelDigest(const ModelInput& input) {
+  std::vector<const std::string*> blobs;
+  for (const auto& [name, tensor] : input.tensors) blobs.push_back(&tensor.bytes);
+  for (const auto& [name, profile] : input.profiles) blobs.push_back(&profile.ratios.bytes);
+  const std::vector<ContentHash> hashes = HashEach(blobs);
+  return Digest(input, "kvtrim-model-v2",
+                [&](CanonicalHasher& h, size_t i, const RawTensor& tensor) {
+                  h.Tensor(tensor, hashes[i].data(), hashes[i].size());
+                });
+}
+
+std::string ComputeLegacyModelDigest(const ModelInput& input) {
+  return Digest(input, "kvtrim-model-v1", [](CanonicalHasher& h, size_t, const RawTensor& t) {
+    h.Tensor(t, t.bytes.data(), t.bytes.size());
+  });
 }
 
 bool IsWellFormedDigest(const std::string& digest) {

@@ -40,7 +40,8 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> ModelStore::LoadFile(
                                             ") does not match its file name"));
   }
   const std::string digest = ComputeModelDigest(contents->input);
-  if (digest != expected) {
+  const bool legacy = digest != expected && ComputeLegacyModelDigest(contents->input) == expected;
+  if (digest != expected && !legacy) {
     return absl::DataLossError(absl::StrCat("its content hashes to ", digest,
                                             ", not to the digest it stores (", expected,
                                             "): the file is corrupt"));
@@ -50,7 +51,27 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> ModelStore::LoadFile(
     return absl::DataLossError(absl::StrCat("invalid model: ", model.status().message()));
   }
   (*model)->digest = digest;
+  if (legacy) MigrateLegacyFile(path, **model);
   return *std::move(model);
+}
+
+void ModelStore::MigrateLegacyFile(const std::string& path, const RegisteredModel& model) const {
+  const std::string renamed = PathFor(model.digest);
+  std::error_code ignored;
+  // The same content registered again after an upgrade already has its v2 file.
+  absl::Status written = fs::exists(renamed, ignored)
+                             ? absl::OkStatus()
+                             : WriteModelFile(renamed, model.input, model.digest);
+  if (!written.ok()) {
+    error_log_ << "kvtrimd: model file " << path << " has a v1 digest; serving it as "
+               << model.digest << ", but rewriting it failed (" << written.message()
+               << "); it is migrated at the next start" << std::endl;
+    return;
+  }
+  fs::remove(path, ignored);
+  error_log_ << "kvtrimd: model file " << path << " had a v1 digest; now " << renamed
+             << " (" << model.digest << "); clients holding the old digest re-register"
+             << std::endl;
 }
 
 absl::StatusOr<int> ModelStore::LoadAll() {

@@ -80,6 +80,9 @@ class ModelStore {
   /// Reads, validates and digests one file; the model or why it was skipped.
   absl::StatusOr<std::shared_ptr<RegisteredModel>> LoadFile(const std::string& path,
                                                             const std::string& hex) const;
+  /// Rewrites the file at `path`, which stores `model` under its v1 (legacy) digest, as the
+  /// file of its v2 digest and removes the old one; logs what it did.
+  void MigrateLegacyFile(const std::string& path, const RegisteredModel& model) const;
 
   const ModelStoreOptions options_;
   std::ostream& error_log_;

@@ -292,6 +292,34 @@ TEST_F(ModelStoreTest, StoredDigestMismatchingTheContentIsSkipped) {
   EXPECT_THAT(log.str(), HasSubstr("its content hashes to " + ComputeModelDigest(input)));
 }
 
+TEST_F(ModelStoreTest, AFileOfAnEarlierServerIsMigratedToItsV2Digest) {
+  // A file persisted before v2: named and stamped with the v1 digest of its content.
+  const ModelInput input = ModelA();
+  const std::string legacy = ComputeLegacyModelDigest(input);
+  const std::string digest = ComputeModelDigest(input);
+  ASSERT_NE(legacy, digest);
+  const std::string old_path = dir_ + "/" + DigestHex(legacy) + ".kvtmodel";
+  ASSERT_TRUE(WriteModelFile(old_path, input, legacy).ok());
+  {
+    std::ostringstream log;
+    ModelStore store(Options(), log);
+    EXPECT_EQ(*store.LoadAll(), 1);
+    ASSERT_NE(store.Find(digest), nullptr) << log.str();
+    EXPECT_EQ(store.Find(legacy), nullptr);
+    EXPECT_EQ(CountLines(log.str(), "had a v1 digest; now " + store.PathFor(digest)), 1)
+        << log.str();
+    EXPECT_FALSE(fs::exists(old_path));
+    EXPECT_TRUE(fs::exists(store.PathFor(digest)));
+    // Registering the same content again finds it.
+    EXPECT_EQ(*store.Add(ModelA()), digest);
+  }
+  std::ostringstream log;
+  ModelStore store(Options(), log);
+  EXPECT_EQ(*store.LoadAll(), 1);
+  EXPECT_NE(store.Find(digest), nullptr);
+  EXPECT_EQ(CountLines(log.str(), "v1 digest"), 0) << log.str();
+}
+
 TEST_F(ModelStoreTest, LeftoverTemporaryFilesAreRemoved) {
   const auto [a, b] = PersistTwo();
   const std::string tmp = dir_ + "/" + DigestHex(a) + ".kvtmodel.tmp";

@@ -9,6 +9,8 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/engine.h"
+#include "kernels/model.h"
+#include "kernels/random_model_test_util.h"
 #include "kernels/registry.h"
 
 namespace kvtrim {
@@ -95,6 +97,27 @@ KVTRIM_POLICY_BENCH(adakv);
 // The exact perturbation statistic's cost, on top of a key-only policy.
 BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true)
     ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+
+/// RegisterModel's build of `layers` Llama-3.1-8B-shaped layers (W_O [4096, 4096] f32, H_q =
+/// 32, H_kv = 8, d = 128): the f32 conversion and the fp64 per-head and per-group Gram
+/// matrices, spread over the host's cores.
+void BM_BuildModel(benchmark::State& state) {
+  RandomModelOptions o;
+  o.layers = static_cast<int32_t>(state.range(0));
+  o.query_heads = 32;
+  o.kv_heads = 8;
+  o.head_dim = 128;
+  o.hidden = 4096;
+  const ModelInput input = RandomModelInput(o);
+  for (auto _ : state) {
+    auto model = BuildModelFrom(input);
+    if (!model.ok()) state.SkipWithError(std::string(model.status().message()).c_str());
+    benchmark::DoNotOptimize(model);
+  }
+  state.counters["layers_per_s"] = benchmark::Counter(
+      static_cast<double>(o.layers), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_BuildModel)->Arg(1)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace kvtrim
