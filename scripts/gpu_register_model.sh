@@ -19,6 +19,11 @@ PYTHON="${PYTHON:-python3}"
   --hidden "${HIDDEN:-4096}" --query_stats | tee "$report"
 now() { date +%s.%N; }
 elapsed() { python3 -c "print(f'{$2 - $1:.3f}')"; }
+echo "host: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p')" | tee -a "$report"
+if [ -x "$BIN/kvtrim_cpu_bench" ]; then
+  # The build's Gram matrices alone (one and four layers, every core).
+  "$BIN/kvtrim_cpu_bench" --benchmark_filter=BuildModel 2>&1 | grep BM_ | tee -a "$report"
+fi
 t0=$(now); cat "$model" >/dev/null; t1=$(now); cat "$model" >/dev/null; t2=$(now)
 echo "read the bundle's bytes: $(elapsed "$t0" "$t1") s, again $(elapsed "$t1" "$t2") s" | tee -a "$report"
 
