@@ -75,6 +75,10 @@ def row_of(name, run, bench, sdpa):
         "aggregate_gbps": None if region else run["aggregate"]["throughput_bytes_per_s"] / 1e9,
         "grpc_round_trip_us": (run["grpc_round_trip"]["round_trip_s"]["p50"] * 1e6
                                if run.get("grpc_round_trip") else None),
+        # The host's memory ceiling in the same run: every core copying at once (bytes
+        # copied per second; the memory traffic is twice that).
+        "host_memcpy_all_cores_gbps": (run["host_memcpy_all_cores"]["best_bytes_per_s"] / 1e9
+                                       if run.get("host_memcpy_all_cores") else None),
         "stages": stages,
     }
 

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -111,8 +112,8 @@ std::string Usage() {
       "layer's round trip minus the server's time),\n"
       "workers[{worker, prefills, wire_bytes, wall_s, throughput_bytes_per_s, ok, error,\n"
       "notes}], aggregate{prefills, wire_bytes, run_wall_s, throughput_bytes_per_s},\n"
-      "host_memcpy{buffer_bytes, repeats, best_bytes_per_s}, grpc_round_trip{calls,\n"
-      "round_trip_s} (Health checks on a worker-like connection; null if not measured), notes\n\n"
+      "host_memcpy{buffer_bytes, repeats, best_bytes_per_s}, host_memcpy_all_cores{threads,\n"
+      "buffer_bytes, repeats, best_bytes_per_s}, grpc_round_trip{calls, round_trip_s} (Health checks on a worker-like connection; null if not measured), notes\n\n"
       "exit codes: 0 ok, 1 a worker or the server failed, 2 usage error\n\nflags:\n",
       kvtrim::cli::FlagsHelp("client/loadgen/main.cc"));
 }
@@ -239,6 +240,10 @@ int main(int argc, char** argv) {
   }
   // Before the workers start, so that the reference does not compete with them.
   report.memcpy = kvtrim::loadgen::MeasureMemcpy();
+  // The host's memory bandwidth ceiling (every core copying 64 MiB buffers at once): what
+  // the inline transport's copies per byte share with the server and the kernel.
+  report.memcpy_all_cores = kvtrim::loadgen::MeasureMemcpy(
+      size_t{64} << 20, 5, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   report.rpc_floor = kvtrim::loadgen::MeasureRpcFloor(*config);
 
   const kvtrim::loadgen::HostLayer layer =

@@ -114,6 +114,12 @@ void PrintReport(const RunReport& report, const RunTotals& totals, std::ostream&
                          Gbps(report.memcpy.best_bytes_per_s),
                          static_cast<int64_t>(report.memcpy.buffer_bytes >> 20),
                          report.memcpy.repeats);
+  if (report.memcpy_all_cores.threads > 1) {
+    out << absl::StrFormat(
+        "  host memcpy, %d cores at once: best %.2f GB/s copied (%.2f GB/s of memory traffic)\n",
+        report.memcpy_all_cores.threads, Gbps(report.memcpy_all_cores.best_bytes_per_s),
+        2 * Gbps(report.memcpy_all_cores.best_bytes_per_s));
+  }
   if (report.rpc_floor.calls > 0) {
     out << absl::StrFormat("  gRPC round trip of an empty call (Health, %d calls): p50 %.1f us, "
                            "p99 %.1f us\n",
@@ -199,6 +205,11 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
        {{"buffer_bytes", report.memcpy.buffer_bytes},
         {"repeats", report.memcpy.repeats},
         {"best_bytes_per_s", report.memcpy.best_bytes_per_s}}},
+      {"host_memcpy_all_cores",
+       {{"threads", report.memcpy_all_cores.threads},
+        {"buffer_bytes", report.memcpy_all_cores.buffer_bytes},
+        {"repeats", report.memcpy_all_cores.repeats},
+        {"best_bytes_per_s", report.memcpy_all_cores.best_bytes_per_s}}},
       {"grpc_round_trip",
        report.rpc_floor.calls > 0
            ? nlohmann::json{{"calls", report.rpc_floor.calls},

@@ -21,7 +21,8 @@ struct RunReport {
   LoadgenConfig config;
   PolicyNeeds needs;
   std::vector<WorkerResult> workers;
-  MemcpyBandwidth memcpy;
+  MemcpyBandwidth memcpy;            // one core copying
+  MemcpyBandwidth memcpy_all_cores;  // every core copying at once
   RpcFloor rpc_floor;  // the gRPC round trip of an empty call on a worker-like connection
   std::vector<std::string> notes;  // run-wide remarks
 };
