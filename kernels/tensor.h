@@ -17,8 +17,9 @@ namespace kvtrim {
 ///  kDevice  CUDA device memory of the backend's device (a mapped CUDA IPC region); only a
 ///           backend whose reads_device_memory() is true takes such tensors
 ///  kPinnedHost  host memory page-locked for the devices (a worker's host shm segment,
-///           mapped): the device copies it by DMA, and nothing on the host reads it, since
-///           the worker may shrink its segment (a host read would fault); only a backend
+///           mapped, or a pooled buffer a session's chunks were received into): the device
+///           copies it by DMA, and nothing on the host reads it, since the worker may shrink
+///           its segment (a host read would fault); only a backend
 ///           whose reads_device_memory() is true takes such tensors, and it checks them for
 ///           NaN / Inf on the device as it does device tensors
 enum class MemorySpace { kHost, kDevice, kPinnedHost };

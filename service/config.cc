@@ -117,6 +117,11 @@ ABSL_FLAG(int64_t, host_buffer_pool_bytes, int64_t{1} << 30,
           "copies of 1 MiB or more) kept for the next layers, in idle bytes at most (0 .. 2^40; "
           "0 = every layer allocates afresh). Reused pages are already mapped: a 64 MiB shm "
           "read no longer page-faults.");
+ABSL_FLAG(int64_t, max_pinned_buffer_bytes, int64_t{8} << 30,
+          "With the GPU backend, the pooled host buffers that a session's chunked tensors are "
+          "received into are page-locked once, when created, so that the GPU copies each layer "
+          "from them by DMA (no staging copy, the NaN / Inf check on the device), while the "
+          "locked buffers, idle or in use, stay within this many bytes (0 .. 2^44; 0 = never).");
 ABSL_FLAG(int32_t, session_parallel_layers, 2,
           "Layers of one CompressSession computed at once for per-layer policies (1 .. 16; 1 = "
           "one after the other); answers still go out in the order the layers came. With the "
@@ -141,7 +146,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_pinned_shm_bytes", "max_layer_bytes",
                                      "session_read_ahead", "session_parallel_layers",
-                                     "host_buffer_pool_bytes"};
+                                     "host_buffer_pool_bytes", "max_pinned_buffer_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
 /// the flag takes a value ("--flagfile f" consumes the next argument).
@@ -293,6 +298,11 @@ absl::Status Config::Validate() const {
   }
   if (auto st = CheckRange("host_buffer_pool_bytes", host_buffer_pool_bytes, 0,
                            int64_t{1} << 40);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("max_pinned_buffer_bytes", max_pinned_buffer_bytes, 0,
+                           int64_t{1} << 44);
       !st.ok()) {
     return st;
   }
@@ -459,6 +469,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.session_read_ahead = absl::GetFlag(FLAGS_session_read_ahead);
   config.session_parallel_layers = absl::GetFlag(FLAGS_session_parallel_layers);
   config.host_buffer_pool_bytes = absl::GetFlag(FLAGS_host_buffer_pool_bytes);
+  config.max_pinned_buffer_bytes = absl::GetFlag(FLAGS_max_pinned_buffer_bytes);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {
     config.backend = BackendKind::kAuto;

@@ -86,6 +86,9 @@ struct Config {
   /// Host buffers of finished layers (host shm reads, assembled chunks) kept for reuse by the
   /// next ones, at most these many idle bytes together; 0 = every layer allocates afresh.
   int64_t host_buffer_pool_bytes = int64_t{1} << 30;
+  /// With the GPU backend, pooled buffers that chunked tensors arrive in are page-locked
+  /// while the locked ones (idle or in use) stay within this many bytes; 0 = never.
+  int64_t max_pinned_buffer_bytes = int64_t{8} << 30;
   /// Numerics of requests that leave CompressionSettings.numerics unspecified: kFast
   /// (tensor cores / FMA where the backend has a fast path, within docs/numerics.md's
   /// tolerance of exact) or kExact (the canonical arithmetic, CPU and GPU bit-identical).

@@ -66,6 +66,10 @@ class CudaDeviceMapper final : public DeviceMapper {
     if (!mapping.ok()) return mapping.status();
     return std::unique_ptr<PinnedHostMemory>(new CudaPinnedHost(*std::move(mapping)));
   }
+  bool LockHost(void* data, size_t bytes) override {
+    return gpu::LockHostMemory(device_, data, bytes);
+  }
+  void UnlockHost(void* data) override { gpu::UnlockHostMemory(data); }
 
  private:
   int device_;

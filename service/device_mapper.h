@@ -63,6 +63,16 @@ class DeviceMapper {
     (void)size_bytes;
     return absl::UnimplementedError(absl::StrCat(field, ": no device to pin host memory for"));
   }
+  /// Page-locks kvtrimd's own memory [data, data + bytes) for every served device (its
+  /// pooled layer buffers), so that the devices copy layers from it by DMA. False where the
+  /// mapper cannot or the driver refuses: the memory then stays pageable.
+  virtual bool LockHost(void* data, size_t bytes) {
+    (void)data;
+    (void)bytes;
+    return false;
+  }
+  /// Undoes LockHost before the memory is freed.
+  virtual void UnlockHost(void* data) { (void)data; }
   /// The mapper of the served device whose UUID is `uuid16`, or null when kvtrimd does not
   /// compute on it. One device: itself when the UUID matches.
   virtual DeviceMapper* ForUuid(const std::string& uuid16) {
@@ -94,6 +104,10 @@ class MultiDeviceMapper final : public DeviceMapper {
                                                             const std::string& field) override {
     return devices_.front()->PinHost(fd, size_bytes, field);  // portable: every device
   }
+  bool LockHost(void* data, size_t bytes) override {
+    return devices_.front()->LockHost(data, bytes);  // portable: every device
+  }
+  void UnlockHost(void* data) override { devices_.front()->UnlockHost(data); }
   DeviceMapper* ForUuid(const std::string& uuid16) override;
   std::string ServedDevices() const override;
 

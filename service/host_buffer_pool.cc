@@ -7,6 +7,7 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
     Release();
     words_ = std::move(other.words_);
     capacity_words_ = other.capacity_words_;
+    page_locked_ = other.page_locked_;
     pool_ = std::move(other.pool_);
   }
   return *this;
@@ -15,10 +16,13 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
 HostBuffer::~HostBuffer() { Release(); }
 
 void HostBuffer::Release() {
-  if (words_ != nullptr && pool_ != nullptr) pool_->Release(std::move(words_), capacity_words_);
+  if (words_ != nullptr && pool_ != nullptr) {
+    pool_->Release(std::move(words_), capacity_words_, page_locked_);
+  }
   words_.reset();
   pool_.reset();
   capacity_words_ = 0;
+  page_locked_ = false;
 }
 
 HostBuffer HostBufferPool::FromHeap(size_t bytes) {
@@ -35,24 +39,51 @@ HostBuffer HostBufferPool::Acquire(size_t bytes) {
     auto it = idle_.lower_bound(words);
     if (it != idle_.end() && it->first <= 2 * words) {
       const size_t capacity = it->first;
-      std::unique_ptr<uint32_t[]> reused = std::move(it->second);
+      Idle reused = std::move(it->second);
       idle_.erase(it);
       idle_bytes_ -= capacity * 4;
       ++reused_;
-      return HostBuffer(std::move(reused), capacity, shared_from_this());
+      return HostBuffer(std::move(reused.words), capacity, shared_from_this(),
+                        reused.page_locked);
     }
   }
   const size_t granule_words = kGranuleBytes / 4;
   const size_t capacity = (words + granule_words - 1) / granule_words * granule_words;
-  return HostBuffer(std::unique_ptr<uint32_t[]>(new uint32_t[capacity]), capacity,
-                    shared_from_this());
+  std::unique_ptr<uint32_t[]> fresh(new uint32_t[capacity]);
+  const bool locked = TryLock(fresh.get(), capacity * 4);
+  return HostBuffer(std::move(fresh), capacity, shared_from_this(), locked);
 }
 
-void HostBufferPool::Release(std::unique_ptr<uint32_t[]> words, size_t capacity_words) {
+bool HostBufferPool::TryLock(uint32_t* words, size_t capacity_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (locked_bytes_ + capacity_bytes > max_locked_bytes_) return false;
+    locked_bytes_ += capacity_bytes;  // reserved while the driver locks it
+  }
+  if (locker_.lock(words, capacity_bytes)) return true;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (idle_bytes_ + capacity_words * 4 > max_idle_bytes_) return;  // freed on return
-  idle_bytes_ += capacity_words * 4;
-  idle_.emplace(capacity_words, std::move(words));
+  locked_bytes_ -= capacity_bytes;
+  return false;
+}
+
+void HostBufferPool::Release(std::unique_ptr<uint32_t[]> words, size_t capacity_words,
+                             bool page_locked) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (idle_bytes_ + capacity_words * 4 <= max_idle_bytes_) {
+      idle_bytes_ += capacity_words * 4;
+      idle_.emplace(capacity_words, Idle{std::move(words), page_locked});
+      return;
+    }
+    if (page_locked) locked_bytes_ -= capacity_words * 4;
+  }
+  if (page_locked) locker_.unlock(words.get());
+}  // freed on return
+
+HostBufferPool::~HostBufferPool() {
+  for (auto& [capacity, idle] : idle_) {
+    if (idle.page_locked) locker_.unlock(idle.words.get());
+  }
 }
 
 size_t HostBufferPool::idle_bytes() const {
@@ -63,6 +94,11 @@ size_t HostBufferPool::idle_bytes() const {
 uint64_t HostBufferPool::reused() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return reused_;
+}
+
+size_t HostBufferPool::locked_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return locked_bytes_;
 }
 
 HostBuffer AcquireHostBuffer(const std::shared_ptr<HostBufferPool>& pool, size_t bytes) {

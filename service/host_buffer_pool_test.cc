@@ -1,10 +1,11 @@
 // HostBufferPool: finished layers' buffers are handed to the next ones (same memory), small
-// buffers bypass the pool, the idle cap and the fit rule hold, and buffers outlive the pool's
-// last outside reference.
+// buffers bypass the pool, the idle cap and the fit rule hold, buffers outlive the pool's
+// last outside reference, and pooled buffers are page-locked once within the lock cap.
 #include "service/host_buffer_pool.h"
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -79,6 +80,72 @@ TEST(HostBufferPoolTest, ConcurrentLayersShareThePool) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_GT(pool->reused(), 0u);
   EXPECT_LE(pool->idle_bytes(), 256 * kMiB);
+}
+
+/// A stand-in for the devices' page-locking: records what is locked; refuses when told to.
+struct FakeLocker {
+  std::set<void*> locked;
+  int locks = 0, unlocks = 0;
+  bool refuse = false;
+  HostMemoryLocker Locker() {
+    return {[this](void* data, size_t) {
+              if (refuse) return false;
+              ++locks;
+              return locked.insert(data).second;
+            },
+            [this](void* data) {
+              ++unlocks;
+              EXPECT_EQ(locked.erase(data), 1u) << "unlocking memory that is not locked";
+            }};
+  }
+};
+
+TEST(HostBufferPoolTest, PooledBuffersArePageLockedOnceWithinTheLockCap) {
+  FakeLocker fake;
+  {
+    // Idle cap 16 MiB, lock cap 20 MiB.
+    auto pool = std::make_shared<HostBufferPool>(16 * kMiB, kMiB, fake.Locker(), 20 * kMiB);
+    HostBuffer small = pool->Acquire(kMiB / 2);  // from the heap: never locked
+    EXPECT_FALSE(small.page_locked());
+    HostBuffer a = pool->Acquire(8 * kMiB);
+    HostBuffer b = pool->Acquire(8 * kMiB);
+    HostBuffer c = pool->Acquire(8 * kMiB);  // past the lock cap: pageable
+    EXPECT_TRUE(a.page_locked());
+    EXPECT_TRUE(b.page_locked());
+    EXPECT_FALSE(c.page_locked());
+    EXPECT_EQ(pool->locked_bytes(), 16 * kMiB);
+    EXPECT_EQ(fake.locks, 2);
+    uint32_t* a_words = a.get();
+    a = HostBuffer();  // idle, still locked
+    HostBuffer again = pool->Acquire(8 * kMiB);
+    EXPECT_EQ(again.get(), a_words);
+    EXPECT_TRUE(again.page_locked());
+    EXPECT_EQ(fake.locks, 2);  // reused, not locked again
+    again = HostBuffer();
+    b = HostBuffer();
+    c = HostBuffer();  // past the idle cap (16 MiB idle already): freed
+    EXPECT_EQ(pool->idle_bytes(), 16 * kMiB);
+    fake.refuse = true;  // the driver refuses: the buffer stays pageable
+    HostBuffer d = pool->Acquire(30 * kMiB);
+    EXPECT_FALSE(d.page_locked());
+    EXPECT_EQ(pool->locked_bytes(), 16 * kMiB);
+  }
+  // The pool's idle buffers are unlocked before they are freed.
+  EXPECT_EQ(fake.unlocks, 2);
+  EXPECT_TRUE(fake.locked.empty());
+}
+
+TEST(HostBufferPoolTest, ALockedBufferPastTheIdleCapIsUnlockedWhenFreed) {
+  FakeLocker fake;
+  auto pool = std::make_shared<HostBufferPool>(4 * kMiB, kMiB, fake.Locker(), 64 * kMiB);
+  {
+    HostBuffer big = pool->Acquire(8 * kMiB);
+    EXPECT_TRUE(big.page_locked());
+  }
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+  EXPECT_EQ(pool->locked_bytes(), 0u);
+  EXPECT_EQ(fake.unlocks, 1);
+  EXPECT_TRUE(fake.locked.empty());
 }
 
 }  // namespace

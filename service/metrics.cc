@@ -144,6 +144,12 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
                          .Help("Bytes of host shm segments page-locked for direct device "
                                "copies now (--max_pinned_shm_bytes)")
                          .Register(*registry_)),
+      pinned_buffer_family_(prometheus::BuildGauge()
+                                .Name("kvtrim_pinned_buffer_bytes")
+                                .Help("Bytes of kvtrimd's pooled host buffers (chunked tensors "
+                                      "arrive in them) page-locked for direct device copies "
+                                      "now (--max_pinned_buffer_bytes)")
+                                .Register(*registry_)),
       device_layers_(prometheus::BuildCounter()
                          .Name("kvtrim_device_layers_total")
                          .Help("Layers answered, by the device that computed them (a CUDA "
@@ -156,6 +162,7 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
   for (size_t i = 0; i < 3; ++i) region_kinds_[i] = &regions_.Add({{"kind", kinds[i]}});
   leases_ = &leases_family_.Add({});
   pinned_shm_bytes_ = &pinned_family_.Add({});
+  pinned_buffer_bytes_ = &pinned_buffer_family_.Add({});
   for (Rpc rpc : kAllRpcs) {
     const auto i = static_cast<size_t>(rpc);
     rpc_duration_[i] = &request_duration_.Add({{"rpc", RpcName(rpc)}}, RequestBuckets());
@@ -239,6 +246,10 @@ void Metrics::InflightChanged(int delta) { inflight_->Increment(delta); }
 
 void Metrics::AddTransportBytes(Transport transport, int64_t bytes) {
   if (bytes > 0) transport_[static_cast<size_t>(transport)]->Increment(static_cast<double>(bytes));
+}
+
+void Metrics::SetPinnedBufferBytes(uint64_t bytes) {
+  pinned_buffer_bytes_->Set(static_cast<double>(bytes));
 }
 
 void Metrics::SetRegions(int64_t host_shm, int64_t cuda_ipc, int64_t cuda_ipc_event,

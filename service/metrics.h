@@ -83,6 +83,8 @@ class Metrics {
   /// "cuda_ipc_event") and the open leases (kvtrim_region_leases).
   void SetRegions(int64_t host_shm, int64_t cuda_ipc, int64_t cuda_ipc_event, int64_t leases,
                   uint64_t pinned_shm_bytes);
+  /// Sets kvtrim_pinned_buffer_bytes: kvtrimd's pooled host buffers page-locked now.
+  void SetPinnedBufferBytes(uint64_t bytes);
 
  private:
   /// The per-policy series of one policy label value.
@@ -114,6 +116,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& regions_;
   prometheus::Family<prometheus::Gauge>& leases_family_;
   prometheus::Family<prometheus::Gauge>& pinned_family_;
+  prometheus::Family<prometheus::Gauge>& pinned_buffer_family_;
   prometheus::Family<prometheus::Counter>& device_layers_;
 
   std::array<prometheus::Histogram*, 7> rpc_duration_{};   // by Rpc
@@ -122,6 +125,7 @@ class Metrics {
   std::array<prometheus::Gauge*, 3> region_kinds_{};       // host_shm, cuda_ipc, cuda_ipc_event
   prometheus::Gauge* leases_ = nullptr;
   prometheus::Gauge* pinned_shm_bytes_ = nullptr;
+  prometheus::Gauge* pinned_buffer_bytes_ = nullptr;
   std::array<prometheus::Histogram*, 4> stage_{};          // by Stage
   prometheus::Gauge* inflight_ = nullptr;
 

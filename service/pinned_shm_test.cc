@@ -1,14 +1,17 @@
 // Host shm segments page-locked for direct device copies (RegionOptions::max_pinned_shm_bytes),
 // on a stand-in mapper that maps without CUDA: which segments are pinned under the cap, that
 // dense tensors of a pinned segment decode to kPinnedHost views into the mapping (no read),
-// and that strided ones and unpinned segments are still read with pread.
+// and that strided ones and unpinned segments are still read with pread; and a session's
+// chunked tensors received into page-locked pool buffers decode to kPinnedHost views.
 #include <sys/mman.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "service/host_buffer_pool.h"
 #include "service/region_registry.h"
+#include "service/session_input.h"
 #include "service/tensor_codec.h"
 #include "service/transport_test_util.h"
 
@@ -164,6 +167,40 @@ TEST(PinnedShmTest, DenseTensorsOfAPinnedSegmentAreViewsIntoTheMappingOthersAreR
     std::memcpy(&first_of_head1, static_cast<const char*>(strided->data) + kTokens * kDim * 4, 4);
     EXPECT_EQ(first_of_head1, static_cast<float>(kTensorBytes / 4 + kDim));
   }
+}
+
+/// The keys' view of a one-layer session whose keys [2, 128, 1024] f32 (1 MiB: a pooled
+/// buffer) arrive as one chunk, with a pool that locks (or not) its buffers.
+TensorView ChunkedKeysView(bool lock) {
+  constexpr int64_t kHeads = 2, kTokens = 128, kDim = 1024;  // 1 MiB: a pooled buffer
+  constexpr int64_t kBytes = kHeads * kTokens * kDim * 4;
+  HostMemoryLocker locker{[](void*, size_t) { return true; }, [](void*) {}};
+  DecodeContext context;
+  context.buffers = std::make_shared<HostBufferPool>(size_t{64} << 20, size_t{1} << 20,
+                                                     lock ? locker : HostMemoryLocker{},
+                                                     size_t{64} << 20);
+  SessionInput input(EngineLimits{}, context, int64_t{1} << 30);
+  auto layer = std::make_unique<v1::SessionRequest>();
+  v1::Tensor* keys = layer->mutable_layer()->mutable_keys();
+  keys->set_dtype(v1::DTYPE_F32);
+  for (int64_t d : {kHeads, kTokens, kDim}) keys->add_shape(d);
+  keys->mutable_chunked()->set_total_bytes(kBytes);
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_FALSE(input.Take(std::move(layer), now).has_value());  // waits for its chunks
+  auto chunk = std::make_unique<v1::SessionRequest>();
+  chunk->mutable_tensor_chunk()->set_slot(v1::TENSOR_SLOT_KEYS);
+  chunk->mutable_tensor_chunk()->set_data(std::string(kBytes, '\0'));
+  std::optional<SessionItem> item = input.Take(std::move(chunk), now);
+  EXPECT_TRUE(item.has_value() && item->status.ok() && item->decoded != nullptr);
+  if (!item.has_value() || item->decoded == nullptr) return {};
+  TensorView view = item->decoded->request.keys;
+  EXPECT_EQ(view.data, item->decoded->owned.front().get());
+  return view;
+}
+
+TEST(PinnedShmTest, ChunksReceivedIntoPageLockedPoolBuffersAreDeviceCopiedViews) {
+  EXPECT_EQ(ChunkedKeysView(/*lock=*/true).space, MemorySpace::kPinnedHost);
+  EXPECT_EQ(ChunkedKeysView(/*lock=*/false).space, MemorySpace::kHost);
 }
 
 }  // namespace

@@ -140,6 +140,14 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   transport_options.session_read_ahead = config_.session_read_ahead;
   transport_options.session_parallel_layers = config_.session_parallel_layers;
   transport_options.host_buffer_pool_bytes = static_cast<size_t>(config_.host_buffer_pool_bytes);
+  if (device_mapper_ != nullptr && config_.max_pinned_buffer_bytes > 0) {
+    DeviceMapper* mapper = device_mapper_.get();  // outlives the service (declared first)
+    transport_options.buffer_locker = {
+        [mapper](void* data, size_t bytes) { return mapper->LockHost(data, bytes); },
+        [mapper](void* data) { mapper->UnlockHost(data); }};
+    transport_options.max_pinned_buffer_bytes =
+        static_cast<size_t>(config_.max_pinned_buffer_bytes);
+  }
   service_->SetTransports(regions_.get(), transport_options);
 
   InitGrpcPluginsOnce();

@@ -43,7 +43,9 @@ void ServiceCore::SetTransports(RegionRegistry* regions, TransportOptions option
   regions_ = regions;
   transport_options_ = options;
   buffers_ = options.host_buffer_pool_bytes > 0
-                 ? std::make_shared<HostBufferPool>(options.host_buffer_pool_bytes)
+                 ? std::make_shared<HostBufferPool>(options.host_buffer_pool_bytes,
+                                                    size_t{1} << 20, options.buffer_locker,
+                                                    options.max_pinned_buffer_bytes)
                  : nullptr;
 }
 
@@ -106,6 +108,7 @@ void ServiceCore::CountTransportBytes(const TransportBytes& bytes) {
   metrics_.AddTransportBytes(Transport::kInline, bytes.inline_bytes);
   metrics_.AddTransportBytes(Transport::kHostShm, bytes.host_shm);
   metrics_.AddTransportBytes(Transport::kCudaIpc, bytes.cuda_ipc);
+  if (buffers_ != nullptr) metrics_.SetPinnedBufferBytes(buffers_->locked_bytes());
 }
 
 void ServiceCore::PublishRegionMetrics() {

@@ -43,6 +43,10 @@ struct TransportOptions {
   int session_read_ahead = 2;                        // --session_read_ahead
   int session_parallel_layers = 2;                   // --session_parallel_layers
   size_t host_buffer_pool_bytes = size_t{1} << 30;  // --host_buffer_pool_bytes (0 = none)
+  /// Page-locks the pool's buffers for the devices (empty: none are), within
+  /// max_pinned_buffer_bytes (--max_pinned_buffer_bytes).
+  HostMemoryLocker buffer_locker;
+  size_t max_pinned_buffer_bytes = 0;
 };
 
 /// Which limit a call counts against (CallGuard).

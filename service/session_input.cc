@@ -179,7 +179,10 @@ SessionItem SessionInput::DecodePending() {
   SessionItem item = std::move(*pending_);
   pending_.reset();
   DecodeContext context = context_;
-  for (int slot = 0; slot < 3; ++slot) context.chunks[slot] = chunks_[slot].get();
+  for (int slot = 0; slot < 3; ++slot) {
+    context.chunks[slot] = chunks_[slot].get();
+    context.chunks_page_locked[slot] = chunks_[slot].page_locked();
+  }
   item.decoded = std::make_unique<DecodedLayer>();
   item.status = DecodeLayer(item.request->layer(), limits_, "layer", context, item.decoded.get());
   item.wire_bytes += item.decoded->tensor_bytes;

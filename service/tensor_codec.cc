@@ -363,6 +363,9 @@ absl::StatusOr<TensorView> DecodeTensor(const v1::Tensor& tensor, TensorRole rol
             DTypeName(view.dtype), " needs ", view.nbytes()));
       }
       view.data = assembled;
+      if (context.chunks_page_locked[static_cast<int>(role)]) {
+        view.space = MemorySpace::kPinnedHost;
+      }
       bytes->inline_bytes += view.nbytes();
       return view;
     }

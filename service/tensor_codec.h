@@ -57,6 +57,9 @@ struct DecodeContext {
   /// A session's assembled chunked tensors of this layer (keys, values, queries), each
   /// product(shape) * sizeof(dtype) bytes; null: `chunked` tensors are refused.
   std::array<const uint32_t*, 3> chunks{};
+  /// Which of `chunks` are page-locked for the devices: their views are kPinnedHost (the
+  /// device copies them by DMA and checks them for NaN / Inf; the host reads none).
+  std::array<bool, 3> chunks_page_locked{};
   /// Where host shm reads and misaligned copies go (null: the heap).
   std::shared_ptr<HostBufferPool> buffers;
 };
@@ -67,7 +70,8 @@ struct DecodeContext {
 ///  inline_data: byte length == product(shape) * sizeof(dtype) ("<field>.inline_data");
 ///    aliases `tensor` (copied into `owned` only when misaligned)
 ///  chunked: total_bytes equal to it ("<field>.chunked.total_bytes"), a session's
-///    assembled bytes (refused outside sessions); aliases the assembled buffer
+///    assembled bytes (refused outside sessions); aliases the assembled buffer (a
+///    kPinnedHost view when the buffer is page-locked)
 ///  host_shm / cuda_ipc: the region (RegionRegistry::Acquire: NOT_FOUND,
 ///    PERMISSION_DENIED, FAILED_PRECONDITION), strides ("<field>.<kind>.strides_elements"),
 ///    paging ("<field>.<kind>.paged...") and bounds ("<field>.<kind>.offset_bytes": every

@@ -22,6 +22,7 @@
 #include "client/shm_segment.h"
 #include "gtest/gtest.h"
 #include "tests/integration/kvtrimd_process.h"
+#include "tests/integration/metrics_scrape.h"
 
 namespace kvtrim {
 namespace {
@@ -117,13 +118,15 @@ class IpcTransportTest : public ::testing::Test {
     const char* binary = std::getenv("KVTRIMD_PATH");
     auto process = KvtrimdProcess::Start(
         binary != nullptr ? binary : KVTRIMD_PATH,
-        {"--listen=127.0.0.1:0", "--metrics_listen=", "--backend=gpu", "--allow_client_shm",
+        {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--backend=gpu",
+         "--allow_client_shm",
          "--workers=2", absl::StrCat("--max_message_bytes=", 64 << 20)});
     ASSERT_TRUE(process.ok()) << process.status();
     process_.emplace(*std::move(process));
     auto addresses = process_->WaitUntilServing(absl::Seconds(120));
     ASSERT_TRUE(addresses.ok()) << addresses.status();
     address_ = addresses->grpc;
+    metrics_port_ = addresses->metrics_port();
     ClientOptions options;
     auto client = Client::Connect(address_, options);
     ASSERT_TRUE(client.ok());
@@ -250,6 +253,7 @@ class IpcTransportTest : public ::testing::Test {
   };
   std::optional<KvtrimdProcess> process_;
   std::string address_;
+  int metrics_port_ = 0;
   std::unique_ptr<Client> client_;
   std::vector<HostLayer> layers_;
   std::vector<Offsets> offsets_;
@@ -608,6 +612,71 @@ TEST_F(IpcTransportTest, InlineSessionsPlainAndChunkedMatchInlineCompress) {
       EXPECT_EQ(answers, expected) << policy << " chunk " << chunk;
     }
   }
+}
+
+// A session's chunked tensors of 1 MiB or more arrive in kvtrimd's pooled host buffers,
+// page-locked once: the device copies each by one DMA and checks it for NaN / Inf itself.
+// The kept sets equal inline Compress's, a NaN is named exactly, the gauge shows the locked
+// buffers, and the CPU fallback (d > 256) reads them through the device.
+TEST_F(IpcTransportTest, ChunkedLayersArriveInPageLockedBuffersAndAreCheckedOnTheDevice) {
+  constexpr int64_t kLongTokens = 8192;  // keys and values [2, 8192, 64] bf16: 2 MiB each
+  auto bytes_of = [](const std::vector<uint16_t>& data) {
+    return std::string(reinterpret_cast<const char*>(data.data()), data.size() * 2);
+  };
+  auto make_layer = [&](int64_t dim, std::vector<uint16_t> values) {
+    v1::LayerInput layer;
+    *layer.mutable_keys() = Header({kHeads, kLongTokens, dim});
+    layer.mutable_keys()->set_inline_data(bytes_of(Data(kHeads * kLongTokens * dim, 51)));
+    *layer.mutable_values() = Header({kHeads, kLongTokens, dim});
+    layer.mutable_values()->set_inline_data(bytes_of(values));
+    *layer.mutable_queries() = Header({kQHeads, kWindow, dim});
+    layer.mutable_queries()->set_inline_data(bytes_of(Data(kQHeads * kWindow * dim, 53)));
+    return layer;
+  };
+  ClientOptions options;
+  options.session_chunk_bytes = 256 << 10;
+  auto chunking = Client::Connect(address_, options);
+  ASSERT_TRUE(chunking.ok());
+  auto in_session = [&](const std::string& policy, const v1::LayerInput& layer)
+      -> absl::StatusOr<std::vector<int32_t>> {
+    auto session = (*chunking)->OpenSession(Settings(policy));
+    if (!session.ok()) return session.status();
+    if (auto st = (*session)->SendLayer(layer); !st.ok()) return st;
+    auto result = (*session)->Finish();
+    if (!result.ok()) return result.status();
+    if (result->layers.size() != 1) return absl::InternalError("not one layer answered");
+    return std::vector<int32_t>(result->layers[0].indices().begin(),
+                                result->layers[0].indices().end());
+  };
+  auto inline_compress = [&](const std::string& policy, const v1::LayerInput& layer) {
+    v1::CompressRequest request;
+    *request.mutable_settings() = Settings(policy);
+    *request.add_layers() = layer;
+    auto response = client_->Compress(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? std::vector<int32_t>(response->layers(0).indices().begin(),
+                                                response->layers(0).indices().end())
+                         : std::vector<int32_t>();
+  };
+  // d = 64 on the device, d = 320 through the CPU fallback.
+  for (int64_t dim : {kDim, int64_t{320}}) {
+    const v1::LayerInput layer = make_layer(dim, Data(kHeads * kLongTokens * dim, 52));
+    auto answer = in_session("dropkv", layer);
+    ASSERT_TRUE(answer.ok()) << "d=" << dim << ": " << answer.status();
+    EXPECT_EQ(*answer, inline_compress("dropkv", layer)) << "d=" << dim;
+    std::vector<uint16_t> values = Data(kHeads * kLongTokens * dim, 52);
+    values[(1 * kLongTokens + 7) * dim + 3] = 0x7FC0;
+    auto nan = in_session("dropkv", make_layer(dim, std::move(values)));
+    EXPECT_EQ(nan.status().code(), absl::StatusCode::kInvalidArgument) << nan.status();
+    EXPECT_NE(nan.status().message().find("values: contains NaN at [1, 7, 3]"),
+              std::string::npos) << "d=" << dim << ": " << nan.status();
+  }
+  auto text = testing::HttpGet("127.0.0.1", metrics_port_, "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  auto samples = testing::ParseExposition(*text);
+  ASSERT_TRUE(samples.ok()) << samples.status();
+  EXPECT_GE(testing::MetricsSnapshot(*samples).Sum("kvtrim_pinned_buffer_bytes", {}),
+            2.0 * (2 << 20));
 }
 
 TEST_F(IpcTransportTest, RegionMisuseGetsClearErrorsAndTheServerKeepsServing) {

@@ -45,4 +45,18 @@ PinnedHostMapping::~PinnedHostMapping() {
   munmap(base_, bytes_);
 }
 
+bool LockHostMemory(int device, void* data, size_t bytes) {
+  if (cudaSetDevice(device) != cudaSuccess ||
+      cudaHostRegister(data, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it for this thread
+    return false;
+  }
+  return true;
+}
+
+void UnlockHostMemory(void* data) {
+  cudaHostUnregister(data);
+  cudaGetLastError();
+}
+
 }  // namespace kvtrim::gpu

@@ -40,4 +40,12 @@ class PinnedHostMapping {
   uint64_t bytes_;
 };
 
+/// Page-locks kvtrimd's own memory [data, data + bytes) for every CUDA context (portable),
+/// `device` made current for the registration, so that the copy engines read it by DMA.
+/// False when the driver refuses (locked-memory limits); the memory then stays pageable.
+bool LockHostMemory(int device, void* data, size_t bytes);
+
+/// Undoes LockHostMemory (errors are ignored: the memory is about to be freed).
+void UnlockHostMemory(void* data);
+
 }  // namespace kvtrim::gpu
