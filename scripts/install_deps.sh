@@ -6,7 +6,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ccache pkg-config git curl
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev
+  libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev libhwy-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
 )
 missing=()

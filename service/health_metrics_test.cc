@@ -150,9 +150,10 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   ASSERT_TRUE(CallCompress(*stub_, MakeRequest("snapkv", 3)).ok());
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "Compress"}, {"policy", "snapkv"}, {"code", "OK"}}), 1);
-  // The request left numerics unspecified (server default fast); the CPU computes exact.
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "exact"}}), 3);
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "fast"}}), 0);
+  // The request left numerics unspecified (server default fast); the CPU has a fast path
+  // for snapkv (kernels/cpu/fast/).
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "fast"}}), 3);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "exact"}}), 0);
   EXPECT_EQ(Counter("kvtrim_tokens_in_total", {{"policy", "snapkv"}}), 3 * 2 * 64);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "snapkv"}}), 3 * 2 * 32);
   EXPECT_EQ(Counter("kvtrim_device_layers_total", {{"device", "cpu"}}), 3);
@@ -181,7 +182,7 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "Compress"}, {"policy", "invalid"}, {"code", "INVALID_ARGUMENT"}}),
             1);
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "exact"}}),
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "snapkv"}, {"numerics", "fast"}}),
             3);  // unchanged
 
   // Sessions count per layer as answered.

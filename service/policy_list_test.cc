@@ -115,7 +115,8 @@ TEST_F(PolicyListTest, EveryListedPolicyServesAValidRequestInEveryListedShape) {
       for (const v1::LayerResult& layer : response.layers()) {
         EXPECT_EQ(layer.output_shape(), shape);
         EXPECT_EQ(layer.num_tokens(), kTokens);
-        EXPECT_EQ(layer.numerics(), v1::NUMERICS_EXACT);
+        // The server default (fast) where the policy lists it, exact otherwise.
+        EXPECT_EQ(layer.numerics(), policy.numerics_modes(0));
         EXPECT_GT(layer.indices_size(), 0);
       }
     }
@@ -161,16 +162,17 @@ TEST_F(PolicyListTest, CompositionsThatCannotRunAreNeitherListedNorAccepted) {
                     "lists, not SHARED");
 }
 
-TEST_F(PolicyListTest, CpuBackendListsExactOnlyForEveryPolicy) {
+TEST_F(PolicyListTest, CpuBackendListsFastForTheScorersWithAFastPath) {
   const v1::ListPoliciesResponse list = List();
   ASSERT_GT(list.policies_size(), 0);
   for (const v1::PolicyInfo& policy : list.policies()) {
-    EXPECT_THAT(policy.numerics_modes(), ::testing::ElementsAre(v1::NUMERICS_EXACT))
+    EXPECT_EQ(std::vector<int>(policy.numerics_modes().begin(), policy.numerics_modes().end()),
+              CpuNumericsModes(policy.scorer()))
         << policy.name();
   }
 }
 
-TEST_F(PolicyListTest, FastAskedOnTheCpuIsComputedAndReportedExact) {
+TEST_F(PolicyListTest, TheCpuComputesFastWhereItCanAndSaysWhichItComputed) {
   for (const v1::Numerics asked : {v1::NUMERICS_FAST, v1::NUMERICS_UNSPECIFIED,
                                    v1::NUMERICS_EXACT}) {
     SCOPED_TRACE(v1::Numerics_Name(asked));
@@ -180,10 +182,13 @@ TEST_F(PolicyListTest, FastAskedOnTheCpuIsComputedAndReportedExact) {
     ASSERT_TRUE(CallCompress(*stub_, request, &response).ok());
     ASSERT_EQ(response.layers_size(), 2);
     for (const v1::LayerResult& layer : response.layers()) {
-      EXPECT_EQ(layer.numerics(), v1::NUMERICS_EXACT);
+      // Unspecified: the server's default, fast.
+      EXPECT_EQ(layer.numerics(),
+                asked == v1::NUMERICS_EXACT ? v1::NUMERICS_EXACT : v1::NUMERICS_FAST);
     }
   }
-  // Sessions, per-layer and model-wide (laprox answers at finish from buffered scores).
+  // No fast CPU path: sessions, per-layer and model-wide (laprox answers at finish from
+  // buffered scores), asked fast, are computed and reported exact.
   for (const char* policy : {"dropkv", "laprox"}) {
     SCOPED_TRACE(policy);
     v1::CompressRequest request = MakeRequest(policy, kLayers);

@@ -30,6 +30,16 @@ namespace kvtrim::service::testing {
     EXPECT_THAT(_s.error_message(), ::testing::HasSubstr(fragment));                   \
   } while (0)
 
+/// The numerics modes the CPU backend lists for a policy over `scorer`, as ListPolicies
+/// gives them: FAST then EXACT for the scorers with a fast CPU path (kernels/cpu/fast/:
+/// snapkv, h2o, tova), EXACT alone for the others.
+inline std::vector<int> CpuNumericsModes(const std::string& scorer) {
+  if (scorer == "snapkv" || scorer == "h2o" || scorer == "tova") {
+    return {v1::NUMERICS_FAST, v1::NUMERICS_EXACT};
+  }
+  return {v1::NUMERICS_EXACT};
+}
+
 /// A config for an in-process server on 127.0.0.1 with an ephemeral port, no exporter, on
 /// the CPU backend (the tests' expectations name it; a GPU machine would pick the GPU).
 inline Config TestConfig() {

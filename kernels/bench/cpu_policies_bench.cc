@@ -1,4 +1,4 @@
-// CPU backend benchmarks: every scorer (+ top-k selection) on one layer.
+// CPU backend benchmarks: every scorer (+ top-k selection) on one layer, fast and exact.
 // Shape: H_kv = 8, G = 4 (H_q = 32), d = 128, w = 32, fp32, n in {4K, 32K}.
 // Reported as tokens/s (n tokens of one layer per iteration, all heads).
 #include <benchmark/benchmark.h>
@@ -42,8 +42,9 @@ const LayerData& DataFor(int64_t n) {
 }
 
 /// Times PolicyEngine::CompressLayer (validation, scoring, selection; plus the
-/// perturbation statistic when `with_stats`) for `policy` on the CPU backend.
-void BM_Policy(benchmark::State& state, const char* policy, bool with_stats) {
+/// perturbation statistic when `with_stats`) for `policy` on the CPU backend, asking for
+/// `numerics` (computed exact where the scorer has no fast CPU path).
+void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, Numerics numerics) {
   const int64_t n = state.range(0);
   const LayerData& data = DataFor(n);
   PolicyRegistry registry;
@@ -53,6 +54,7 @@ void BM_Policy(benchmark::State& state, const char* policy, bool with_stats) {
   CompressionSettings settings;
   settings.policy = policy;
   settings.budget.keep_fraction = 0.2;
+  settings.numerics = numerics;
   auto resolved = engine.Prepare(settings, "settings");
   if (!resolved.ok()) {
     state.SkipWithError(std::string(resolved.status().message()).c_str());
@@ -80,8 +82,12 @@ void BM_Policy(benchmark::State& state, const char* policy, bool with_stats) {
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Each policy twice: "policy" asks for fast numerics (the default), "policy_exact" for the
+// canonical arithmetic.
 #define KVTRIM_POLICY_BENCH(policy)                                                    \
-  BENCHMARK_CAPTURE(BM_Policy, policy, #policy, false)                                 \
+  BENCHMARK_CAPTURE(BM_Policy, policy, #policy, false, Numerics::kFast)                \
+      ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5); \
+  BENCHMARK_CAPTURE(BM_Policy, policy##_exact, #policy, false, Numerics::kExact)       \
       ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
 
 KVTRIM_POLICY_BENCH(streaming_llm);
@@ -95,7 +101,7 @@ KVTRIM_POLICY_BENCH(dropkv);
 KVTRIM_POLICY_BENCH(pyramidkv);
 KVTRIM_POLICY_BENCH(adakv);
 // The exact perturbation statistic's cost, on top of a key-only policy.
-BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true)
+BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true, Numerics::kExact)
     ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 /// RegisterModel's build of `layers` Llama-3.1-8B-shaped layers (W_O [4096, 4096] f32, H_q =

@@ -20,7 +20,17 @@ CpuBackend::CpuBackend(int num_threads)
                {ScorerKind::kSnapKV, &ScoreSnapKV},
                {ScorerKind::kH2O, &ScoreH2O},
                {ScorerKind::kTova, &ScoreTova},
-               {ScorerKind::kDropKV, &ScoreDropKV}} {}
+               {ScorerKind::kDropKV, &ScoreDropKV}},
+      fast_scorers_{{ScorerKind::kSnapKV, &ScoreSnapKVFast},
+                    {ScorerKind::kH2O, &ScoreH2OFast},
+                    {ScorerKind::kTova, &ScoreTovaFast}} {}
+
+std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
+                                                const AllocatorSpec& allocator) const {
+  (void)allocator;
+  if (fast_scorers_.count(scorer.kind) != 0) return {Numerics::kFast, Numerics::kExact};
+  return {Numerics::kExact};
+}
 
 void ApplyProtection(const Protection& p, int64_t num_heads, int64_t n, float* scores) {
   const float inf = std::numeric_limits<float>::infinity();
@@ -50,7 +60,15 @@ absl::Status CheckNoNaN(const std::string& scorer, const std::vector<float>& sco
 
 absl::Status CpuBackend::ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& layer,
                                   std::vector<float>* scores, std::vector<float>* critical) {
+  Numerics used = Numerics::kExact;
+  return ScoreRawIn(Numerics::kExact, policy, layer, scores, critical, &used);
+}
+
+absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& policy,
+                                    const CpuLayer& layer, std::vector<float>* scores,
+                                    std::vector<float>* critical, Numerics* used) {
   const std::string& name = policy.scorer->name;
+  *used = Numerics::kExact;
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;
   scores->assign(static_cast<size_t>(heads * n), 0.0f);
@@ -71,6 +89,10 @@ absl::Status CpuBackend::ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& 
     } else {
       st = ScoreExpectedAttention(layer, policy.params, *policy.model, pool_, scores->data());
     }
+  } else if (auto fast = fast_scorers_.find(kind);
+             numerics == Numerics::kFast && fast != fast_scorers_.end()) {
+    *used = Numerics::kFast;
+    st = fast->second(layer, policy.params, pool_, scores->data());
   } else {
     auto it = scorers_.find(kind);
     if (it == scorers_.end()) {
@@ -96,8 +118,8 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, LayerScores* out) {
   const CpuLayer cpu = CpuLayer::From(layer);
-  out->numerics = Numerics::kExact;  // the CPU computes the canonical arithmetic only
-  return ScoreRaw(policy, cpu, &out->scores, &out->critical);
+  return ScoreRawIn(policy.settings.numerics, policy, cpu, &out->scores, &out->critical,
+                    &out->numerics);
 }
 
 absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
@@ -114,7 +136,11 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
   auto stage_start = Clock::now();
-  if (auto st = ScoreRaw(policy, cpu, &scores.scores, &scores.critical); !st.ok()) return st;
+  if (auto st = ScoreRawIn(policy.settings.numerics, policy, cpu, &scores.scores,
+                           &scores.critical, &scores.numerics);
+      !st.ok()) {
+    return st;
+  }
   const double score_seconds = since(stage_start);
   stage_start = Clock::now();
   if (policy.scorer->kind == ScorerKind::kLaProx) {
@@ -125,7 +151,7 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   } else if (auto st = DecideLayer(policy, scores, out); !st.ok()) {
     return st;
   }
-  out->numerics = Numerics::kExact;  // the CPU computes the canonical arithmetic only
+  out->numerics = scores.numerics;
   out->profile.score = score_seconds;
   out->profile.select = since(stage_start);
   // Exact output perturbation on the observation window.

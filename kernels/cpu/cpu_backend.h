@@ -28,13 +28,25 @@ class CpuBackend final : public Backend {
   /// Scores alone, protection applied (used by tests and benchmarks): scores [H_kv, n].
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const CpuLayer& layer,
                           const LayerBudget& budget, std::vector<float>* scores);
-  /// Raw scores [H_kv, n] without protection and, for CriticalKV, critical [H_kv, n].
+  /// Raw canonical (exact) scores [H_kv, n] without protection and, for CriticalKV,
+  /// critical [H_kv, n], whatever numerics the policy's settings ask for: the reference.
   absl::Status ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& layer,
                         std::vector<float>* scores, std::vector<float>* critical);
+  /// Raw scores in `numerics` where the scorer has a fast CPU path (kFast), else exact;
+  /// *used says which computed them.
+  absl::Status ScoreRawIn(Numerics numerics, const ResolvedPolicy& policy,
+                          const CpuLayer& layer, std::vector<float>* scores,
+                          std::vector<float>* critical, Numerics* used);
+
+  /// kExact, and kFast for the scorers with a fast CPU path (snapkv, h2o, tova and every
+  /// composition over them).
+  std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
+                                      const AllocatorSpec& allocator) const override;
 
  private:
   ThreadPool pool_;
-  std::map<ScorerKind, CpuScoreFn> scorers_;  // the scorers that need no model
+  std::map<ScorerKind, CpuScoreFn> scorers_;       // the scorers that need no model
+  std::map<ScorerKind, CpuScoreFn> fast_scorers_;  // their fast numerics, where they have one
 };
 
 /// Sets scores of protected tokens (first p.sink, last p.recent of each head) to +inf.

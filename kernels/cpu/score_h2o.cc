@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/fast/window_prob_sums.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
 
@@ -11,8 +12,11 @@ namespace kvtrim {
 //   acc_j = seq_{g < G} seq_{t < w} p_{g,t,j};  score_j = CmDiv(acc_j, G * rows_j)
 // rows_j = 1, or with causal_normalize the number of rows that see token j (rows with
 // position >= j); a token no row sees scores 0. recent_fraction only affects protection.
-absl::Status ScoreH2O(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
-                      float* scores) {
+namespace {
+
+/// H2O in `fast` (FastWindowProbSums) or canonical numerics.
+absl::Status H2O(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                 bool fast, float* scores) {
   if (absl::Status st = CheckQueryWindow("h2o", layer, layer.shape.window_rows); !st.ok()) {
     return st;
   }
@@ -20,16 +24,20 @@ absl::Status ScoreH2O(const CpuLayer& layer, const ResolvedParams& params, Threa
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
   const int64_t group = layer.shape.group_size();
+  if (fast) FastWindowProbSums(layer, 0, pool, scores);
   pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
-    AttentionRowScratch scratch;
-    float* acc = scores + h * n;  // [n] seq sum of p over the group's rows, in place
-    std::fill(acc, acc + n, 0.0f);
-    for (int64_t g = 0; g < group; ++g) {
-      for (int64_t t = 0; t < w; ++t) {
-        const AttentionRowStats row = ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
-        const float* logits = scratch.logits.data();
-        for (int64_t j = 0; j < row.visible; ++j) {
-          acc[j] = CmAdd(acc[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
+    float* acc = scores + h * n;  // [n] sum of p over the group's rows, in place
+    if (!fast) {
+      AttentionRowScratch scratch;
+      std::fill(acc, acc + n, 0.0f);
+      for (int64_t g = 0; g < group; ++g) {
+        for (int64_t t = 0; t < w; ++t) {
+          const AttentionRowStats row =
+              ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
+          const float* logits = scratch.logits.data();
+          for (int64_t j = 0; j < row.visible; ++j) {
+            acc[j] = CmAdd(acc[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
+          }
         }
       }
     }
@@ -44,6 +52,18 @@ absl::Status ScoreH2O(const CpuLayer& layer, const ResolvedParams& params, Threa
     }
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ScoreH2O(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                      float* scores) {
+  return H2O(layer, params, pool, /*fast=*/false, scores);
+}
+
+absl::Status ScoreH2OFast(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                          float* scores) {
+  return H2O(layer, params, pool, /*fast=*/true, scores);
 }
 
 }  // namespace kvtrim

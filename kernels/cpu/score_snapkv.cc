@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cpu/fast/window_prob_sums.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
@@ -18,8 +19,11 @@ namespace kvtrim {
 // (causal) entries add nothing. The backend protects the window (+inf) afterwards unless the
 // request lowers recent_tokens; unprotected window tokens then rank with the best prefix
 // token and lose the tie (rule 1: lower index).
-absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
-                         float* scores) {
+namespace {
+
+/// SnapKV in `fast` (FastWindowProbSums) or canonical numerics.
+absl::Status SnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                    bool fast, float* scores) {
   const int64_t window = params.Int("window");
   const int64_t kernel = params.Int("kernel");
   if (absl::Status st = CheckQueryWindow("snapkv", layer, window); !st.ok()) return st;
@@ -31,23 +35,45 @@ absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, Th
   const int64_t group = layer.shape.group_size();
   const int64_t prefix = std::max<int64_t>(0, n - window);  // P
   const float denom = static_cast<float>(window * group);
+  std::vector<float> fast_sums;  // [H_kv, n]
+  if (fast) {
+    fast_sums.resize(static_cast<size_t>(layer.shape.num_kv_heads * n));
+    FastWindowProbSums(layer, w - window, pool, fast_sums.data());
+  }
   pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
-    AttentionRowScratch scratch;
-    std::vector<float> acc(prefix, 0.0f);  // [P] seq sum of p over the group's window rows
-    for (int64_t g = 0; g < group; ++g) {
-      for (int64_t t = w - window; t < w; ++t) {
-        const AttentionRowStats row = ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
-        const float* logits = scratch.logits.data();
-        const int64_t visible = std::min(row.visible, prefix);
-        for (int64_t j = 0; j < visible; ++j) {
-          acc[j] = CmAdd(acc[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
+    std::vector<float> acc(prefix, 0.0f);  // [P] sum of p over the group's window rows
+    if (fast) {
+      for (int64_t j = 0; j < prefix; ++j) acc[j] = fast_sums[h * n + j] / denom;
+    } else {
+      AttentionRowScratch scratch;
+      for (int64_t g = 0; g < group; ++g) {
+        for (int64_t t = w - window; t < w; ++t) {
+          const AttentionRowStats row =
+              ComputeAttentionRow(layer, h * group + g, t, nullptr, &scratch);
+          const float* logits = scratch.logits.data();
+          const int64_t visible = std::min(row.visible, prefix);
+          for (int64_t j = 0; j < visible; ++j) {
+            acc[j] = CmAdd(acc[j], CanonicalProb(logits[j], row.neg_max, row.inv_sum));
+          }
         }
       }
+      for (int64_t j = 0; j < prefix; ++j) acc[j] = CmDiv(acc[j], denom);
     }
-    for (int64_t j = 0; j < prefix; ++j) acc[j] = CmDiv(acc[j], denom);
     PoolPrefix(*kind, acc.data(), n, prefix, kernel, scores + h * n);
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                         float* scores) {
+  return SnapKV(layer, params, pool, /*fast=*/false, scores);
+}
+
+absl::Status ScoreSnapKVFast(const CpuLayer& layer, const ResolvedParams& params,
+                             ThreadPool& pool, float* scores) {
+  return SnapKV(layer, params, pool, /*fast=*/true, scores);
 }
 
 }  // namespace kvtrim

@@ -34,6 +34,15 @@ absl::Status ScoreH2O(const CpuLayer& layer, const ResolvedParams& params, Threa
 /// layer; the same score in every KV head.
 absl::Status ScoreTova(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                        float* scores);
+/// Fast numerics (design.md "Numerics"; docs/numerics.md "Fast numerics on the CPU") of
+/// SnapKV, H2O and TOVA: the same definitions with the window probability sums of
+/// FastWindowProbSums (fp32, SIMD chosen at run time) in place of the canonical rows.
+absl::Status ScoreSnapKVFast(const CpuLayer& layer, const ResolvedParams& params,
+                             ThreadPool& pool, float* scores);
+absl::Status ScoreH2OFast(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                          float* scores);
+absl::Status ScoreTovaFast(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                           float* scores);
 /// DropKV (dropkv.md §2): pooled eviction cost sum_t (p/(1-p))^2 ||a - v_j||^2, GQA-mean.
 absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores);

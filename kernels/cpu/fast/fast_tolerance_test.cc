@@ -1,0 +1,316 @@
+// Fast vs exact numerics on the CPU backend (design.md "Numerics", docs/numerics.md "Fast
+// numerics on the CPU"), through PolicyEngine, for every policy whose scorer has a fast CPU
+// path (snapkv, h2o, tova: the presets and every composition the registry accepts without a
+// model) in f32, f16 and bf16, n in {1, 7, 99, 1000} (and 5000 at d = 128, G = 4), d in
+// {64, 72, 128}, G in {1, 4}, H_kv = 3, w = min(32, n), every output shape (at n = 99):
+//   * the scores: |fast - exact| <= tau * (|exact| + s), s = the head's score scale;
+//   * the tolerance rule: a fast kept list differs from the exact one only in tokens whose
+//     exact score lies within tau * (|b| + s) of the list's boundary b (tests/gpu/parity_rule.h,
+//     ToleranceBand, tau = 2^-11); protected tokens never differ;
+//   * the swap rate (kept tokens that differ / kept tokens), printed per policy, below 1e-3;
+//   * determinism: 1, 2 and 7 threads give identical offsets and indices;
+//   * the SIMD paths: the best the CPU has, AVX2 at most, and Highway's scalar code, each
+//     within the band and deterministic (the forced paths on a smaller grid), and the
+//     two-pass path of layers past 64K tokens forced on small ones;
+//   * every fast decision says it was computed fast, every exact one exact.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/fast/window_prob_sums.h"
+#include "kernels/dtype.h"
+#include "kernels/engine.h"
+#include "kernels/registry.h"
+#include "tests/gpu/parity_rule.h"
+
+namespace kvtrim {
+namespace {
+
+using gpu::testing::CaseSpec;
+using gpu::testing::CompareDecisions;
+using gpu::testing::CpuScores;
+using gpu::testing::HeadScales;
+using gpu::testing::Outcome;
+using gpu::testing::ToleranceBand;
+
+constexpr int64_t kKvHeads = 3;
+constexpr int64_t kMaxWindow = 32;
+constexpr double kTau = 1.0 / 2048.0;  // docs/numerics.md
+constexpr double kMaxSwapRate = 1e-3;  // design.md, random normal inputs
+
+/// The global registry with the builtin policies.
+const PolicyRegistry& Registry() {
+  static const PolicyRegistry* registry = [] {
+    auto* r = new PolicyRegistry();
+    RegisterBuiltinPolicies(r);
+    return r;
+  }();
+  return *registry;
+}
+
+/// The policies over a scorer with a fast CPU path: presets, then SCORER+ALLOCATOR pairs no
+/// preset names.
+std::vector<std::string> FastPolicies() {
+  const std::vector<std::string> scorers = {"snapkv", "h2o", "tova"};
+  std::vector<std::string> out;
+  std::set<std::pair<std::string, std::string>> named;
+  for (const PolicyPreset& preset : Registry().presets()) {
+    if (std::find(scorers.begin(), scorers.end(), preset.scorer) == scorers.end()) continue;
+    out.push_back(preset.name);
+    named.insert({preset.scorer, preset.allocator});
+  }
+  for (const std::string& scorer : scorers) {
+    for (const AllocatorSpec* allocator : Registry().allocators()) {
+      if (named.count({scorer, allocator->name}) == 0) {
+        out.push_back(absl::StrCat(scorer, "+", allocator->name));
+      }
+    }
+  }
+  return out;
+}
+
+/// Random normal tensors of one layer in `dtype` (keys, values [H_kv, n, d], queries
+/// [H_kv * G, w, d]), as raw bytes.
+struct LayerData {
+  std::vector<uint8_t> keys, values, queries;
+};
+
+std::vector<uint8_t> RandomTensor(DType dtype, int64_t count, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<uint8_t> out(static_cast<size_t>(count) * DTypeSize(dtype));
+  for (int64_t i = 0; i < count; ++i) {
+    const float x = normal(rng);
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t bits = dtype == DType::kBF16 ? FloatToBf16(x) : FloatToF16(x);
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+  }
+  return out;
+}
+
+/// One case: a policy in one dtype, size and output shape.
+struct FastCase {
+  std::string policy;
+  OutputShape shape = OutputShape::kPerHead;
+  DType dtype = DType::kF32;
+  int64_t n = 0, d = 0, group = 0;
+  int64_t window() const { return std::min(kMaxWindow, n); }
+  CaseSpec Spec() const { return {policy, shape, dtype, kKvHeads, n, d, group, window()}; }
+};
+
+/// What one case found.
+struct CaseResult {
+  bool skipped = false;
+  std::string failure;
+  int64_t kept = 0, swapped = 0;
+};
+
+/// Runs one case on backends of 1, 2 and 7 threads: exact on one, fast on each.
+CaseResult RunCase(const FastCase& c, const LayerData& data) {
+  CaseResult result;
+  CompressionSettings settings;
+  settings.policy = c.policy;
+  settings.output_shape = c.shape;
+  settings.block_size = 16;
+  settings.budget.keep_fraction = 0.3;
+  settings.num_layers = 2;
+  CpuBackend one(1), two(2), seven(7);
+  PolicyEngine exact_engine(Registry(), two);
+  // The window lowered to the rows sent (SnapKV's default window is 32).
+  auto probe = Registry().Resolve(settings, "settings");
+  if (probe.ok() && probe->params.Has("window") && probe->params.Int("window") > c.window()) {
+    settings.params["window"] = ParamValue::Number(static_cast<double>(c.window()));
+  }
+  settings.numerics = Numerics::kExact;
+  auto exact_policy = exact_engine.Prepare(settings, "settings");
+  settings.numerics = Numerics::kFast;
+  auto fast_policy = exact_engine.Prepare(settings, "settings");
+  if (!exact_policy.ok() || !fast_policy.ok()) {
+    result.skipped = true;  // a model-wide allocator without a model, a refused shape
+    return result;
+  }
+  LayerRequest layer;
+  layer.layer_id = 1;
+  layer.keys = {data.keys.data(), c.dtype, {kKvHeads, c.n, c.d}};
+  layer.values = {data.values.data(), c.dtype, {kKvHeads, c.n, c.d}};
+  layer.queries = {data.queries.data(), c.dtype, {kKvHeads * c.group, c.window(), c.d}};
+  auto exact = exact_engine.CompressLayer(*exact_policy, layer, "layer");
+  if (exact.status().code() == absl::StatusCode::kFailedPrecondition) {
+    result.skipped = true;  // lukv: a profile of a registered model
+    return result;
+  }
+  if (!exact.ok()) {
+    result.failure = absl::StrCat(c.Spec().Describe(), ": exact: ", exact.status().ToString());
+    return result;
+  }
+  if (exact->numerics != Numerics::kExact) {
+    result.failure = absl::StrCat(c.Spec().Describe(), ": an exact request answered as fast");
+    return result;
+  }
+  std::vector<LayerDecision> fast;
+  for (CpuBackend* backend : {&one, &two, &seven}) {
+    PolicyEngine engine(Registry(), *backend);
+    auto decision = engine.CompressLayer(*fast_policy, layer, "layer");
+    if (!decision.ok()) {
+      result.failure = absl::StrCat(c.Spec().Describe(), ": fast: ", decision.status().ToString());
+      return result;
+    }
+    if (decision->numerics != Numerics::kFast) {
+      result.failure = absl::StrCat(c.Spec().Describe(), ": a fast request answered as exact");
+      return result;
+    }
+    if (!fast.empty() &&
+        (decision->offsets != fast[0].offsets || decision->indices != fast[0].indices)) {
+      result.failure = absl::StrCat(c.Spec().Describe(),
+                                    ": fast indices differ between 1, 2 and 7 threads");
+      return result;
+    }
+    fast.push_back(*std::move(decision));
+  }
+  for (size_t l = 0; l + 1 < exact->offsets.size() && l + 1 < fast[0].offsets.size(); ++l) {
+    result.kept += exact->offsets[l + 1] - exact->offsets[l];
+    const std::vector<int32_t> e(exact->indices.begin() + exact->offsets[l],
+                                 exact->indices.begin() + exact->offsets[l + 1]);
+    const std::vector<int32_t> f(fast[0].indices.begin() + fast[0].offsets[l],
+                                 fast[0].indices.begin() + fast[0].offsets[l + 1]);
+    std::vector<int32_t> only_fast;
+    std::set_difference(f.begin(), f.end(), e.begin(), e.end(), std::back_inserter(only_fast));
+    result.swapped += static_cast<int64_t>(only_fast.size());
+  }
+  auto validated = exact_engine.Validate(*exact_policy, layer, "layer");
+  const LayerBudget budget = BudgetFor(*exact_policy, c.n);
+  auto exact_scores = [&]() {
+    CpuScores s;
+    s.scores.assign(static_cast<size_t>(kKvHeads * c.n), NAN);
+    if (validated.ok()) {
+      (void)two.ScoreLayer(*exact_policy, CpuLayer::From(*validated), budget, &s.scores);
+    }
+    s.scale = HeadScales(s.scores, kKvHeads, c.n);
+    if (exact_policy->params.Has("safeguard_alpha")) {
+      s.safeguard = std::min<int64_t>(
+          c.n, static_cast<int64_t>(std::floor(exact_policy->params.Number("safeguard_alpha") *
+                                               static_cast<double>(budget.kept_per_head))));
+    }
+    return s;
+  };
+  // The scores themselves: |fast - exact| <= tau * (|exact| + the head's scale).
+  if (validated.ok() && c.shape == OutputShape::kPerHead) {
+    const CpuLayer cpu = CpuLayer::From(*validated);
+    std::vector<float> e, f, critical;
+    Numerics used = Numerics::kExact;
+    if (two.ScoreRaw(*exact_policy, cpu, &e, &critical).ok() &&
+        two.ScoreRawIn(Numerics::kFast, *fast_policy, cpu, &f, &critical, &used).ok()) {
+      const std::vector<double> scale = HeadScales(e, kKvHeads, c.n);
+      for (int64_t i = 0; i < kKvHeads * c.n; ++i) {
+        const double bound = kTau * (std::fabs(e[i]) + scale[i / c.n]);
+        if (!(std::fabs(f[i] - e[i]) <= bound)) {
+          result.failure = absl::StrCat(c.Spec().Describe(), ": head ", i / c.n, " token ",
+                                        i % c.n, ": fast score ", f[i], ", exact ", e[i]);
+          return result;
+        }
+      }
+    }
+  }
+  ToleranceBand band;
+  band.tau = kTau;
+  const Outcome outcome =
+      CompareDecisions(c.Spec(), *exact_policy, *exact, fast[0], exact_scores, false, band);
+  result.failure = outcome.failure;
+  return result;
+}
+
+/// The grid of one run: dtypes, sizes, head dimensions, group sizes.
+struct Grid {
+  std::vector<DType> dtypes;
+  std::vector<int64_t> sizes, dims, groups;
+  bool large = false;  // also n = 5000 at d = 128, G = 4
+};
+
+/// Runs every case of `grid` on the SIMD paths `limit` allows; returns the cases checked.
+int64_t RunAllCases(CpuSimdLimit limit, const Grid& grid) {
+  SetCpuSimdLimitForTest(limit);
+  std::printf("fast CPU kernels on %s\n", FastCpuTarget().c_str());
+  const std::vector<std::string> policies = FastPolicies();
+  std::map<std::string, std::pair<int64_t, int64_t>> swaps;  // policy -> kept, swapped
+  int64_t checked = 0;
+  std::mt19937_64 rng(2024);
+  auto run = [&](DType dtype, int64_t n, int64_t d, int64_t group) {
+    const int64_t w = std::min(kMaxWindow, n);
+    LayerData data{RandomTensor(dtype, kKvHeads * n * d, rng),
+                   RandomTensor(dtype, kKvHeads * n * d, rng),
+                   RandomTensor(dtype, kKvHeads * group * w * d, rng)};
+    for (const std::string& policy : policies) {
+      for (OutputShape shape : {OutputShape::kPerHead, OutputShape::kShared,
+                                OutputShape::kBlockAligned, OutputShape::kEqualCount}) {
+        if (shape != OutputShape::kPerHead && n != 99) continue;
+        const FastCase c{policy, shape, dtype, n, d, group};
+        const CaseResult r = RunCase(c, data);
+        if (r.skipped) continue;
+        ++checked;
+        EXPECT_EQ(r.failure, "") << c.Spec().Describe();
+        swaps[policy].first += r.kept;
+        swaps[policy].second += r.swapped;
+      }
+    }
+  };
+  for (DType dtype : grid.dtypes) {
+    for (int64_t n : grid.sizes) {
+      for (int64_t d : grid.dims) {
+        for (int64_t group : grid.groups) run(dtype, n, d, group);
+      }
+    }
+    if (grid.large) run(dtype, 5000, 128, 4);
+  }
+  for (const auto& [policy, counts] : swaps) {
+    const double rate = counts.first > 0 ? static_cast<double>(counts.second) / counts.first : 0;
+    std::printf("  %-22s swap rate %.2e (%lld of %lld kept tokens)\n", policy.c_str(), rate,
+                static_cast<long long>(counts.second), static_cast<long long>(counts.first));
+    EXPECT_LT(rate, kMaxSwapRate) << policy;
+  }
+  SetCpuSimdLimitForTest(CpuSimdLimit::kBest);
+  return checked;
+}
+
+TEST(FastCpuTolerance, EveryFastPolicyWithinTheBandOnTheBestSimd) {
+  const Grid grid{{DType::kF32, DType::kF16, DType::kBF16}, {1, 7, 99, 1000}, {64, 72, 128},
+                  {1, 4}, /*large=*/true};
+  EXPECT_GT(RunAllCases(CpuSimdLimit::kBest, grid), 100);
+}
+
+TEST(FastCpuTolerance, Avx2AndScalarPathsWithinTheBand) {
+  const Grid grid{{DType::kF32, DType::kBF16}, {7, 99, 1000}, {72, 128}, {4}};
+  EXPECT_GT(RunAllCases(CpuSimdLimit::kAvx2, grid), 50);
+  EXPECT_GT(RunAllCases(CpuSimdLimit::kScalar, grid), 50);
+}
+
+TEST(FastCpuTolerance, TheTwoPassPathOfLongLayersWithinTheBand) {
+  // Layers past 64K tokens score in two passes over the key tiles: forced here on small ones.
+  SetCpuSlabBytesForTest(0);
+  const Grid grid{{DType::kF32, DType::kBF16}, {7, 99, 1000}, {72, 128}, {1, 4}};
+  EXPECT_GT(RunAllCases(CpuSimdLimit::kBest, grid), 50);
+  SetCpuSlabBytesForTest(int64_t{8} << 20);
+}
+
+TEST(FastCpuTolerance, ForcedPathsAreTheOnesThatRun) {
+  SetCpuSimdLimitForTest(CpuSimdLimit::kScalar);
+  EXPECT_EQ(FastCpuTarget(), "SCALAR");
+  SetCpuSimdLimitForTest(CpuSimdLimit::kAvx2);
+  const std::string avx2 = FastCpuTarget();
+  SetCpuSimdLimitForTest(CpuSimdLimit::kBest);
+  // AVX2 where the CPU has it, never AVX-512 under the limit.
+  EXPECT_TRUE(avx2 == "AVX2" || avx2 == "SSE4" || avx2 == "SSSE3" || avx2 == "SCALAR") << avx2;
+}
+
+}  // namespace
+}  // namespace kvtrim

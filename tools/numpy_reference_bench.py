@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Best-effort NumPy versions of kvtrim's CPU scorers, timed on the shape of
+kvtrim_cpu_bench (kernels/bench/cpu_policies_bench.cc): one layer, H_kv = 8, G = 4
+(H_q = 32), d = 128, w = 32 window query rows, keep 0.2, fp32 inputs N(0, 1), n in {4K, 32K}.
+
+Each scorer is the registry default's definition (docs/policies) written the way a NumPy
+user would write it well: GQA by reshape, one BLAS matmul for Q.K^T per KV head, a fused
+softmax in fp32, pooling by a sliding-window view, then the kept lists (per-head top-k with
+np.argpartition, ascending indices), protection as kvtrim's defaults give it. The matmuls
+run on NumPy's bundled OpenBLAS; the JSON records its version, threads and the kernel it
+picked (threadpoolctl). This is the same-run reference of issue 14's CPU goals: run it
+beside kvtrim_cpu_bench (scripts/cpu_bench.sh), never as a test.
+
+Usage: tools/numpy_reference_bench.py --out numpy.json [--tokens 4096,32768] [--repeats 5]
+"""
+
+import argparse
+import json
+import math
+import platform
+import time
+
+import numpy as np
+
+H_KV, GROUP, HEAD_DIM, WINDOW_ROWS = 8, 4, 128, 32
+KEEP_FRACTION = 0.2
+SNAPKV_WINDOW, SNAPKV_KERNEL = 32, 7
+DROPKV_WINDOW, DROPKV_KERNEL, DROPKV_EPS = 8, 11, 1e-6
+POLICIES = ("knorm", "keydiff", "tova", "h2o", "snapkv", "dropkv")
+
+
+def logits(keys, queries, rows):
+    """Logits [H_kv, G * rows, n] fp32 of the last `rows` window rows (causal mask on the
+    last `rows` tokens), one matmul per KV head."""
+    n = keys.shape[1]
+    q = queries[:, WINDOW_ROWS - rows:, :].reshape(H_KV, GROUP * rows, HEAD_DIM)
+    out = np.matmul(q, keys.transpose(0, 2, 1))
+    out *= np.float32(1.0 / math.sqrt(HEAD_DIM))
+    view = out.reshape(H_KV, GROUP, rows, n)[..., n - rows:]
+    view[..., np.triu(np.ones((rows, rows), dtype=bool), k=1)] = -np.inf
+    return out
+
+
+def softmax_(x):
+    """Row softmax over the last axis, in place."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+def prob_sums(x):
+    """Sum over rows of the row softmax of x [H, R, n] (x clobbered): exp(x - max) in place,
+    then one matrix-vector product with 1 / Z per head instead of dividing every entry."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    inv = 1.0 / x.sum(axis=-1)                                         # [H, R]
+    return np.matmul(inv[:, None, :], x)[:, 0, :]                      # [H, n]
+
+
+def max_pool(scores, kernel):
+    """Same-length max pooling along tokens, clipped at the ends (one np.maximum per shift)."""
+    half = kernel // 2
+    padded = np.pad(scores, ((0, 0), (half, half)), constant_values=-np.inf)
+    out = padded[:, :scores.shape[1]].copy()
+    for shift in range(1, kernel):
+        np.maximum(out, padded[:, shift:shift + scores.shape[1]], out=out)
+    return out
+
+
+def score(policy, keys, values, queries):
+    """Scores [H_kv, n] fp32 of `policy` (no protection)."""
+    n = keys.shape[1]
+    if policy == "knorm":
+        return -np.sqrt(np.einsum("hnd,hnd->hn", keys, keys))
+    if policy == "keydiff":
+        norms = np.sqrt(np.einsum("hnd,hnd->hn", keys, keys))
+        unit = keys / np.maximum(norms, 1e-30)[..., None]
+        anchor = unit.mean(axis=1)                                     # [H, d]
+        dots = np.einsum("hnd,hd->hn", keys, anchor)
+        return -(dots / np.maximum(norms * np.linalg.norm(anchor, axis=-1)[:, None], 1e-8))
+    if policy == "tova":
+        s = prob_sums(logits(keys, queries, 1))                        # [H_kv, n]
+        return np.broadcast_to(s.sum(axis=0) / (H_KV * GROUP), (H_KV, n)).copy()
+    if policy == "h2o":
+        return prob_sums(logits(keys, queries, WINDOW_ROWS)) / GROUP
+    if policy == "snapkv":
+        s = prob_sums(logits(keys, queries, SNAPKV_WINDOW)) / (GROUP * SNAPKV_WINDOW)
+        return max_pool(s, SNAPKV_KERNEL)
+    if policy == "dropkv":
+        p = softmax_(logits(keys, queries, DROPKV_WINDOW))             # [H_kv, G*win, n]
+        a = np.matmul(p, values)                                       # [H_kv, G*win, d]
+        omega = np.square(p / (1.0 - p + DROPKV_EPS))
+        av = np.matmul(a, values.transpose(0, 2, 1))                   # [H_kv, G*win, n]
+        vv = np.einsum("hnd,hnd->hn", values, values)
+        aa = np.einsum("hrd,hrd->hr", a, a)[..., None]
+        delta2 = np.maximum(aa + vv[:, None, :] - 2.0 * av, 0.0)
+        return max_pool((omega * delta2).sum(axis=1) / GROUP, DROPKV_KERNEL)
+    raise ValueError(policy)
+
+
+def protection(policy, n, k):
+    """(sink, recent) of kvtrim's registry defaults: the query window of window-based
+    scorers stays (recent = window rows), 4 sink tokens for attention scorers, capped by k."""
+    window = {"snapkv": SNAPKV_WINDOW, "dropkv": DROPKV_WINDOW}.get(policy, 0)
+    sink = 0 if policy in ("knorm", "keydiff") else 4
+    return min(sink, k), min(window, max(0, k - min(sink, k)))
+
+
+def compress(policy, keys, values, queries):
+    """Kept indices [H_kv, k] (ascending per head) of `policy` at KEEP_FRACTION."""
+    n = keys.shape[1]
+    s = score(policy, keys, values, queries).astype(np.float32, copy=False)
+    k = min(n, max(1, math.floor(KEEP_FRACTION * n + 0.5)))
+    sink, recent = protection(policy, n, k)
+    s[:, :sink] = np.inf
+    if recent:
+        s[:, n - recent:] = np.inf
+    top = np.argpartition(-s, k - 1, axis=-1)[:, :k]
+    return np.sort(top, axis=-1)
+
+
+def blas_info():
+    """NumPy's BLAS: name, version, threads and the kernel (core type) it runs."""
+    info = {"numpy": np.__version__}
+    try:
+        from threadpoolctl import threadpool_info
+        for pool in threadpool_info():
+            if pool.get("user_api") == "blas":
+                info.update({k: pool.get(k) for k in ("internal_api", "version", "num_threads",
+                                                      "architecture", "threading_layer")})
+                break
+    except ImportError:
+        info["note"] = "threadpoolctl missing: kernel not recorded"
+    return info
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--tokens", default="4096,32768", help="comma-separated n")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per case")
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    args = parser.parse_args()
+    rng = np.random.default_rng(1234)
+    rows = []
+    for n in [int(x) for x in args.tokens.split(",")]:
+        keys = rng.standard_normal((H_KV, n, HEAD_DIM), dtype=np.float32)
+        values = rng.standard_normal((H_KV, n, HEAD_DIM), dtype=np.float32)
+        queries = rng.standard_normal((H_KV * GROUP, WINDOW_ROWS, HEAD_DIM), dtype=np.float32)
+        for policy in args.policies.split(","):
+            compress(policy, keys, values, queries)  # warm-up
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                compress(policy, keys, values, queries)
+                times.append(time.perf_counter() - start)
+            times.sort()
+            rows.append({"policy": policy, "n": n, "dtype": "f32",
+                         "numpy_ms": times[len(times) // 2] * 1e3, "numpy_min_ms": times[0] * 1e3,
+                         "repeats": args.repeats})
+            print(f"{policy:8s} n={n:6d}  median {rows[-1]['numpy_ms']:9.2f} ms  "
+                  f"min {rows[-1]['numpy_min_ms']:9.2f} ms", flush=True)
+    doc = {"generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+           "machine": platform.processor() or platform.machine(), "blas": blas_info(),
+           "shape": {"num_kv_heads": H_KV, "group": GROUP, "head_dim": HEAD_DIM,
+                     "window_rows": WINDOW_ROWS, "keep_fraction": KEEP_FRACTION},
+           "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
