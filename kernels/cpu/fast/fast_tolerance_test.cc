@@ -1,8 +1,9 @@
 // Fast vs exact numerics on the CPU backend (design.md "Numerics", docs/numerics.md "Fast
 // numerics on the CPU"), through PolicyEngine, for every policy whose scorer has a fast CPU
 // path (snapkv, h2o, tova: the presets and every composition the registry accepts without a
-// model) in f32, f16 and bf16, n in {1, 7, 99, 1000} (and 5000 at d = 128, G = 4), d in
-// {64, 72, 128}, G in {1, 4}, H_kv = 3, w = min(32, n), every output shape (at n = 99):
+// model) in f32, f16 and bf16, n in {1, 7, 99, 1000} (and 5000 at d = 128, 99 at d = 320;
+// G = 4), d in {64, 72, 128}, G in {1, 4}, H_kv = 3, w = min(32, n), every output shape (at
+// n = 99):
 //   * the scores: |fast - exact| <= tau * (|exact| + s), s = the head's score scale;
 //   * the tolerance rule: a fast kept list differs from the exact one only in tokens whose
 //     exact score lies within tau * (|b| + s) of the list's boundary b (tests/gpu/parity_rule.h,
@@ -234,7 +235,7 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
 struct Grid {
   std::vector<DType> dtypes;
   std::vector<int64_t> sizes, dims, groups;
-  bool large = false;  // also n = 5000 at d = 128, G = 4
+  bool large = false;  // also n = 5000 at d = 128 and n = 99 at d = 320, G = 4
 };
 
 /// Runs every case of `grid` on the SIMD paths `limit` allows; returns the cases checked.
@@ -270,7 +271,10 @@ int64_t RunAllCases(CpuSimdLimit limit, const Grid& grid) {
         for (int64_t group : grid.groups) run(dtype, n, d, group);
       }
     }
-    if (grid.large) run(dtype, 5000, 128, 4);
+    if (grid.large) {
+      run(dtype, 5000, 128, 4);
+      run(dtype, 99, 320, 4);  // a head wider than the GPU kernels take
+    }
   }
   for (const auto& [policy, counts] : swaps) {
     const double rate = counts.first > 0 ? static_cast<double>(counts.second) / counts.first : 0;
