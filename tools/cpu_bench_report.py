@@ -16,17 +16,19 @@ import time
 
 
 def kvtrim_rows(path):
-    """{(policy, mode, n): (ms, numerics computed)} from kvtrim_cpu_bench's
-    BM_Policy/<policy>[_exact]/<n>/... rows (fast asked unless _exact)."""
+    """{(policy, dtype, mode, n): ms} from kvtrim_cpu_bench's
+    BM_Policy/<policy>[_bf16][_exact]/<n>/... rows (f32 unless _bf16, fast asked unless
+    _exact)."""
     doc = json.load(open(path))
     rows = {}
     for b in doc["benchmarks"]:
-        m = re.match(r"BM_Policy/(\w+?)(_exact)?/(\d+)/", b["name"])
+        m = re.match(r"BM_Policy/(\w+?)(_bf16)?(_exact)?/(\d+)/", b["name"])
         if not m or b.get("run_type", "iteration") != "iteration" or "error_message" in b:
             continue
         scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]
-        mode = "exact" if m.group(2) else "fast"
-        rows[(m.group(1), mode, int(m.group(3)))] = b["real_time"] * scale
+        dtype = "bf16" if m.group(2) else "f32"
+        mode = "exact" if m.group(3) else "fast"
+        rows[(m.group(1), dtype, mode, int(m.group(4)))] = b["real_time"] * scale
     return doc["context"], rows
 
 
@@ -42,7 +44,7 @@ def main():
     rows = []
     for r in np_doc["rows"]:
         for mode in ("fast", "exact"):
-            ms = kv.get((r["policy"], mode, r["n"]))
+            ms = kv.get((r["policy"], r["dtype"], mode, r["n"]))
             rows.append({"policy": r["policy"], "n": r["n"], "dtype": r["dtype"], "mode": mode,
                          "kvtrim_ms": ms, "numpy_ms": r["numpy_ms"],
                          "ratio": ms / r["numpy_ms"] if ms else None})

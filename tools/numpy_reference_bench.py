@@ -4,7 +4,8 @@ kvtrim_cpu_bench (kernels/bench/cpu_policies_bench.cc): one layer, H_kv = 8, G =
 (H_q = 32), d = 128, w = 32 window query rows, keep 0.2, fp32 inputs N(0, 1), n in {4K, 32K}.
 
 Each scorer is the registry default's definition (docs/policies) written the way a NumPy
-user would write it well: GQA by reshape, one BLAS matmul for Q.K^T per KV head, a fused
+user would write it well (bf16 inputs, which NumPy lacks, arrive as their 16-bit patterns
+and are widened to fp32 inside the timed call): GQA by reshape, one BLAS matmul for Q.K^T per KV head, a fused
 softmax in fp32, pooling by a sliding-window view, then the kept lists (per-head top-k with
 np.argpartition, ascending indices), protection as kvtrim's defaults give it. The matmuls
 run on NumPy's bundled OpenBLAS; the JSON records its version, threads and the kernel it
@@ -107,8 +108,22 @@ def protection(policy, n, k):
     return min(sink, k), min(window, max(0, k - min(sink, k)))
 
 
+def widen_bf16(bits):
+    """fp32 values of bf16 bit patterns (uint16 array)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_bf16(x):
+    """bf16 bit patterns (uint16) of fp32 x, rounded to nearest even."""
+    u = x.view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
 def compress(policy, keys, values, queries):
-    """Kept indices [H_kv, k] (ascending per head) of `policy` at KEEP_FRACTION."""
+    """Kept indices [H_kv, k] (ascending per head) of `policy` at KEEP_FRACTION; bf16
+    inputs (uint16 bit patterns) are widened to fp32 first."""
+    if keys.dtype == np.uint16:
+        keys, values, queries = widen_bf16(keys), widen_bf16(values), widen_bf16(queries)
     n = keys.shape[1]
     s = score(policy, keys, values, queries).astype(np.float32, copy=False)
     k = min(n, max(1, math.floor(KEEP_FRACTION * n + 0.5)))
@@ -141,6 +156,7 @@ def main():
     parser.add_argument("--tokens", default="4096,32768", help="comma-separated n")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case")
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--dtypes", default="f32,bf16", help="comma-separated: f32, bf16")
     args = parser.parse_args()
     rng = np.random.default_rng(1234)
     rows = []
@@ -148,19 +164,23 @@ def main():
         keys = rng.standard_normal((H_KV, n, HEAD_DIM), dtype=np.float32)
         values = rng.standard_normal((H_KV, n, HEAD_DIM), dtype=np.float32)
         queries = rng.standard_normal((H_KV * GROUP, WINDOW_ROWS, HEAD_DIM), dtype=np.float32)
-        for policy in args.policies.split(","):
-            compress(policy, keys, values, queries)  # warm-up
-            times = []
-            for _ in range(args.repeats):
-                start = time.perf_counter()
-                compress(policy, keys, values, queries)
-                times.append(time.perf_counter() - start)
-            times.sort()
-            rows.append({"policy": policy, "n": n, "dtype": "f32",
-                         "numpy_ms": times[len(times) // 2] * 1e3, "numpy_min_ms": times[0] * 1e3,
-                         "repeats": args.repeats})
-            print(f"{policy:8s} n={n:6d}  median {rows[-1]['numpy_ms']:9.2f} ms  "
-                  f"min {rows[-1]['numpy_min_ms']:9.2f} ms", flush=True)
+        inputs = {"f32": (keys, values, queries),
+                  "bf16": (to_bf16(keys), to_bf16(values), to_bf16(queries))}
+        for dtype in args.dtypes.split(","):
+            k, v, q = inputs[dtype]
+            for policy in args.policies.split(","):
+                compress(policy, k, v, q)  # warm-up
+                times = []
+                for _ in range(args.repeats):
+                    start = time.perf_counter()
+                    compress(policy, k, v, q)
+                    times.append(time.perf_counter() - start)
+                times.sort()
+                rows.append({"policy": policy, "n": n, "dtype": dtype,
+                             "numpy_ms": times[len(times) // 2] * 1e3,
+                             "numpy_min_ms": times[0] * 1e3, "repeats": args.repeats})
+                print(f"{policy:8s} {dtype:4s} n={n:6d}  median {rows[-1]['numpy_ms']:9.2f} ms"
+                      f"  min {rows[-1]['numpy_min_ms']:9.2f} ms", flush=True)
     doc = {"generated": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
            "machine": platform.processor() or platform.machine(), "blas": blas_info(),
            "shape": {"num_kv_heads": H_KV, "group": GROUP, "head_dim": HEAD_DIM,

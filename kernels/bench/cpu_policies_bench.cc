@@ -1,4 +1,5 @@
-// CPU backend benchmarks: every scorer (+ top-k selection) on one layer, fast and exact.
+// CPU backend benchmarks: every scorer (+ top-k selection) on one layer, fp32 and bf16
+// inputs, fast and exact.
 // Shape: H_kv = 8, G = 4 (H_q = 32), d = 128, w = 32, fp32, n in {4K, 32K}.
 // Reported as tokens/s (n tokens of one layer per iteration, all heads).
 #include <benchmark/benchmark.h>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/model.h"
 #include "kernels/random_model_test_util.h"
@@ -21,9 +23,11 @@ constexpr int64_t kGroup = 4;
 constexpr int64_t kHeadDim = 128;
 constexpr int64_t kWindow = 32;
 
-/// Random fp32 tensors of one layer: keys/values [8, n, 128], queries [32, 32, 128].
+/// Random tensors of one layer, fp32 and the same values rounded to bf16: keys/values
+/// [8, n, 128], queries [32, 32, 128].
 struct LayerData {
   std::vector<float> keys, values, queries;
+  std::vector<uint16_t> keys_bf16, values_bf16, queries_bf16;
   explicit LayerData(int64_t n) {
     std::mt19937 rng(1234);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -33,6 +37,23 @@ struct LayerData {
     for (auto& x : keys) x = normal(rng);
     for (auto& x : values) x = normal(rng);
     for (auto& x : queries) x = normal(rng);
+    auto round = [](const std::vector<float>& from, std::vector<uint16_t>* to) {
+      to->resize(from.size());
+      for (size_t i = 0; i < from.size(); ++i) (*to)[i] = FloatToBf16(from[i]);
+    };
+    round(keys, &keys_bf16);
+    round(values, &values_bf16);
+    round(queries, &queries_bf16);
+  }
+  /// The keys, values and queries in `dtype` (kF32 or kBF16).
+  const void* Keys(DType dtype) const {
+    return dtype == DType::kF32 ? static_cast<const void*>(keys.data()) : keys_bf16.data();
+  }
+  const void* Values(DType dtype) const {
+    return dtype == DType::kF32 ? static_cast<const void*>(values.data()) : values_bf16.data();
+  }
+  const void* Queries(DType dtype) const {
+    return dtype == DType::kF32 ? static_cast<const void*>(queries.data()) : queries_bf16.data();
   }
 };
 
@@ -42,9 +63,10 @@ const LayerData& DataFor(int64_t n) {
 }
 
 /// Times PolicyEngine::CompressLayer (validation, scoring, selection; plus the
-/// perturbation statistic when `with_stats`) for `policy` on the CPU backend, asking for
-/// `numerics` (computed exact where the scorer has no fast CPU path).
-void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, Numerics numerics) {
+/// perturbation statistic when `with_stats`) for `policy` on the CPU backend, inputs in
+/// `dtype`, asking for `numerics` (computed exact where the scorer has no fast CPU path).
+void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, DType dtype,
+               Numerics numerics) {
   const int64_t n = state.range(0);
   const LayerData& data = DataFor(n);
   PolicyRegistry registry;
@@ -62,12 +84,12 @@ void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, Num
   }
   const uint32_t needs = resolved->scorer->required_inputs;
   LayerRequest layer;
-  layer.keys = {data.keys.data(), DType::kF32, {kKvHeads, n, kHeadDim}};
+  layer.keys = {data.Keys(dtype), dtype, {kKvHeads, n, kHeadDim}};
   if (with_stats || (needs & kInputValues)) {
-    layer.values = {data.values.data(), DType::kF32, {kKvHeads, n, kHeadDim}};
+    layer.values = {data.Values(dtype), dtype, {kKvHeads, n, kHeadDim}};
   }
   if (with_stats || (needs & (kInputQueries | kInputValues))) {
-    layer.queries = {data.queries.data(), DType::kF32, {kKvHeads * kGroup, kWindow, kHeadDim}};
+    layer.queries = {data.Queries(dtype), dtype, {kKvHeads * kGroup, kWindow, kHeadDim}};
   }
   for (auto _ : state) {
     auto decision = engine.CompressLayer(*resolved, layer, "layer");
@@ -82,13 +104,16 @@ void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, Num
       benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Each policy twice: "policy" asks for fast numerics (the default), "policy_exact" for the
-// canonical arithmetic.
-#define KVTRIM_POLICY_BENCH(policy)                                                    \
-  BENCHMARK_CAPTURE(BM_Policy, policy, #policy, false, Numerics::kFast)                \
-      ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5); \
-  BENCHMARK_CAPTURE(BM_Policy, policy##_exact, #policy, false, Numerics::kExact)       \
+// Each policy four times: fp32 inputs ("policy") and bf16 ("policy_bf16"), each asking for
+// fast numerics (the default) and for the canonical arithmetic ("..._exact").
+#define KVTRIM_POLICY_RUN(name, policy, dtype, numerics)                               \
+  BENCHMARK_CAPTURE(BM_Policy, name, #policy, false, dtype, numerics)                  \
       ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
+#define KVTRIM_POLICY_BENCH(policy)                                                    \
+  KVTRIM_POLICY_RUN(policy, policy, DType::kF32, Numerics::kFast);                     \
+  KVTRIM_POLICY_RUN(policy##_exact, policy, DType::kF32, Numerics::kExact);            \
+  KVTRIM_POLICY_RUN(policy##_bf16, policy, DType::kBF16, Numerics::kFast);             \
+  KVTRIM_POLICY_RUN(policy##_bf16_exact, policy, DType::kBF16, Numerics::kExact)
 
 KVTRIM_POLICY_BENCH(streaming_llm);
 KVTRIM_POLICY_BENCH(random);
@@ -101,7 +126,8 @@ KVTRIM_POLICY_BENCH(dropkv);
 KVTRIM_POLICY_BENCH(pyramidkv);
 KVTRIM_POLICY_BENCH(adakv);
 // The exact perturbation statistic's cost, on top of a key-only policy.
-BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true, Numerics::kExact)
+BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true, DType::kF32,
+                  Numerics::kExact)
     ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
 
 /// RegisterModel's build of `layers` Llama-3.1-8B-shaped layers (W_O [4096, 4096] f32, H_q =
