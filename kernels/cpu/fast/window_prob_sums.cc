@@ -204,13 +204,21 @@ constexpr int64_t kMaxCachedRows = 16;
 /// a vector of rows per token.
 constexpr int64_t kMaxDotRows = 8;
 
+/// The tokens of the tile at j0 (count tokens) that rows [r0, r0 + rows) see, as floats.
+void SeenRows(const std::vector<int64_t>& visible, int64_t r0, int64_t rows, int64_t j0,
+              int64_t count, float* seen) {
+  for (int64_t r = 0; r < rows; ++r) {
+    seen[r] = static_cast<float>(std::clamp<int64_t>(visible[r0 + r] - j0, 0, count));
+  }
+}
+
 /// The fixed geometry of one call: rows, their visibility, the scaled queries.
 struct Passes {
   int64_t heads = 0, n = 0, d = 0, tiles = 0;
   int64_t padded_rows = 0;       // rows rounded up to two vectors (zero rows past them)
   std::vector<int64_t> visible;  // [padded_rows] V_r (0 for the padding)
   int64_t rows = 0;              // the real rows (G * window)
-  std::vector<float> queries_t;  // [H_kv, d, padded_rows] scale * q, transposed
+  std::vector<float> queries_t;  // [H_kv, d, padded_rows] scale * q, transposed (else empty)
   std::vector<float> queries;    // [H_kv, rows, d] scale * q (few rows: TileLogitsDot)
   const float* keys = nullptr;   // [H_kv, n, d]
   std::vector<float> cached;     // [H_kv * tiles, kFastTokenTile, padded_rows] or empty
@@ -223,9 +231,7 @@ struct Passes {
     const int64_t j0 = tile * kFastTokenTile;
     const int64_t count = std::min(kFastTokenTile, n - j0);
     scratch.seen.resize(static_cast<size_t>(padded_rows));
-    for (int64_t r = 0; r < padded_rows; ++r) {
-      scratch.seen[r] = static_cast<float>(std::clamp<int64_t>(visible[r] - j0, 0, count));
-    }
+    SeenRows(visible, 0, padded_rows, j0, count, scratch.seen.data());
     float* out = nullptr;
     if (!cached.empty()) {
       out = cached.data() + (h * tiles + tile) * kFastTokenTile * padded_rows;
@@ -268,14 +274,6 @@ void CombineTiles(const float* tile_max, const float* tile_sum, int64_t tiles, i
   }
 }
 
-/// The tokens of the tile at j0 (count tokens) that rows [r0, r0 + rows) see, as floats.
-void SeenRows(const Passes& p, int64_t r0, int64_t rows, int64_t j0, int64_t count,
-              float* seen) {
-  for (int64_t r = 0; r < rows; ++r) {
-    seen[r] = static_cast<float>(std::clamp<int64_t>(p.visible[r0 + r] - j0, 0, count));
-  }
-}
-
 /// The slab path: one work item per (head, block of kSlabRows rows) computes the block's
 /// logits over every token once into a per-thread slab [n, kSlabRows], then its rows'
 /// statistics and probabilities from the slab; partial [n] gets the block's sums per token.
@@ -295,7 +293,7 @@ void SlabItem(const Passes& p, int64_t h, int64_t r0, float* partial) {
     HWY_DYNAMIC_DISPATCH(TileLogitsT)(p.queries_t.data() + h * p.d * p.padded_rows + r0,
                                       p.padded_rows, kB, p.keys + (h * p.n + j0) * p.d, count,
                                       p.d, slab.data() + j0 * kB);
-    SeenRows(p, r0, kB, j0, count, seen.data());
+    SeenRows(p.visible, r0, kB, j0, count, seen.data());
     HWY_DYNAMIC_DISPATCH(TileRowStats)(slab.data() + j0 * kB, count, kB, seen.data(),
                                        tile_max + t * kB, tile_sum + t * kB);
   }
@@ -303,7 +301,7 @@ void SlabItem(const Passes& p, int64_t h, int64_t r0, float* partial) {
   for (int64_t t = 0; t < p.tiles; ++t) {
     const int64_t j0 = t * kFastTokenTile;
     const int64_t count = std::min(kFastTokenTile, p.n - j0);
-    SeenRows(p, r0, kB, j0, count, seen.data());
+    SeenRows(p.visible, r0, kB, j0, count, seen.data());
     HWY_DYNAMIC_DISPATCH(TileAddProbs)(slab.data() + j0 * kB, count, kB, seen.data(), neg_max,
                                        inv_sum, partial + j0);
   }
@@ -334,19 +332,22 @@ void FastWindowProbSums(const CpuLayer& layer, int64_t first_row, ThreadPool& po
   const int64_t block = slab ? kSlabRows : rows > lanes ? 2 * lanes : lanes;
   p.padded_rows = (rows + block - 1) / block * block;
   p.visible.assign(static_cast<size_t>(p.padded_rows), 0);
-  p.queries_t.assign(static_cast<size_t>(p.heads * p.d * p.padded_rows), 0.0f);
-  p.queries.assign(static_cast<size_t>(p.heads * rows * p.d), 0.0f);
+  const bool dot = rows <= kMaxDotRows;  // TileLogitsDot reads `queries`, else `queries_t`
+  (dot ? p.queries : p.queries_t)
+      .assign(static_cast<size_t>(p.heads * (dot ? rows : p.padded_rows) * p.d), 0.0f);
   for (int64_t h = 0; h < p.heads; ++h) {
     for (int64_t g = 0; g < group; ++g) {
       for (int64_t t = first_row; t < w; ++t) {
         const int64_t r = g * window + (t - first_row);
         p.visible[r] = std::clamp<int64_t>(p.n - w + t + 1, 0, p.n);
         const float* q = layer.queries.data() + ((h * group + g) * w + t) * p.d;
-        float* out = p.queries_t.data() + h * p.d * p.padded_rows + r;
-        float* row = p.queries.data() + (h * rows + r) * p.d;
         for (int64_t i = 0; i < p.d; ++i) {
-          row[i] = q[i] * layer.softmax_scale;
-          out[i * p.padded_rows] = row[i];
+          const float scaled = q[i] * layer.softmax_scale;
+          if (dot) {
+            p.queries[(h * rows + r) * p.d + i] = scaled;
+          } else {
+            p.queries_t[(h * p.d + i) * p.padded_rows + r] = scaled;
+          }
         }
       }
     }
