@@ -62,10 +62,17 @@ const LayerData& DataFor(int64_t n) {
   return n == 4096 ? small : large;
 }
 
+/// Which perturbation statistic a benchmark row asks for.
+enum class Stats {
+  kOff,      // none: the scorer and the selection alone (the policy rows)
+  kFull,     // every window row (sends values and queries whatever the scorer reads)
+  kSampled,  // the last rows of each query head (fast numerics; exact computes every row)
+};
+
 /// Times PolicyEngine::CompressLayer (validation, scoring, selection; plus the
-/// perturbation statistic when `with_stats`) for `policy` on the CPU backend, inputs in
+/// perturbation statistic `stats` asks for) for `policy` on the CPU backend, inputs in
 /// `dtype`, asking for `numerics` (computed exact where the scorer has no fast CPU path).
-void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, DType dtype,
+void BM_Policy(benchmark::State& state, const char* policy, Stats stats, DType dtype,
                Numerics numerics) {
   const int64_t n = state.range(0);
   const LayerData& data = DataFor(n);
@@ -77,6 +84,9 @@ void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, DTy
   settings.policy = policy;
   settings.budget.keep_fraction = 0.2;
   settings.numerics = numerics;
+  settings.perturbation = stats != Stats::kOff;
+  settings.perturbation_sampled = stats == Stats::kSampled;
+  const bool with_stats = stats != Stats::kOff;
   auto resolved = engine.Prepare(settings, "settings");
   if (!resolved.ok()) {
     state.SkipWithError(std::string(resolved.status().message()).c_str());
@@ -107,7 +117,7 @@ void BM_Policy(benchmark::State& state, const char* policy, bool with_stats, DTy
 // Each policy four times: fp32 inputs ("policy") and bf16 ("policy_bf16"), each asking for
 // fast numerics (the default) and for the canonical arithmetic ("..._exact").
 #define KVTRIM_POLICY_RUN(name, policy, dtype, numerics)                               \
-  BENCHMARK_CAPTURE(BM_Policy, name, #policy, false, dtype, numerics)                  \
+  BENCHMARK_CAPTURE(BM_Policy, name, #policy, Stats::kOff, dtype, numerics)                  \
       ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
 #define KVTRIM_POLICY_BENCH(policy)                                                    \
   KVTRIM_POLICY_RUN(policy, policy, DType::kF32, Numerics::kFast);                     \
@@ -125,10 +135,19 @@ KVTRIM_POLICY_BENCH(tova);
 KVTRIM_POLICY_BENCH(dropkv);
 KVTRIM_POLICY_BENCH(pyramidkv);
 KVTRIM_POLICY_BENCH(adakv);
-// The exact perturbation statistic's cost, on top of a key-only policy.
-BENCHMARK_CAPTURE(BM_Policy, knorm_with_perturbation, "knorm", true, DType::kF32,
-                  Numerics::kExact)
-    ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5);
+// The perturbation statistic's cost on top of the policy: DropKV (fast full and sampled,
+// exact full, fp32 and bf16) and SnapKV (fast full; values sent for the statistic alone).
+#define KVTRIM_STATS_RUN(name, policy, stats, dtype, numerics)                          \
+  BENCHMARK_CAPTURE(BM_Policy, name, #policy, stats, dtype, numerics)                  \
+      ->Arg(4096)->Arg(32768)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
+KVTRIM_STATS_RUN(dropkv_perturbation_full, dropkv, Stats::kFull, DType::kF32, Numerics::kFast);
+KVTRIM_STATS_RUN(dropkv_perturbation_sampled, dropkv, Stats::kSampled, DType::kF32,
+                 Numerics::kFast);
+KVTRIM_STATS_RUN(dropkv_perturbation_full_exact, dropkv, Stats::kFull, DType::kF32,
+                 Numerics::kExact);
+KVTRIM_STATS_RUN(dropkv_bf16_perturbation_full, dropkv, Stats::kFull, DType::kBF16,
+                 Numerics::kFast);
+KVTRIM_STATS_RUN(snapkv_perturbation_full, snapkv, Stats::kFull, DType::kF32, Numerics::kFast);
 
 /// RegisterModel's build of `layers` Llama-3.1-8B-shaped layers (W_O [4096, 4096] f32, H_q =
 /// 32, H_kv = 8, d = 128): the f32 conversion and the fp64 per-head and per-group Gram

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fast/fast_perturbation.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/cpu/scorers.h"
 
@@ -23,7 +24,8 @@ CpuBackend::CpuBackend(int num_threads)
                {ScorerKind::kDropKV, &ScoreDropKV}},
       fast_scorers_{{ScorerKind::kSnapKV, &ScoreSnapKVFast},
                     {ScorerKind::kH2O, &ScoreH2OFast},
-                    {ScorerKind::kTova, &ScoreTovaFast}} {}
+                    {ScorerKind::kTova, &ScoreTovaFast},
+                    {ScorerKind::kDropKV, &ScoreDropKVFast}} {}
 
 std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
                                                 const AllocatorSpec& allocator) const {
@@ -154,13 +156,25 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   out->numerics = scores.numerics;
   out->profile.score = score_seconds;
   out->profile.select = since(stage_start);
-  // Exact output perturbation on the observation window.
+  // The output perturbation on the observation window: fp64 over every row with exact
+  // scores; with fast ones fp32 SIMD outputs, over the last kSampledPerturbationRows rows
+  // of each query head when the request asks for the sampled statistic.
   out->perturbation.clear();
   if (cpu.shape.has_values && cpu.shape.has_queries && policy.settings.perturbation) {
     stage_start = Clock::now();
+    const auto w = static_cast<int32_t>(cpu.shape.window_rows);
     out->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
-    OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
-    out->perturbation_rows = static_cast<int32_t>(cpu.shape.window_rows);  // every row
+    if (scores.numerics == Numerics::kFast) {
+      out->perturbation_rows = policy.settings.perturbation_sampled
+                                   ? std::min(w, kSampledPerturbationRows)
+                                   : w;
+      FastOutputPerturbation(cpu, out->offsets, out->indices, out->perturbation_rows, pool_,
+                             out->perturbation.data());
+    } else {
+      OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
+      out->perturbation_rows = w;  // every row
+    }
+    out->perturbation_sampled = out->perturbation_rows < w;
     out->profile.perturbation = since(stage_start);
   }
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fast/dropkv_cost.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
@@ -22,6 +23,33 @@ absl::StatusOr<bool> ResolveBf16Round(const CpuLayer& layer, const std::string& 
       absl::StrCat("dropkv: bf16_prob_round '", mode, "' is not one of {auto, on, off}"));
 }
 
+/// DropKV's parameters, checked against the layer.
+struct DropKVSettings {
+  int64_t window = 0, kernel = 0;
+  float eps = 0;
+  PoolKind pooling = PoolKind::kMax;
+  bool bf16_round = false;
+};
+
+absl::StatusOr<DropKVSettings> ResolveDropKV(const CpuLayer& layer,
+                                             const ResolvedParams& params) {
+  DropKVSettings out;
+  out.window = params.Int("window");
+  out.kernel = params.Int("kernel");
+  out.eps = static_cast<float>(params.Number("eps"));
+  if (absl::Status st = CheckQueryWindow("dropkv", layer, out.window); !st.ok()) return st;
+  if (!layer.shape.has_values || !layer.values.present()) {
+    return absl::InvalidArgumentError("dropkv: needs values");
+  }
+  absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params.Text("pooling"), out.kernel);
+  if (!kind.ok()) return kind.status();
+  out.pooling = *kind;
+  absl::StatusOr<bool> round = ResolveBf16Round(layer, params.Text("bf16_prob_round"));
+  if (!round.ok()) return round.status();
+  out.bf16_round = *round;
+  return out;
+}
+
 }  // namespace
 
 // For KV head h (canonical steps 4-6 of window_attention.h):
@@ -34,18 +62,11 @@ absl::StatusOr<bool> ResolveBf16Round(const CpuLayer& layer, const std::string& 
 // The score is an eviction cost: higher = keep.
 absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores) {
-  const int64_t window = params.Int("window");
-  const int64_t kernel = params.Int("kernel");
-  const float eps = static_cast<float>(params.Number("eps"));
-  if (absl::Status st = CheckQueryWindow("dropkv", layer, window); !st.ok()) return st;
-  if (!layer.shape.has_values || !layer.values.present()) {
-    return absl::InvalidArgumentError("dropkv: needs values");
-  }
-  absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params.Text("pooling"), kernel);
-  if (!kind.ok()) return kind.status();
-  absl::StatusOr<bool> round = ResolveBf16Round(layer, params.Text("bf16_prob_round"));
-  if (!round.ok()) return round.status();
-  const bool bf16_round = *round;
+  absl::StatusOr<DropKVSettings> settings = ResolveDropKV(layer, params);
+  if (!settings.ok()) return settings.status();
+  const int64_t window = settings->window;
+  const float eps = settings->eps;
+  const bool bf16_round = settings->bf16_round;
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t d = layer.shape.head_dim;
@@ -77,7 +98,27 @@ absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, Th
     }
     const float group_f = static_cast<float>(group);
     for (int64_t j = 0; j < n; ++j) cost[j] = CmDiv(cost[j], group_f);
-    Pool1D(*kind, cost.data(), n, kernel, scores + h * n);
+    Pool1D(settings->pooling, cost.data(), n, settings->kernel, scores + h * n);
+  });
+  return absl::OkStatus();
+}
+
+// Fast numerics: the cost of FastDropKVCost (fp32, SIMD), then the same group mean and
+// pooling as above.
+absl::Status ScoreDropKVFast(const CpuLayer& layer, const ResolvedParams& params,
+                             ThreadPool& pool, float* scores) {
+  absl::StatusOr<DropKVSettings> settings = ResolveDropKV(layer, params);
+  if (!settings.ok()) return settings.status();
+  const int64_t n = layer.shape.num_tokens;
+  const int64_t heads = layer.shape.num_kv_heads;
+  std::vector<float> cost(static_cast<size_t>(heads * n));
+  FastDropKVCost(layer, settings->window, settings->eps, settings->bf16_round, pool,
+                 cost.data());
+  const float group = static_cast<float>(layer.shape.group_size());
+  pool.ParallelFor(heads, [&](int64_t h) {
+    float* c = cost.data() + h * n;
+    for (int64_t j = 0; j < n; ++j) c[j] = CmDiv(c[j], group);
+    Pool1D(settings->pooling, c, n, settings->kernel, scores + h * n);
   });
   return absl::OkStatus();
 }

@@ -46,6 +46,10 @@ absl::Status ScoreTovaFast(const CpuLayer& layer, const ResolvedParams& params, 
 /// DropKV (dropkv.md §2): pooled eviction cost sum_t (p/(1-p))^2 ||a - v_j||^2, GQA-mean.
 absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores);
+/// DropKV in fast numerics: the cost of FastDropKVCost (kernels/cpu/fast/dropkv_cost.h),
+/// then the same group mean and pooling.
+absl::Status ScoreDropKVFast(const CpuLayer& layer, const ResolvedParams& params,
+                             ThreadPool& pool, float* scores);
 
 
 // ===================== MODEL-AWARE SCORERS (canonical definitions) =====================

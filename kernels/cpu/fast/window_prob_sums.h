@@ -21,38 +21,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/fast/fast_cpu.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvtrim {
-
-/// Tokens per key tile of the fast passes.
-constexpr int64_t kFastTokenTile = 256;
 
 /// Writes sums [H_kv, n] (definition above) for the window rows [first_row, w) of `layer`,
 /// which must carry queries, with 0 <= first_row < w.
 void FastWindowProbSums(const CpuLayer& layer, int64_t first_row, ThreadPool& pool,
                         float* sums /*[H_kv, n]*/);
-
-/// The instruction set the fast CPU kernels run on now ("AVX3" = AVX-512, "AVX2", "SSE4",
-/// "SSSE3", "SCALAR" = no SIMD), as Highway names it.
-std::string FastCpuTarget();
-
-/// Which instruction sets the fast CPU kernels may use (tests force the lower ones).
-enum class CpuSimdLimit {
-  kBest,     // the best the CPU has
-  kAvx2,   // AVX2 at most
-  kScalar  // no SIMD: Highway's scalar code (one lane)
-};
-
-/// Limits the fast CPU kernels to `limit` for the whole process (tests only; not
-/// thread-safe against running kernels).
-void SetCpuSimdLimitForTest(CpuSimdLimit limit);
-
-/// Sets the largest per-thread slab of the slab path (default 8 MiB: n <= 64K); 0 forces
-/// the two-pass path (tests only).
-void SetCpuSlabBytesForTest(int64_t bytes);
 
 }  // namespace kvtrim

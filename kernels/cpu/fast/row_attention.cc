@@ -1,0 +1,84 @@
+// Softmax attention of a block of window rows on the CPU (row_attention.h). The SIMD steps
+// (tile_ops-inl.h) are compiled once per instruction set by Highway (foreach_target
+// re-includes this file) and chosen at run time.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/fast/row_attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+// foreach_target must come first.
+#include "kernels/cpu/fast/tile_ops-inl.h"
+
+#if HWY_ONCE
+
+#include <algorithm>
+
+#include "kernels/cpu/fast/fast_cpu.h"
+#include "kernels/cpu/fast/row_attention.h"
+
+namespace kvtrim {
+
+HWY_EXPORT(TileLogitsT);
+HWY_EXPORT(TileRowStats);
+HWY_EXPORT(TileProbs);
+HWY_EXPORT(TileAddPV);
+
+int64_t RowBlockSize(int64_t rows) { return rows <= 16 ? 16 : kSlabRows; }
+
+int64_t RowBlockSoftmax::TileCount(int64_t t) const {
+  return std::min(kFastTokenTile, m_ - t * kFastTokenTile);
+}
+
+void RowBlockSoftmax::Prepare(const RowBlock& block, const float* keys, int64_t m, int64_t d,
+                              bool keep) {
+  block_ = block;
+  keys_ = keys;
+  m_ = m;
+  d_ = d;
+  tiles_ = KeyTiles(m);
+  keep_ = keep;
+  const int64_t rows = block.rows;
+  visible_.assign(block.visible, block.visible + rows);
+  logits_.resize(static_cast<size_t>((keep ? tiles_ : 1) * kFastTokenTile * rows));
+  converted_.assign(static_cast<size_t>(tiles_), false);
+  stats_.resize(static_cast<size_t>(2 * tiles_ * rows));
+  neg_max_.resize(static_cast<size_t>(rows));
+  inv_sum_.resize(static_cast<size_t>(rows));
+  seen_.resize(static_cast<size_t>(rows));
+  float* tile_max = stats_.data();
+  float* tile_sum = tile_max + tiles_ * rows;
+  for (int64_t t = 0; t < tiles_; ++t) {
+    float* lt = logits_.data() + (keep_ ? t * kFastTokenTile * rows : 0);
+    HWY_DYNAMIC_DISPATCH(TileLogitsT)(block.queries_t, block.stride, rows,
+                                      keys_ + t * kFastTokenTile * d, TileCount(t), d, lt);
+    SeenRows(visible_, 0, rows, t * kFastTokenTile, TileCount(t), seen_.data());
+    HWY_DYNAMIC_DISPATCH(TileRowStats)(lt, TileCount(t), rows, seen_.data(), tile_max + t * rows,
+                                       tile_sum + t * rows);
+  }
+  CombineTiles(tile_max, tile_sum, tiles_, rows, rows, neg_max_.data(), inv_sum_.data());
+}
+
+const float* RowBlockSoftmax::Probs(int64_t t) {
+  const int64_t rows = block_.rows;
+  float* lt = logits_.data() + (keep_ ? t * kFastTokenTile * rows : 0);
+  SeenRows(visible_, 0, rows, t * kFastTokenTile, TileCount(t), seen_.data());
+  if (keep_ && converted_[t]) return lt;
+  if (!keep_) {
+    HWY_DYNAMIC_DISPATCH(TileLogitsT)(block_.queries_t, block_.stride, rows,
+                                      keys_ + t * kFastTokenTile * d_, TileCount(t), d_, lt);
+  }
+  HWY_DYNAMIC_DISPATCH(TileProbs)(lt, TileCount(t), rows, seen_.data(), neg_max_.data(),
+                                  inv_sum_.data());
+  if (keep_) converted_[t] = true;
+  return lt;
+}
+
+void RowBlockSoftmax::Outputs(const float* values, float* out) {
+  std::fill_n(out, block_.rows * d_, 0.0f);
+  for (int64_t t = 0; t < tiles_; ++t) {
+    HWY_DYNAMIC_DISPATCH(TileAddPV)(Probs(t), TileCount(t), block_.rows,
+                                    values + t * kFastTokenTile * d_, d_, out);
+  }
+}
+
+}  // namespace kvtrim
+
+#endif  // HWY_ONCE
