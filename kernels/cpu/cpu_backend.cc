@@ -117,16 +117,22 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer
   return absl::OkStatus();
 }
 
+bool CpuBackend::RunsFast(const ResolvedPolicy& policy) const {
+  return policy.settings.numerics == Numerics::kFast &&
+         fast_scorers_.count(policy.scorer->kind) != 0;
+}
+
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                     const LayerBudget& budget, LayerScores* out) {
-  const CpuLayer cpu = CpuLayer::From(layer);
+  // Fast kernels widen f16 / bf16 keys and values a tile at a time: no fp32 copy then.
+  const CpuLayer cpu = CpuLayer::From(layer, /*widen_keys_values=*/!RunsFast(policy));
   return ScoreRawIn(policy.settings.numerics, policy, cpu, &out->scores, &out->critical,
                     &out->numerics);
 }
 
 absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
-  const CpuLayer cpu = CpuLayer::From(layer);
+  const CpuLayer cpu = CpuLayer::From(layer, /*widen_keys_values=*/!RunsFast(policy));
   LayerScores scores;
   scores.layer_id = cpu.layer_id;
   scores.num_layers = cpu.num_layers;

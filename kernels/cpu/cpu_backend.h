@@ -38,12 +38,16 @@ class CpuBackend final : public Backend {
                           const CpuLayer& layer, std::vector<float>* scores,
                           std::vector<float>* critical, Numerics* used);
 
-  /// kExact, and kFast for the scorers with a fast CPU path (snapkv, h2o, tova and every
-  /// composition over them).
+  /// kExact, and kFast for the scorers with a fast CPU path (snapkv, h2o, tova, dropkv and
+  /// every composition over them).
   std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
                                       const AllocatorSpec& allocator) const override;
 
  private:
+  /// True when `policy` asks for fast numerics and its scorer has them: every read of its
+  /// keys and values then goes through the fast kernels (which widen tiles themselves).
+  bool RunsFast(const ResolvedPolicy& policy) const;
+
   ThreadPool pool_;
   std::map<ScorerKind, CpuScoreFn> scorers_;       // the scorers that need no model
   std::map<ScorerKind, CpuScoreFn> fast_scorers_;  // their fast numerics, where they have one

@@ -2,13 +2,19 @@
 
 namespace kvtrim {
 
-CpuLayer CpuLayer::From(const ValidatedLayer& layer) {
+CpuLayer CpuLayer::From(const ValidatedLayer& layer, bool widen_keys_values) {
   CpuLayer out;
   out.layer_id = layer.layer_id;
   out.num_layers = layer.num_layers;
   out.shape = layer.shape;
-  out.keys = F32Tensor::FromView(layer.keys);
-  out.values = F32Tensor::FromView(layer.values);
+  const auto widen = [&](const TensorView& view) {
+    return widen_keys_values || view.dtype == DType::kF32 ? F32Tensor::FromView(view)
+                                                          : F32Tensor();
+  };
+  out.keys = widen(layer.keys);
+  out.values = widen(layer.values);
+  out.keys_in = layer.keys;
+  out.values_in = layer.values;
   out.queries = F32Tensor::FromView(layer.queries);
   out.softmax_scale = layer.softmax_scale;
   out.seed = layer.seed;

@@ -38,7 +38,7 @@ absl::StatusOr<DropKVSettings> ResolveDropKV(const CpuLayer& layer,
   out.kernel = params.Int("kernel");
   out.eps = static_cast<float>(params.Number("eps"));
   if (absl::Status st = CheckQueryWindow("dropkv", layer, out.window); !st.ok()) return st;
-  if (!layer.shape.has_values || !layer.values.present()) {
+  if (!layer.shape.has_values || (!layer.values.present() && !layer.values_in.present())) {
     return absl::InvalidArgumentError("dropkv: needs values");
   }
   absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params.Text("pooling"), out.kernel);

@@ -31,8 +31,7 @@ struct DropKVPasses {
   int64_t padded_rows = 0;       // the rows rounded up to whole blocks (zero rows past them)
   std::vector<int64_t> visible;  // [padded_rows] V_r (0 for the padding)
   std::vector<float> queries_t;  // [H_kv, d, padded_rows] scale * q, transposed
-  const float* keys = nullptr;   // [H_kv, n, d]
-  const float* values = nullptr; // [H_kv, n, d]
+  TokenRows keys, values;        // [H_kv, n, d] as they arrived
   bool slab = false;             // keep a block's logits over all tokens (else recompute)
   float eps = 0;
   bool round_bf16 = false;
@@ -46,6 +45,7 @@ struct DropKVScratch {
   std::vector<float> out_sq;  // [block] |a_r|^2
   std::vector<float> dots;    // [kFastTokenTile, block] a_r . v_j
   std::vector<float> v_sq;    // [kFastTokenTile] |v_j|^2
+  std::vector<float> v_tile;  // [kFastTokenTile, d] widened values
 };
 
 /// Adds the cost terms of rows [r0, r0 + block) of head h into partial [n].
@@ -60,8 +60,8 @@ void CostItem(const DropKVPasses& p, int64_t h, int64_t r0, float* partial) {
   s.v_sq.resize(static_cast<size_t>(kFastTokenTile));
   const RowBlock block{p.queries_t.data() + h * d * p.padded_rows + r0, p.padded_rows, kb,
                        p.visible.data() + r0};
-  const float* values = p.values + h * p.n * d;
-  s.softmax.Prepare(block, p.keys + h * p.n * d, p.n, d, p.slab);
+  const TokenRows values = p.values.From(h * p.n);
+  s.softmax.Prepare(block, p.keys.From(h * p.n), p.n, p.slab);
   s.softmax.Outputs(values, s.out.data());
   for (int64_t r = 0; r < kb; ++r) {
     float sq = 0;
@@ -76,7 +76,7 @@ void CostItem(const DropKVPasses& p, int64_t h, int64_t r0, float* partial) {
   for (int64_t t = 0; t < s.softmax.tiles(); ++t) {
     const float* probs = s.softmax.Probs(t);
     const int64_t count = s.softmax.TileCount(t);
-    const float* v = values + t * kFastTokenTile * d;
+    const float* v = values.Rows(t * kFastTokenTile, count, &s.v_tile);
     HWY_DYNAMIC_DISPATCH(TileLogitsT)(s.out_t.data(), kb, kb, v, count, d, s.dots.data());
     HWY_DYNAMIC_DISPATCH(TileSquaredNorms)(v, count, d, s.v_sq.data());
     HWY_DYNAMIC_DISPATCH(TileDropKVCost)(probs, s.dots.data(), count, kb, s.softmax.Seen(),
@@ -94,8 +94,8 @@ void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round
   const int64_t heads = shape.num_kv_heads;
   p.n = shape.num_tokens;
   p.d = shape.head_dim;
-  p.keys = layer.keys.data();
-  p.values = layer.values.data();
+  p.keys = TokenRows::Keys(layer);
+  p.values = TokenRows::Values(layer);
   p.eps = eps;
   p.round_bf16 = round_bf16;
   const int64_t w = shape.window_rows;

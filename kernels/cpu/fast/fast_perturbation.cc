@@ -5,6 +5,7 @@
 
 #include "kernels/cpu/fast/fast_cpu.h"
 #include "kernels/cpu/fast/row_attention.h"
+#include "kernels/cpu/fast/token_rows.h"
 
 namespace kvtrim {
 
@@ -46,7 +47,7 @@ void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& o
   const int64_t w = shape.window_rows;
   const int64_t group = shape.group_size();
   const int64_t per_head = std::min(rows_per_head, w);
-  if (!layer.values.present() || !layer.queries.present() || group < 1 || per_head < 1 ||
+  if (!shape.has_values || !layer.queries.present() || group < 1 || per_head < 1 ||
       offsets.size() < 2) {
     std::fill(out, out + heads, 0.0);
     return;
@@ -76,13 +77,13 @@ void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& o
     thread_local PerturbationScratch s;
     const int64_t h = item / blocks;
     const int64_t r0 = (item % blocks) * block;
-    const float* keys = layer.keys.row(h, 0);
-    const float* values = layer.values.row(h, 0);
+    const TokenRows keys = TokenRows::Keys(layer).From(h * n);
+    const TokenRows values = TokenRows::Values(layer).From(h * n);
     s.full.resize(static_cast<size_t>(block * d));
     s.kept.assign(static_cast<size_t>(block * d), 0.0f);
     // The full outputs.
     const float* qt = queries_t.data() + h * d * padded + r0;
-    s.softmax.Prepare({qt, padded, block, visible.data() + r0}, keys, n, d, slab);
+    s.softmax.Prepare({qt, padded, block, visible.data() + r0}, keys, n, slab);
     s.softmax.Outputs(values, s.full.data());
     // The kept tokens of the head's list (in range, each once, ascending), gathered.
     const int64_t list = shared ? 0 : h;
@@ -99,8 +100,8 @@ void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& o
       s.kept_keys.resize(static_cast<size_t>(k * d));
       s.kept_values.resize(static_cast<size_t>(k * d));
       for (int64_t i = 0; i < k; ++i) {
-        std::copy_n(keys + s.kept_tokens[i] * d, d, s.kept_keys.data() + i * d);
-        std::copy_n(values + s.kept_tokens[i] * d, d, s.kept_values.data() + i * d);
+        keys.CopyRows(s.kept_tokens[i], 1, s.kept_keys.data() + i * d);
+        values.CopyRows(s.kept_tokens[i], 1, s.kept_values.data() + i * d);
       }
       // Row r sees the kept tokens j < V_r: a prefix of the ascending list.
       s.kept_visible.resize(static_cast<size_t>(block));
@@ -109,9 +110,9 @@ void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& o
                                              visible[r0 + r]) -
                             s.kept_tokens.begin();
       }
-      s.softmax.Prepare({qt, padded, block, s.kept_visible.data()}, s.kept_keys.data(), k, d,
-                        slab);
-      s.softmax.Outputs(s.kept_values.data(), s.kept.data());
+      s.softmax.Prepare({qt, padded, block, s.kept_visible.data()},
+                        {s.kept_keys.data(), DType::kF32, d}, k, slab);
+      s.softmax.Outputs({s.kept_values.data(), DType::kF32, d}, s.kept.data());
     }
     double total = 0;  // the block's real rows, in order
     for (int64_t r = 0; r < block && r0 + r < rows; ++r) {

@@ -15,6 +15,7 @@
 #include "kernels/cpu/attention_test_layer.h"
 #include "kernels/cpu/fast/fast_cpu.h"
 #include "kernels/cpu/perturbation.h"
+#include "kernels/dtype.h"
 #include "tests/oracle/attention_oracle.h"
 
 namespace kvtrim {
@@ -134,6 +135,35 @@ TEST(FastPerturbation, SampledIsTheStatisticOfTheLastRows) {
   for (int64_t h = 0; h < 3; ++h) {
     EXPECT_EQ(sampled[h], window_of_eight[h]) << "head " << h;
     EXPECT_NEAR(sampled[h], exact_of_eight[h], 1e-3 * exact_of_eight[h] + 1e-4);
+  }
+}
+
+TEST(FastPerturbation, Bf16AndF16KeysAndValuesReadAsTheyArrived) {
+  // The fast statistic widens tiles of 16-bit keys and values itself (no fp32 copy): the
+  // same answer as the exact one on the widened tensors.
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    oracle::AttentionProblem pb = oracle::RandomProblem(9, 2, 4, 1500, 72, 16, 2.0);
+    std::vector<uint16_t> keys(pb.keys.size()), values(pb.values.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      keys[i] = dtype == DType::kBF16 ? FloatToBf16(pb.keys[i]) : FloatToF16(pb.keys[i]);
+      values[i] = dtype == DType::kBF16 ? FloatToBf16(pb.values[i]) : FloatToF16(pb.values[i]);
+      pb.keys[i] = dtype == DType::kBF16 ? Bf16ToFloat(keys[i]) : F16ToFloat(keys[i]);
+      pb.values[i] = dtype == DType::kBF16 ? Bf16ToFloat(values[i]) : F16ToFloat(values[i]);
+    }
+    const CpuLayer widened = MakeLayer(pb);
+    CpuLayer arrived = widened;
+    arrived.keys = F32Tensor();
+    arrived.values = F32Tensor();
+    arrived.keys_in = {keys.data(), dtype, {2, 1500, 72}};
+    arrived.values_in = {values.data(), dtype, {2, 1500, 72}};
+    std::mt19937_64 rng(10);
+    const KeptLists lists = RandomLists(rng, 2, 1500, false);
+    const std::vector<double> exact = Exact(widened, lists);
+    const std::vector<double> fast = Fast(arrived, lists, 16);
+    EXPECT_EQ(fast, Fast(widened, lists, 16));  // the same fp32 values either way
+    for (int64_t h = 0; h < 2; ++h) {
+      EXPECT_NEAR(fast[h], exact[h], 1e-3 * std::fabs(exact[h]) + 1e-4) << "head " << h;
+    }
   }
 }
 

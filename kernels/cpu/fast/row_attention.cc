@@ -27,12 +27,12 @@ int64_t RowBlockSoftmax::TileCount(int64_t t) const {
   return std::min(kFastTokenTile, m_ - t * kFastTokenTile);
 }
 
-void RowBlockSoftmax::Prepare(const RowBlock& block, const float* keys, int64_t m, int64_t d,
+void RowBlockSoftmax::Prepare(const RowBlock& block, const TokenRows& keys, int64_t m,
                               bool keep) {
   block_ = block;
   keys_ = keys;
   m_ = m;
-  d_ = d;
+  const int64_t d = d_ = keys.d;
   tiles_ = KeyTiles(m);
   keep_ = keep;
   const int64_t rows = block.rows;
@@ -48,7 +48,8 @@ void RowBlockSoftmax::Prepare(const RowBlock& block, const float* keys, int64_t 
   for (int64_t t = 0; t < tiles_; ++t) {
     float* lt = logits_.data() + (keep_ ? t * kFastTokenTile * rows : 0);
     HWY_DYNAMIC_DISPATCH(TileLogitsT)(block.queries_t, block.stride, rows,
-                                      keys_ + t * kFastTokenTile * d, TileCount(t), d, lt);
+                                      keys_.Rows(t * kFastTokenTile, TileCount(t), &key_tile_),
+                                      TileCount(t), d, lt);
     SeenRows(visible_, 0, rows, t * kFastTokenTile, TileCount(t), seen_.data());
     HWY_DYNAMIC_DISPATCH(TileRowStats)(lt, TileCount(t), rows, seen_.data(), tile_max + t * rows,
                                        tile_sum + t * rows);
@@ -63,7 +64,8 @@ const float* RowBlockSoftmax::Probs(int64_t t) {
   if (keep_ && converted_[t]) return lt;
   if (!keep_) {
     HWY_DYNAMIC_DISPATCH(TileLogitsT)(block_.queries_t, block_.stride, rows,
-                                      keys_ + t * kFastTokenTile * d_, TileCount(t), d_, lt);
+                                      keys_.Rows(t * kFastTokenTile, TileCount(t), &key_tile_),
+                                      TileCount(t), d_, lt);
   }
   HWY_DYNAMIC_DISPATCH(TileProbs)(lt, TileCount(t), rows, seen_.data(), neg_max_.data(),
                                   inv_sum_.data());
@@ -71,11 +73,12 @@ const float* RowBlockSoftmax::Probs(int64_t t) {
   return lt;
 }
 
-void RowBlockSoftmax::Outputs(const float* values, float* out) {
+void RowBlockSoftmax::Outputs(const TokenRows& values, float* out) {
   std::fill_n(out, block_.rows * d_, 0.0f);
   for (int64_t t = 0; t < tiles_; ++t) {
-    HWY_DYNAMIC_DISPATCH(TileAddPV)(Probs(t), TileCount(t), block_.rows,
-                                    values + t * kFastTokenTile * d_, d_, out);
+    const float* probs = Probs(t);
+    const float* v = values.Rows(t * kFastTokenTile, TileCount(t), &value_tile_);
+    HWY_DYNAMIC_DISPATCH(TileAddPV)(probs, TileCount(t), block_.rows, v, d_, out);
   }
 }
 

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/fast/token_rows.h"
+
 namespace kvtrim {
 
 /// One block of window rows: scaled queries transposed, and what each row sees.
@@ -31,10 +33,10 @@ int64_t RowBlockSize(int64_t rows);
 /// One per thread; reused across blocks (Prepare starts over).
 class RowBlockSoftmax {
  public:
-  /// Sweep 1: each row's maximum and sum of exp over keys [m, d]. With `keep`, the logits
-  /// of every tile stay (a [m, rows] slab) and later sweeps read them, else they are
-  /// recomputed per tile.
-  void Prepare(const RowBlock& block, const float* keys, int64_t m, int64_t d, bool keep);
+  /// Sweep 1: each row's maximum and sum of exp over keys [m, d] (any dtype, widened a tile
+  /// at a time). With `keep`, the logits of every tile stay (a [m, rows] slab) and later
+  /// sweeps read them, else they are recomputed per tile. `keys` must outlive the sweeps.
+  void Prepare(const RowBlock& block, const TokenRows& keys, int64_t m, bool keep);
   /// Number of tiles of the run, and the tokens in tile t.
   int64_t tiles() const { return tiles_; }
   int64_t TileCount(int64_t t) const;
@@ -44,12 +46,12 @@ class RowBlockSoftmax {
   const float* Probs(int64_t t);
   /// [rows] tokens of the last tile Probs returned that each row sees (floats).
   const float* Seen() const { return seen_.data(); }
-  /// out [rows, d] = a_r = P.V over the run, values [m, d].
-  void Outputs(const float* values, float* out);
+  /// out [rows, d] = a_r = P.V over the run, values [m, d] (any dtype).
+  void Outputs(const TokenRows& values, float* out);
 
  private:
   RowBlock block_;
-  const float* keys_ = nullptr;
+  TokenRows keys_;
   int64_t m_ = 0, d_ = 0, tiles_ = 0;
   bool keep_ = false;
   std::vector<float> logits_;    // [tiles or 1, kFastTokenTile, rows]
@@ -57,6 +59,7 @@ class RowBlockSoftmax {
   std::vector<float> stats_;     // tile max [tiles, rows], tile sum [tiles, rows]
   std::vector<float> neg_max_, inv_sum_, seen_;  // [rows]
   std::vector<int64_t> visible_;                 // [rows]
+  std::vector<float> key_tile_, value_tile_;     // [kFastTokenTile, d] widened rows
 };
 
 }  // namespace kvtrim

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/cpu/fast/fast_cpu.h"
+#include "kernels/cpu/fast/token_rows.h"
 #include "kernels/cpu/fast/window_prob_sums.h"
 
 namespace kvtrim {
@@ -31,6 +32,7 @@ namespace {
 struct TileScratch {
   std::vector<float> logits;  // [kFastTokenTile, padded rows] token-major
   std::vector<float> seen;    // [padded rows] tokens of the tile each row sees
+  std::vector<float> keys;    // [kFastTokenTile, d] widened keys of the tile
 };
 
 TileScratch& ThreadScratch() {
@@ -54,7 +56,7 @@ struct Passes {
   int64_t rows = 0;              // the real rows (G * window)
   std::vector<float> queries_t;  // [H_kv, d, padded_rows] scale * q, transposed (else empty)
   std::vector<float> queries;    // [H_kv, rows, d] scale * q (few rows: TileLogitsDot)
-  const float* keys = nullptr;   // [H_kv, n, d]
+  TokenRows keys;                // [H_kv, n, d] as they arrived
   std::vector<float> cached;     // [H_kv * tiles, kFastTokenTile, padded_rows] or empty
 
   /// The logits of tile `tile` of head `h` [kFastTokenTile, padded_rows]: computed into
@@ -74,12 +76,13 @@ struct Passes {
       scratch.logits.resize(static_cast<size_t>(kFastTokenTile * padded_rows));
       out = scratch.logits.data();
     }
+    const float* k = keys.Rows(h * n + j0, count, &scratch.keys);
     if (rows <= kMaxDotRows) {
-      HWY_DYNAMIC_DISPATCH(TileLogitsDot)(queries.data() + h * rows * d, rows,
-                                          keys + (h * n + j0) * d, count, d, padded_rows, out);
+      HWY_DYNAMIC_DISPATCH(TileLogitsDot)(queries.data() + h * rows * d, rows, k, count, d,
+                                          padded_rows, out);
     } else {
       HWY_DYNAMIC_DISPATCH(TileLogitsT)(queries_t.data() + h * d * padded_rows, padded_rows,
-                                        padded_rows, keys + (h * n + j0) * d, count, d, out);
+                                        padded_rows, k, count, d, out);
     }
     return out;
   }
@@ -89,7 +92,7 @@ struct Passes {
 /// logits over every token once into a per-thread slab [n, kSlabRows], then its rows'
 /// statistics and probabilities from the slab; partial [n] gets the block's sums per token.
 void SlabItem(const Passes& p, int64_t h, int64_t r0, float* partial) {
-  thread_local std::vector<float> slab, stats, seen;
+  thread_local std::vector<float> slab, stats, seen, key_tile;
   constexpr int64_t kB = kSlabRows;
   slab.resize(static_cast<size_t>(p.tiles * kFastTokenTile * kB));
   stats.resize(static_cast<size_t>(2 * p.tiles * kB + 2 * kB));
@@ -102,8 +105,9 @@ void SlabItem(const Passes& p, int64_t h, int64_t r0, float* partial) {
     const int64_t j0 = t * kFastTokenTile;
     const int64_t count = std::min(kFastTokenTile, p.n - j0);
     HWY_DYNAMIC_DISPATCH(TileLogitsT)(p.queries_t.data() + h * p.d * p.padded_rows + r0,
-                                      p.padded_rows, kB, p.keys + (h * p.n + j0) * p.d, count,
-                                      p.d, slab.data() + j0 * kB);
+                                      p.padded_rows, kB,
+                                      p.keys.Rows(h * p.n + j0, count, &key_tile), count, p.d,
+                                      slab.data() + j0 * kB);
     SeenRows(p.visible, r0, kB, j0, count, seen.data());
     HWY_DYNAMIC_DISPATCH(TileRowStats)(slab.data() + j0 * kB, count, kB, seen.data(),
                                        tile_max + t * kB, tile_sum + t * kB);
@@ -128,7 +132,7 @@ void FastWindowProbSums(const CpuLayer& layer, int64_t first_row, ThreadPool& po
   p.n = shape.num_tokens;
   p.d = shape.head_dim;
   p.tiles = (p.n + kFastTokenTile - 1) / kFastTokenTile;
-  p.keys = layer.keys.data();
+  p.keys = TokenRows::Keys(layer);
   const int64_t w = shape.window_rows;
   const int64_t group = shape.group_size();
   const int64_t window = w - first_row;

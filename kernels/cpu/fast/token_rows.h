@@ -1,0 +1,35 @@
+// The keys or values of a layer as they arrived (f32, f16 or bf16, [H_kv, n, d] dense),
+// read by the fast CPU kernels a tile at a time in fp32: f32 rows are read in place, f16 and
+// bf16 rows are widened into the caller's scratch (a tile fits the cache) -- never a whole
+// fp32 copy of the tensor.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/cpu_layer.h"
+#include "kernels/dtype.h"
+
+namespace kvtrim {
+
+/// Rows of d elements in one dtype.
+struct TokenRows {
+  const void* data = nullptr;  // element 0 of the rows
+  DType dtype = DType::kF32;
+  int64_t d = 0;  // elements per row
+
+  /// The keys / values of `layer`: the arriving tensor, or its fp32 tensor when the layer
+  /// was built without one (tests).
+  static TokenRows Keys(const CpuLayer& layer);
+  static TokenRows Values(const CpuLayer& layer);
+
+  /// The rows from row `first` on (e.g. a head's first token: h * n).
+  TokenRows From(int64_t first) const;
+  /// Rows [first, first + count) in fp32: in place for f32, else widened into `scratch`
+  /// (resized as needed; the pointer stays valid until scratch changes).
+  const float* Rows(int64_t first, int64_t count, std::vector<float>* scratch) const;
+  /// Copies rows [first, first + count) in fp32 to out [count, d].
+  void CopyRows(int64_t first, int64_t count, float* out) const;
+};
+
+}  // namespace kvtrim
