@@ -68,7 +68,8 @@ absl::Status CpuBackend::ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& 
 
 absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& policy,
                                     const CpuLayer& layer, std::vector<float>* scores,
-                                    std::vector<float>* critical, Numerics* used) {
+                                    std::vector<float>* critical, Numerics* used,
+                                    FastRowOutputs* rows) {
   const std::string& name = policy.scorer->name;
   *used = Numerics::kExact;
   const int64_t heads = layer.shape.num_kv_heads;
@@ -94,7 +95,9 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
   } else if (auto fast = fast_scorers_.find(kind);
              numerics == Numerics::kFast && fast != fast_scorers_.end()) {
     *used = Numerics::kFast;
-    st = fast->second(layer, policy.params, pool_, scores->data());
+    st = kind == ScorerKind::kDropKV && rows != nullptr
+             ? ScoreDropKVFastWithRows(layer, policy.params, pool_, scores->data(), rows)
+             : fast->second(layer, policy.params, pool_, scores->data());
   } else {
     auto it = scorers_.find(kind);
     if (it == scorers_.end()) {
@@ -144,8 +147,9 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
   auto stage_start = Clock::now();
+  FastRowOutputs rows;  // the window rows' full outputs, where a fast scorer has them
   if (auto st = ScoreRawIn(policy.settings.numerics, policy, cpu, &scores.scores,
-                           &scores.critical, &scores.numerics);
+                           &scores.critical, &scores.numerics, &rows);
       !st.ok()) {
     return st;
   }
@@ -174,8 +178,10 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
       out->perturbation_rows = policy.settings.perturbation_sampled
                                    ? std::min(w, kSampledPerturbationRows)
                                    : w;
+      // DropKV's own rows serve as the full outputs when they are the statistic's rows.
+      const bool reuse = rows.rows_per_head == out->perturbation_rows && !rows.outputs.empty();
       FastOutputPerturbation(cpu, out->offsets, out->indices, out->perturbation_rows, pool_,
-                             out->perturbation.data());
+                             out->perturbation.data(), reuse ? rows.outputs.data() : nullptr);
     } else {
       OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
       out->perturbation_rows = w;  // every row

@@ -6,6 +6,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/scorers.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvtrim {
@@ -33,10 +34,12 @@ class CpuBackend final : public Backend {
   absl::Status ScoreRaw(const ResolvedPolicy& policy, const CpuLayer& layer,
                         std::vector<float>* scores, std::vector<float>* critical);
   /// Raw scores in `numerics` where the scorer has a fast CPU path (kFast), else exact;
-  /// *used says which computed them.
+  /// *used says which computed them. `rows`, when not null, receives the window rows'
+  /// outputs a fast scorer computed on the way (fast DropKV), for the statistic.
   absl::Status ScoreRawIn(Numerics numerics, const ResolvedPolicy& policy,
                           const CpuLayer& layer, std::vector<float>* scores,
-                          std::vector<float>* critical, Numerics* used);
+                          std::vector<float>* critical, Numerics* used,
+                          FastRowOutputs* rows = nullptr);
 
   /// kExact, and kFast for the scorers with a fast CPU path (snapkv, h2o, tova, dropkv and
   /// every composition over them).

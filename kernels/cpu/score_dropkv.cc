@@ -107,13 +107,25 @@ absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, Th
 // pooling as above.
 absl::Status ScoreDropKVFast(const CpuLayer& layer, const ResolvedParams& params,
                              ThreadPool& pool, float* scores) {
+  return ScoreDropKVFastWithRows(layer, params, pool, scores, nullptr);
+}
+
+absl::Status ScoreDropKVFastWithRows(const CpuLayer& layer, const ResolvedParams& params,
+                                     ThreadPool& pool, float* scores, FastRowOutputs* rows) {
   absl::StatusOr<DropKVSettings> settings = ResolveDropKV(layer, params);
   if (!settings.ok()) return settings.status();
+  float* outputs = nullptr;
+  if (rows != nullptr) {
+    rows->rows_per_head = settings->window;
+    rows->outputs.resize(static_cast<size_t>(layer.shape.num_query_heads * settings->window *
+                                             layer.shape.head_dim));
+    outputs = rows->outputs.data();
+  }
   const int64_t n = layer.shape.num_tokens;
   const int64_t heads = layer.shape.num_kv_heads;
   std::vector<float> cost(static_cast<size_t>(heads * n));
   FastDropKVCost(layer, settings->window, settings->eps, settings->bf16_round, pool,
-                 cost.data());
+                 cost.data(), outputs);
   const float group = static_cast<float>(layer.shape.group_size());
   pool.ParallelFor(heads, [&](int64_t h) {
     float* c = cost.data() + h * n;

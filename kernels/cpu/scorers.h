@@ -4,6 +4,9 @@
 // Protection (sink/recent = +inf) is applied afterwards by the backend, not here.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/thread_pool.h"
@@ -50,6 +53,15 @@ absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, Th
 /// then the same group mean and pooling.
 absl::Status ScoreDropKVFast(const CpuLayer& layer, const ResolvedParams& params,
                              ThreadPool& pool, float* scores);
+/// The full attention outputs of the window rows a fast scorer computed on the way.
+struct FastRowOutputs {
+  int64_t rows_per_head = 0;   // the last rows of each query head they cover (0: none)
+  std::vector<float> outputs;  // [H_kv, G * rows_per_head, d] (FastDropKVCost's layout)
+};
+/// ScoreDropKVFast that also keeps its window rows' outputs in *rows (for the perturbation
+/// statistic over the same rows).
+absl::Status ScoreDropKVFastWithRows(const CpuLayer& layer, const ResolvedParams& params,
+                                     ThreadPool& pool, float* scores, FastRowOutputs* rows);
 
 
 // ===================== MODEL-AWARE SCORERS (canonical definitions) =====================

@@ -27,6 +27,7 @@ namespace {
 /// The fixed geometry of one call: row blocks, their visibility, the scaled queries.
 struct DropKVPasses {
   int64_t n = 0, d = 0;
+  int64_t rows = 0;              // the real rows, G * window
   int64_t block = 0;             // rows per work item (RowBlockSize)
   int64_t padded_rows = 0;       // the rows rounded up to whole blocks (zero rows past them)
   std::vector<int64_t> visible;  // [padded_rows] V_r (0 for the padding)
@@ -48,8 +49,9 @@ struct DropKVScratch {
   std::vector<float> v_tile;  // [kFastTokenTile, d] widened values
 };
 
-/// Adds the cost terms of rows [r0, r0 + block) of head h into partial [n].
-void CostItem(const DropKVPasses& p, int64_t h, int64_t r0, float* partial) {
+/// Adds the cost terms of rows [r0, r0 + block) of head h into partial [n]; copies the real
+/// rows' outputs to `outputs` [rows, d] of the head when not null.
+void CostItem(const DropKVPasses& p, int64_t h, int64_t r0, float* partial, float* outputs) {
   thread_local DropKVScratch s;
   const int64_t kb = p.block;
   const int64_t d = p.d;
@@ -63,6 +65,10 @@ void CostItem(const DropKVPasses& p, int64_t h, int64_t r0, float* partial) {
   const TokenRows values = p.values.From(h * p.n);
   s.softmax.Prepare(block, p.keys.From(h * p.n), p.n, p.slab);
   s.softmax.Outputs(values, s.out.data());
+  if (outputs != nullptr) {
+    const int64_t real = std::min(kb, p.rows - r0);
+    std::copy_n(s.out.data(), real * d, outputs + r0 * d);
+  }
   for (int64_t r = 0; r < kb; ++r) {
     float sq = 0;
     for (int64_t i = 0; i < d; ++i) {
@@ -88,7 +94,7 @@ void CostItem(const DropKVPasses& p, int64_t h, int64_t r0, float* partial) {
 }  // namespace
 
 void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round_bf16,
-                    ThreadPool& pool, float* cost) {
+                    ThreadPool& pool, float* cost, float* row_outputs) {
   const LayerShape& shape = layer.shape;
   DropKVPasses p;
   const int64_t heads = shape.num_kv_heads;
@@ -100,7 +106,11 @@ void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round
   p.round_bf16 = round_bf16;
   const int64_t w = shape.window_rows;
   const int64_t group = shape.group_size();
-  const int64_t rows = group * window;
+  const int64_t rows = p.rows = group * window;
+  // The head's rows' outputs, when asked for.
+  const auto outputs_of = [&](int64_t h) {
+    return row_outputs == nullptr ? nullptr : row_outputs + h * rows * p.d;
+  };
   p.block = RowBlockSize(rows);
   p.padded_rows = (rows + p.block - 1) / p.block * p.block;
   p.slab = KeyTiles(p.n) * kFastTokenTile * p.block * 4 <= MaxSlabBytes();
@@ -121,12 +131,14 @@ void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round
   const int64_t blocks = p.padded_rows / p.block;
   if (blocks == 1) {  // one item per head: its terms go straight into the output
     std::fill_n(cost, heads * p.n, 0.0f);
-    pool.ParallelFor(heads, [&](int64_t h) { CostItem(p, h, 0, cost + h * p.n); });
+    pool.ParallelFor(heads,
+                     [&](int64_t h) { CostItem(p, h, 0, cost + h * p.n, outputs_of(h)); });
     return;
   }
   std::vector<float> partial(static_cast<size_t>(heads * blocks * p.n), 0.0f);
   pool.ParallelFor(heads * blocks, [&](int64_t item) {
-    CostItem(p, item / blocks, (item % blocks) * p.block, partial.data() + item * p.n);
+    CostItem(p, item / blocks, (item % blocks) * p.block, partial.data() + item * p.n,
+             outputs_of(item / blocks));
   });
   for (int64_t h = 0; h < heads; ++h) {  // the blocks' costs, in block order
     float* out = cost + h * p.n;

@@ -22,8 +22,10 @@
 namespace kvtrim {
 
 /// Writes cost [H_kv, n] (definition above) for the last `window` rows of `layer`, which
-/// must carry values and at least `window` >= 1 query rows.
+/// must carry values and at least `window` >= 1 query rows; and, when `row_outputs` is not
+/// null, the rows' outputs a_r into it [H_kv, G * window, d] (row r = g * window + t - (w -
+/// window)), which the perturbation statistic can reuse.
 void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round_bf16,
-                    ThreadPool& pool, float* cost /*[H_kv, n]*/);
+                    ThreadPool& pool, float* cost /*[H_kv, n]*/, float* row_outputs = nullptr);
 
 }  // namespace kvtrim

@@ -39,7 +39,7 @@ double RowRatio(const float* full, const float* kept, int64_t d) {
 
 void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& offsets,
                             const std::vector<int32_t>& kept, int64_t rows_per_head,
-                            ThreadPool& pool, double* out) {
+                            ThreadPool& pool, double* out, const float* full_outputs) {
   const LayerShape& shape = layer.shape;
   const int64_t heads = shape.num_kv_heads;
   const int64_t n = shape.num_tokens;
@@ -81,10 +81,15 @@ void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& o
     const TokenRows values = TokenRows::Values(layer).From(h * n);
     s.full.resize(static_cast<size_t>(block * d));
     s.kept.assign(static_cast<size_t>(block * d), 0.0f);
-    // The full outputs.
+    // The full outputs: the scorer's, or a run over every token.
     const float* qt = queries_t.data() + h * d * padded + r0;
-    s.softmax.Prepare({qt, padded, block, visible.data() + r0}, keys, n, slab);
-    s.softmax.Outputs(values, s.full.data());
+    if (full_outputs != nullptr) {
+      const int64_t real = std::min(block, rows - r0);
+      std::copy_n(full_outputs + (h * rows + r0) * d, real * d, s.full.data());
+    } else {
+      s.softmax.Prepare({qt, padded, block, visible.data() + r0}, keys, n, slab);
+      s.softmax.Outputs(values, s.full.data());
+    }
     // The kept tokens of the head's list (in range, each once, ascending), gathered.
     const int64_t list = shared ? 0 : h;
     s.mask.assign(static_cast<size_t>(n), 0);

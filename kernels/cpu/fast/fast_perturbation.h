@@ -17,8 +17,12 @@ namespace kvtrim {
 /// OutputPerturbation's statistic over the last `rows_per_head` window rows of every query
 /// head (all w rows: the full statistic; fewer: the sampled one), out [H_kv]. Kept lists as
 /// OutputPerturbation takes them (one shared list when `offsets` has 2 entries).
+/// `full_outputs`, when not null, are the rows' full outputs a scorer already computed
+/// [H_kv, G * rows_per_head, d] (row r = g * rows_per_head + t - (w - rows_per_head), as
+/// FastDropKVCost writes them): the full run is skipped and they are taken as they are.
 void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& offsets,
                             const std::vector<int32_t>& kept, int64_t rows_per_head,
-                            ThreadPool& pool, double* out /*[H_kv]*/);
+                            ThreadPool& pool, double* out /*[H_kv]*/,
+                            const float* full_outputs = nullptr);
 
 }  // namespace kvtrim

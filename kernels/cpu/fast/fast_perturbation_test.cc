@@ -13,6 +13,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention_test_layer.h"
+#include "kernels/cpu/fast/dropkv_cost.h"
 #include "kernels/cpu/fast/fast_cpu.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/dtype.h"
@@ -163,6 +164,27 @@ TEST(FastPerturbation, Bf16AndF16KeysAndValuesReadAsTheyArrived) {
     EXPECT_EQ(fast, Fast(widened, lists, 16));  // the same fp32 values either way
     for (int64_t h = 0; h < 2; ++h) {
       EXPECT_NEAR(fast[h], exact[h], 1e-3 * std::fabs(exact[h]) + 1e-4) << "head " << h;
+    }
+  }
+}
+
+TEST(FastPerturbation, DropKVsRowOutputsGiveTheSameStatistic) {
+  // The sampled statistic over DropKV's own window rows takes the scorer's outputs instead
+  // of a second full run: the same blocks of rows, so the same bits.
+  for (int64_t group : {1, 4, 12}) {
+    const oracle::AttentionProblem pb = oracle::RandomProblem(11, 3, group, 900, 64, 32, 2.0);
+    const CpuLayer layer = MakeLayer(pb);
+    ThreadPool pool(2);
+    std::vector<float> cost(static_cast<size_t>(3 * 900));
+    std::vector<float> rows(static_cast<size_t>(3 * group * 8 * 64));
+    FastDropKVCost(layer, 8, 1e-6f, false, pool, cost.data(), rows.data());
+    std::mt19937_64 rng(12);
+    for (bool shared : {false, true}) {
+      const KeptLists lists = RandomLists(rng, 3, 900, shared);
+      std::vector<double> reused(3);
+      FastOutputPerturbation(layer, lists.offsets, lists.kept, 8, pool, reused.data(),
+                             rows.data());
+      EXPECT_EQ(reused, Fast(layer, lists, 8)) << "G=" << group << " shared=" << shared;
     }
   }
 }
