@@ -22,7 +22,14 @@ CpuBackend::CpuBackend(int num_threads)
                {ScorerKind::kH2O, &ScoreH2O},
                {ScorerKind::kTova, &ScoreTova},
                {ScorerKind::kDropKV, &ScoreDropKV}},
-      fast_scorers_{{ScorerKind::kSnapKV, &ScoreSnapKVFast},
+      // StreamingLLM and Random compute no floating-point arithmetic worth speeding up:
+      // their fast numerics are their exact scores (bit-identical), with the statistic and
+      // the f16 / bf16 reads of the fast path.
+      fast_scorers_{{ScorerKind::kStreamingLlm, &ScoreStreamingLlm},
+                    {ScorerKind::kRandom, &ScoreRandom},
+                    {ScorerKind::kKnorm, &ScoreKnormFast},
+                    {ScorerKind::kKeyDiff, &ScoreKeyDiffFast},
+                    {ScorerKind::kSnapKV, &ScoreSnapKVFast},
                     {ScorerKind::kH2O, &ScoreH2OFast},
                     {ScorerKind::kTova, &ScoreTovaFast},
                     {ScorerKind::kDropKV, &ScoreDropKVFast}} {}

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/canonical_math.h"
+#include "kernels/cpu/fast/key_scores.h"
 #include "kernels/cpu/keydiff_block.h"
 #include "kernels/cpu/scorers.h"
 
@@ -75,23 +76,47 @@ void KeyDiffHeadScores(const float* keys, int64_t n, int64_t d, KeyDiffAnchor an
   }
 }
 
-// Reads the `anchor` and `eps` parameters (recent_fraction and block_size are protection
-// and validation concerns handled by the backend) and scores every KV head on its own.
-absl::Status ScoreKeyDiff(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
-                          float* scores) {
+namespace {
+
+/// The `anchor` and `eps` parameters (recent_fraction and block_size are protection and
+/// validation concerns handled by the backend).
+struct KeyDiffParams {
+  KeyDiffAnchor anchor = KeyDiffAnchor::kNormalizedMean;
+  float eps = 0;
+};
+
+absl::StatusOr<KeyDiffParams> ReadKeyDiffParams(const ResolvedParams& params) {
   if (!params.Has("anchor") || !params.Has("eps")) {
     return absl::InternalError("keydiff: parameters 'anchor' and 'eps' must be declared");
   }
   absl::StatusOr<KeyDiffAnchor> anchor = ParseKeyDiffAnchor(params.Text("anchor"));
   if (!anchor.ok()) return anchor.status();
-  const float eps = static_cast<float>(params.Number("eps"));
+  return KeyDiffParams{*anchor, static_cast<float>(params.Number("eps"))};
+}
+
+}  // namespace
+
+// Scores every KV head on its own, canonically.
+absl::Status ScoreKeyDiff(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
+                          float* scores) {
+  absl::StatusOr<KeyDiffParams> read = ReadKeyDiffParams(params);
+  if (!read.ok()) return read.status();
   const int64_t num_heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;
   const int64_t d = layer.shape.head_dim;
   pool.ParallelFor(num_heads, [&](int64_t h) {
     std::vector<float> norms(static_cast<size_t>(n));  // [n] scratch
-    KeyDiffHeadScores(layer.keys.row(h, 0), n, d, *anchor, eps, norms.data(), scores + h * n);
+    KeyDiffHeadScores(layer.keys.row(h, 0), n, d, read->anchor, read->eps, norms.data(),
+                      scores + h * n);
   });
+  return absl::OkStatus();
+}
+
+absl::Status ScoreKeyDiffFast(const CpuLayer& layer, const ResolvedParams& params,
+                              ThreadPool& pool, float* scores) {
+  absl::StatusOr<KeyDiffParams> read = ReadKeyDiffParams(params);
+  if (!read.ok()) return read.status();
+  FastKeyDiffScores(layer, read->anchor, read->eps, pool, scores);
   return absl::OkStatus();
 }
 

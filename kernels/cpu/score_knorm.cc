@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "kernels/canonical_math.h"
+#include "kernels/cpu/fast/key_scores.h"
 #include "kernels/cpu/scorers.h"
 
 namespace kvtrim {
@@ -21,6 +22,12 @@ absl::Status ScoreKnorm(const CpuLayer& layer, const ResolvedParams& params, Thr
       out[j] = -CmSqrt(CmDot(k, k, d));
     }
   });
+  return absl::OkStatus();
+}
+
+absl::Status ScoreKnormFast(const CpuLayer& layer, const ResolvedParams& params,
+                            ThreadPool& pool, float* scores) {
+  FastKnormScores(layer, pool, scores);
   return absl::OkStatus();
 }
 

@@ -1,8 +1,11 @@
 #include "kernels/cpu/select.h"
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 namespace kvtrim {
 
@@ -17,18 +20,58 @@ struct RanksBefore {
 };
 }  // namespace
 
+namespace {
+
+/// An unsigned key with the order of `score` (NaN never comes): larger score, larger key;
+/// -0 and +0 share a key, as they compare equal.
+uint32_t OrderedKey(float score) {
+  if (score == 0.0f) score = 0.0f;  // -0 -> +0
+  uint32_t bits = 0;
+  std::memcpy(&bits, &score, sizeof(bits));
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+
+}  // namespace
+
+// Radix selection: the key of the count-th best token is found digit by digit (11, 11 and 10
+// bits, a histogram pass each over the tokens still matching the digits found), then one
+// pass in index order takes every token above it and the lowest-index ones equal to it:
+// exactly the `count` best under RanksBefore, already ascending, in O(n).
 void SelectTopK(const float* scores, int64_t n, int64_t count, std::vector<int32_t>* out) {
   count = std::clamp<int64_t>(count, 0, n);
   if (count == 0) return;
-  std::vector<int32_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  if (count < n) {
-    std::nth_element(order.begin(), order.begin() + (count - 1), order.end(), RanksBefore{scores});
-    // order[0..count) now holds exactly the `count` best under the strict order.
+  const size_t start = out->size();
+  out->resize(start + static_cast<size_t>(count));
+  int32_t* kept = out->data() + start;
+  if (count == n) {
+    std::iota(kept, kept + n, 0);
+    return;
   }
-  order.resize(static_cast<size_t>(count));
-  std::sort(order.begin(), order.end());
-  out->insert(out->end(), order.begin(), order.end());
+  std::vector<uint32_t> keys(static_cast<size_t>(n));
+  for (int64_t j = 0; j < n; ++j) keys[j] = OrderedKey(scores[j]);
+  uint32_t prefix = 0, mask = 0;
+  int64_t remaining = count;  // how many of the tokens matching prefix are still to take
+  for (const auto& [shift, bits] : {std::pair{21, 11}, std::pair{10, 11}, std::pair{0, 10}}) {
+    std::array<int64_t, 2048> histogram{};
+    const uint32_t digit_mask = (1u << bits) - 1;
+    for (int64_t j = 0; j < n; ++j) {
+      if ((keys[j] & mask) == prefix) ++histogram[(keys[j] >> shift) & digit_mask];
+    }
+    uint32_t digit = digit_mask;
+    for (;; --digit) {  // from the highest digit down, to the bucket holding the count-th
+      if (histogram[digit] >= remaining) break;
+      remaining -= histogram[digit];
+    }
+    prefix |= digit << shift;
+    mask |= digit_mask << shift;
+  }
+  // prefix is now the count-th best key; `remaining` tokens equal to it are kept.
+  int64_t filled = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    if (keys[j] > prefix || (keys[j] == prefix && remaining-- > 0)) {
+      kept[filled++] = static_cast<int32_t>(j);
+    }
+  }
 }
 
 void RankTokens(const float* scores, int64_t n, std::vector<int32_t>* ranking) {

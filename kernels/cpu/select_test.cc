@@ -97,6 +97,25 @@ TEST(SelectTopK, MoreInfinitiesThanTheCountKeepsTheLowestInfiniteIndices) {
   EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 3}));
 }
 
+TEST(SelectTopK, SignedZerosTieAndNegativeAndSubnormalScoresKeepTheirOrder) {
+  // The selection compares bit patterns made monotone: -0 and +0 must still tie (lower
+  // index first), negative scores order by magnitude reversed, subnormals above 0.
+  const float tiny = 1e-40f;  // subnormal
+  const std::vector<float> s = {-0.0f, -1.5f, 0.0f, tiny, -tiny, -1.25f, -0.0f, -3e38f};
+  std::vector<int32_t> out;
+  SelectTopK(s.data(), 8, 2, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 3}));  // tiny, then the first zero (-0 at 0)
+  out.clear();
+  SelectTopK(s.data(), 8, 4, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 2, 3, 6}));
+  out.clear();
+  SelectTopK(s.data(), 8, 6, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 2, 3, 4, 5, 6}));  // -tiny, then -1.25
+  out.clear();
+  SelectTopK(s.data(), 8, 7, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
 TEST(SelectRankTokens, MatchesOracleRanking) {
   for (int64_t n : {1, 7, 99, 1000}) {
     for (const bool tied : {true, false}) {

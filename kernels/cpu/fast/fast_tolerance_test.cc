@@ -72,7 +72,8 @@ const PolicyRegistry& Registry() {
 /// The policies over a scorer with a fast CPU path: presets, then SCORER+ALLOCATOR pairs no
 /// preset names.
 std::vector<std::string> FastPolicies() {
-  const std::vector<std::string> scorers = {"snapkv", "h2o", "tova", "dropkv"};
+  const std::vector<std::string> scorers = {"streaming_llm", "random", "knorm", "keydiff",
+                                            "snapkv",        "h2o",    "tova",  "dropkv"};
   std::vector<std::string> out;
   std::set<std::pair<std::string, std::string>> named;
   for (const PolicyPreset& preset : Registry().presets()) {

@@ -305,6 +305,41 @@ inline void TileDropKVCost(const float* p, const float* av, int64_t count, int64
   }
 }
 
+/// sum[c] += sum_j u_j[c] over the tile's rows k [count, d], u_j = k_j / norms[j] (zero
+/// rows: 0) when `unit`, else k_j: KeyDiff's anchor sums (rows in order per lane).
+inline void TileAddRows(const float* k, int64_t count, int64_t d, const float* norms, bool unit,
+                        float* sum) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    const float inv = !unit ? 1.0f : norms[j] > 0.0f ? 1.0f / norms[j] : 0.0f;
+    const auto scale = hn::Set(df, inv);
+    const float* kj = k + j * d;
+    int64_t i = 0;
+    for (; i + lanes <= d; i += lanes) {
+      hn::StoreU(hn::MulAdd(hn::LoadU(df, kj + i), scale, hn::LoadU(df, sum + i)), df, sum + i);
+    }
+    for (; i < d; ++i) sum[i] += kj[i] * inv;
+  }
+}
+
+/// out[j] = k_j . a for the tile's rows k [count, d] and one vector a [d].
+inline void TileDotsWith(const float* k, int64_t count, int64_t d, const float* a, float* out) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    const float* kj = k + j * d;
+    auto acc = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + lanes <= d; i += lanes) {
+      acc = hn::MulAdd(hn::LoadU(df, kj + i), hn::LoadU(df, a + i), acc);
+    }
+    float dot = hn::GetLane(hn::SumOfLanes(df, acc));
+    for (; i < d; ++i) dot += kj[i] * a[i];
+    out[j] = dot;
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvtrim
 HWY_AFTER_NAMESPACE();
