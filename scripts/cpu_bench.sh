@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-out}"
 BIN="${BUILD_DIR:-build}"
 mkdir -p "$OUT"
-policies="${FILTER:-knorm|keydiff|tova|h2o|snapkv|dropkv}"
+policies="${FILTER:-knorm|keydiff|tova|h2o|snapkv|dropkv|dropkv_perturbation_full|dropkv_perturbation_sampled|snapkv_perturbation_full}"
 "$BIN/kernels/bench/kvtrim_cpu_bench" --benchmark_filter="BM_Policy/(${policies})(_bf16)?(_exact)?/" \
   --benchmark_out="$OUT/kvtrim_cpu_bench.json" --benchmark_out_format=json
 env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python tools/numpy_reference_bench.py \

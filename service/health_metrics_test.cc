@@ -202,7 +202,7 @@ TEST_F(MetricsTest, CountersMoveWithRequests) {
   ASSERT_TRUE(stream->Finish().ok());
   EXPECT_EQ(Counter("kvtrim_requests_total",
                     {{"rpc", "CompressSession"}, {"policy", "knorm"}, {"code", "OK"}}), 1);
-  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "knorm"}, {"numerics", "exact"}}), 1);
+  EXPECT_EQ(Counter("kvtrim_layers_total", {{"policy", "knorm"}, {"numerics", "fast"}}), 1);
   EXPECT_EQ(Counter("kvtrim_tokens_kept_total", {{"policy", "knorm"}}), 2 * 32);
   EXPECT_EQ(HistogramCount(*server_, "kvtrim_perturbation_ratio",
                            {{"policy", "knorm"}, {"rows", "all"}}),

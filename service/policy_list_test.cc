@@ -189,7 +189,7 @@ TEST_F(PolicyListTest, TheCpuComputesFastWhereItCanAndSaysWhichItComputed) {
   }
   // No fast CPU path: sessions, per-layer and model-wide (laprox answers at finish from
   // buffered scores), asked fast, are computed and reported exact.
-  for (const char* policy : {"dropkv", "laprox"}) {
+  for (const char* policy : {"criticalkv", "laprox"}) {
     SCOPED_TRACE(policy);
     v1::CompressRequest request = MakeRequest(policy, kLayers);
     request.mutable_settings()->set_numerics(v1::NUMERICS_FAST);

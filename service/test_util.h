@@ -31,13 +31,13 @@ namespace kvtrim::service::testing {
   } while (0)
 
 /// The numerics modes the CPU backend lists for a policy over `scorer`, as ListPolicies
-/// gives them: FAST then EXACT for the scorers with a fast CPU path (kernels/cpu/fast/:
-/// snapkv, h2o, tova), EXACT alone for the others.
+/// gives them: FAST then EXACT for the scorers with a fast CPU path (kernels/cpu/fast/: every
+/// scorer that needs no model), EXACT alone for the model-aware ones.
 inline std::vector<int> CpuNumericsModes(const std::string& scorer) {
-  if (scorer == "snapkv" || scorer == "h2o" || scorer == "tova") {
-    return {v1::NUMERICS_FAST, v1::NUMERICS_EXACT};
+  if (scorer == "criticalkv" || scorer == "laprox" || scorer == "expected_attention") {
+    return {v1::NUMERICS_EXACT};
   }
-  return {v1::NUMERICS_EXACT};
+  return {v1::NUMERICS_FAST, v1::NUMERICS_EXACT};
 }
 
 /// A config for an in-process server on 127.0.0.1 with an ephemeral port, no exporter, on

@@ -28,6 +28,12 @@ KEEP_FRACTION = 0.2
 SNAPKV_WINDOW, SNAPKV_KERNEL = 32, 7
 DROPKV_WINDOW, DROPKV_KERNEL, DROPKV_EPS = 8, 11, 1e-6
 POLICIES = ("knorm", "keydiff", "tova", "h2o", "snapkv", "dropkv")
+# Rows with the output perturbation statistic after the selection (kvtrim_cpu_bench's
+# <policy>_perturbation_<full|sampled> rows): "full" over every window row, "sampled" over the
+# last SAMPLED_ROWS rows of each query head (DropKV's own rows, whose outputs it reuses).
+STATS_POLICIES = ("dropkv_perturbation_full", "dropkv_perturbation_sampled",
+                  "snapkv_perturbation_full")
+SAMPLED_ROWS = 8
 
 
 def logits(keys, queries, rows):
@@ -69,8 +75,9 @@ def max_pool(scores, kernel):
     return out
 
 
-def score(policy, keys, values, queries):
-    """Scores [H_kv, n] fp32 of `policy` (no protection)."""
+def score(policy, keys, values, queries, outputs=None):
+    """Scores [H_kv, n] fp32 of `policy` (no protection); DropKV also stores its window
+    rows' attention outputs [H_kv, G * window, d] in outputs["dropkv"] when given a dict."""
     n = keys.shape[1]
     if policy == "knorm":
         return -np.sqrt(np.einsum("hnd,hnd->hn", keys, keys))
@@ -91,6 +98,8 @@ def score(policy, keys, values, queries):
     if policy == "dropkv":
         p = softmax_(logits(keys, queries, DROPKV_WINDOW))             # [H_kv, G*win, n]
         a = np.matmul(p, values)                                       # [H_kv, G*win, d]
+        if outputs is not None:
+            outputs["dropkv"] = a
         omega = np.square(p / (1.0 - p + DROPKV_EPS))
         av = np.matmul(a, values.transpose(0, 2, 1))                   # [H_kv, G*win, n]
         vv = np.einsum("hnd,hnd->hn", values, values)
@@ -119,20 +128,49 @@ def to_bf16(x):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+def perturbation(keys, values, queries, kept, rows, full=None):
+    """Mean over the last `rows` window rows of each query head of ||a_kept - a_full|| /
+    ||a_full|| per KV head ([H_kv]): the full outputs by one softmax and P.V per KV head
+    (or `full`, already computed), the kept ones over the gathered kept tokens with their own
+    causal mask and softmax."""
+    n = keys.shape[1]
+    if full is None:
+        full = np.matmul(softmax_(logits(keys, queries, rows)), values)   # [H, G*rows, d]
+    kept_keys = np.take_along_axis(keys, kept[..., None], axis=1)          # [H, k, d]
+    kept_values = np.take_along_axis(values, kept[..., None], axis=1)
+    q = queries[:, WINDOW_ROWS - rows:, :].reshape(H_KV, GROUP * rows, HEAD_DIM)
+    x = np.matmul(q, kept_keys.transpose(0, 2, 1))                         # [H, G*rows, k]
+    x *= np.float32(1.0 / math.sqrt(HEAD_DIM))
+    positions = np.tile(n - rows + np.arange(rows), GROUP)                 # [G*rows]
+    x[kept[:, None, :] > positions[None, :, None]] = -np.inf
+    a_kept = np.matmul(softmax_(x), kept_values)
+    ratio = np.linalg.norm(a_kept - full, axis=-1) / np.linalg.norm(full, axis=-1)
+    return ratio.mean(axis=-1)
+
+
 def compress(policy, keys, values, queries):
-    """Kept indices [H_kv, k] (ascending per head) of `policy` at KEEP_FRACTION; bf16
-    inputs (uint16 bit patterns) are widened to fp32 first."""
+    """Kept indices [H_kv, k] (ascending per head) of `policy` at KEEP_FRACTION (and the
+    perturbation statistic for the *_perturbation_* rows); bf16 inputs (uint16 bit
+    patterns) are widened to fp32 first."""
     if keys.dtype == np.uint16:
         keys, values, queries = widen_bf16(keys), widen_bf16(values), widen_bf16(queries)
+    stats = None
+    if "_perturbation_" in policy:
+        policy, stats = policy.split("_perturbation_")
     n = keys.shape[1]
-    s = score(policy, keys, values, queries).astype(np.float32, copy=False)
+    outputs = {}
+    s = score(policy, keys, values, queries, outputs).astype(np.float32, copy=False)
     k = min(n, max(1, math.floor(KEEP_FRACTION * n + 0.5)))
     sink, recent = protection(policy, n, k)
     s[:, :sink] = np.inf
     if recent:
         s[:, n - recent:] = np.inf
-    top = np.argpartition(-s, k - 1, axis=-1)[:, :k]
-    return np.sort(top, axis=-1)
+    top = np.sort(np.argpartition(-s, k - 1, axis=-1)[:, :k], axis=-1)
+    if stats == "full":
+        perturbation(keys, values, queries, top, WINDOW_ROWS)
+    elif stats == "sampled":
+        perturbation(keys, values, queries, top, SAMPLED_ROWS, outputs.get("dropkv"))
+    return top
 
 
 def blas_info():
@@ -155,7 +193,7 @@ def main():
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--tokens", default="4096,32768", help="comma-separated n")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per case")
-    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--policies", default=",".join(POLICIES + STATS_POLICIES))
     parser.add_argument("--dtypes", default="f32,bf16", help="comma-separated: f32, bf16")
     args = parser.parse_args()
     rng = np.random.default_rng(1234)

@@ -145,7 +145,7 @@ KVTRIM_STATS_RUN(dropkv_perturbation_sampled, dropkv, Stats::kSampled, DType::kF
                  Numerics::kFast);
 KVTRIM_STATS_RUN(dropkv_perturbation_full_exact, dropkv, Stats::kFull, DType::kF32,
                  Numerics::kExact);
-KVTRIM_STATS_RUN(dropkv_bf16_perturbation_full, dropkv, Stats::kFull, DType::kBF16,
+KVTRIM_STATS_RUN(dropkv_perturbation_full_bf16, dropkv, Stats::kFull, DType::kBF16,
                  Numerics::kFast);
 KVTRIM_STATS_RUN(snapkv_perturbation_full, snapkv, Stats::kFull, DType::kF32, Numerics::kFast);
 

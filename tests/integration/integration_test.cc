@@ -328,10 +328,10 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
   std::map<std::string, Expected> expected;
   for (const v1::PolicyInfo& policy : presets) {
     SCOPED_TRACE(absl::StrCat("policy ", policy.name()));
-    // The CPU backend computes snapkv, h2o and tova (and their compositions) fast by
-    // default, every other policy in the canonical arithmetic only.
-    const bool fast = policy.scorer() == "snapkv" || policy.scorer() == "h2o" ||
-                      policy.scorer() == "tova";
+    // The CPU backend computes every scorer that needs no model fast by default, the
+    // model-aware ones (criticalkv, laprox, expected_attention) in the canonical arithmetic.
+    const bool fast = policy.scorer() != "criticalkv" && policy.scorer() != "laprox" &&
+                      policy.scorer() != "expected_attention";
     ASSERT_EQ(policy.numerics_modes_size(), fast ? 2 : 1);
     EXPECT_EQ(policy.numerics_modes(0), fast ? v1::NUMERICS_FAST : v1::NUMERICS_EXACT);
     const v1::CompressionSettings settings = SettingsFor(policy, *sample, *digest);

@@ -229,7 +229,7 @@ TEST_F(ModelRestartTest, CliRegistersListsDeletesAndCompressesWithAModel) {
   EXPECT_NE(out.find("layers=5 query_heads=8 kv_heads=4 head_dim=8"), std::string::npos) << out;
 
   out.clear();
-  ASSERT_EQ(RunCli(absl::StrCat(target, " compress --policy=knorm --keep_fraction=0.25 --input=",
+  ASSERT_EQ(RunCli(absl::StrCat(target, " compress --policy=laprox --keep_fraction=0.25 --input=",
                                 KVTRIM_SAMPLE_PATH, " --model=", bundle, " --numerics=fast"),
                    &out),
             0)

@@ -20,7 +20,7 @@ namespace kvtrim {
 
 HWY_EXPORT(TileSquaredNorms);
 HWY_EXPORT(TileAddRows);
-HWY_EXPORT(TileDotsWith);
+HWY_EXPORT(TileLogitsDot);
 
 namespace {
 
@@ -97,8 +97,10 @@ void FastKeyDiffScores(const CpuLayer& layer, KeyDiffAnchor anchor, float eps, T
     const int64_t j0 = t * kFastTokenTile;
     const int64_t count = std::min(kFastTokenTile, n - j0);
     float* out = scores + h * n + j0;
-    HWY_DYNAMIC_DISPATCH(TileDotsWith)(keys.Rows(h * n + j0, count, &KeyTile()), count, d,
-                                       anchors.data() + h * d, out);
+    // k_j . a: the anchor as a query of one row, the dots one per token.
+    HWY_DYNAMIC_DISPATCH(TileLogitsDot)(anchors.data() + h * d, 1,
+                                        keys.Rows(h * n + j0, count, &KeyTile()), count, d,
+                                        /*stride=*/1, out);
     for (int64_t j = 0; j < count; ++j) {
       const float prod = norms[h * n + j0 + j] * anchor_norms[h];
       const float denom = prod < eps ? eps : prod;

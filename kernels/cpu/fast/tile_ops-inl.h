@@ -323,23 +323,6 @@ inline void TileAddRows(const float* k, int64_t count, int64_t d, const float* n
   }
 }
 
-/// out[j] = k_j . a for the tile's rows k [count, d] and one vector a [d].
-inline void TileDotsWith(const float* k, int64_t count, int64_t d, const float* a, float* out) {
-  const hn::ScalableTag<float> df;
-  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
-  for (int64_t j = 0; j < count; ++j) {
-    const float* kj = k + j * d;
-    auto acc = hn::Zero(df);
-    int64_t i = 0;
-    for (; i + lanes <= d; i += lanes) {
-      acc = hn::MulAdd(hn::LoadU(df, kj + i), hn::LoadU(df, a + i), acc);
-    }
-    float dot = hn::GetLane(hn::SumOfLanes(df, acc));
-    for (; i < d; ++i) dot += kj[i] * a[i];
-    out[j] = dot;
-  }
-}
-
 }  // namespace HWY_NAMESPACE
 }  // namespace kvtrim
 HWY_AFTER_NAMESPACE();
