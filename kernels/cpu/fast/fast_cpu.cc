@@ -42,6 +42,16 @@ void CombineTiles(const float* tile_max, const float* tile_sum, int64_t tiles, i
   }
 }
 
+void TileFactors(const float* tile_max, const float* tile_sum, int64_t tiles, int64_t stride,
+                 int64_t rows, const float* neg_max, const float* inv_sum, float* factors) {
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = t * stride + r;
+      factors[i] = tile_sum[i] > 0.0f ? std::exp(tile_max[i] + neg_max[r]) * inv_sum[r] : 0.0f;
+    }
+  }
+}
+
 std::string FastCpuTarget() {
   hwy::ChosenTarget& chosen = hwy::GetChosenTarget();
   if (!chosen.IsInitialized()) chosen.Update(hwy::SupportedTargets());

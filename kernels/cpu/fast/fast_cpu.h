@@ -33,6 +33,12 @@ void SeenRows(const std::vector<int64_t>& visible, int64_t r0, int64_t rows, int
 void CombineTiles(const float* tile_max, const float* tile_sum, int64_t tiles, int64_t stride,
                   int64_t rows, float* neg_max /*[rows]*/, float* inv_sum /*[rows]*/);
 
+/// Per tile t and row r, the factor turning the tile's exp(l - m_t) into probabilities:
+/// exp(m_t - M) / Z, with M = -neg_max[r] and 1 / Z = inv_sum[r] from CombineTiles (0 for a
+/// tile the row sees nothing of). factors [tiles, stride], tile stats as CombineTiles reads.
+void TileFactors(const float* tile_max, const float* tile_sum, int64_t tiles, int64_t stride,
+                 int64_t rows, const float* neg_max, const float* inv_sum, float* factors);
+
 /// The instruction set the fast CPU kernels run on now ("AVX3" = AVX-512, "AVX2", "SSE4",
 /// "SSSE3", "SCALAR" = no SIMD), as Highway names it.
 std::string FastCpuTarget();

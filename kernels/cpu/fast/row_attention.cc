@@ -19,6 +19,7 @@ namespace kvtrim {
 HWY_EXPORT(TileLogitsT);
 HWY_EXPORT(TileRowStats);
 HWY_EXPORT(TileProbs);
+HWY_EXPORT(TileScaleRows);
 HWY_EXPORT(TileAddPV);
 
 int64_t RowBlockSize(int64_t rows) { return rows <= 16 ? 16 : kSlabRows; }
@@ -39,7 +40,7 @@ void RowBlockSoftmax::Prepare(const RowBlock& block, const TokenRows& keys, int6
   visible_.assign(block.visible, block.visible + rows);
   logits_.resize(static_cast<size_t>((keep ? tiles_ : 1) * kFastTokenTile * rows));
   converted_.assign(static_cast<size_t>(tiles_), false);
-  stats_.resize(static_cast<size_t>(2 * tiles_ * rows));
+  stats_.resize(static_cast<size_t>(3 * tiles_ * rows));
   neg_max_.resize(static_cast<size_t>(rows));
   inv_sum_.resize(static_cast<size_t>(rows));
   seen_.resize(static_cast<size_t>(rows));
@@ -51,25 +52,34 @@ void RowBlockSoftmax::Prepare(const RowBlock& block, const TokenRows& keys, int6
                                       keys_.Rows(t * kFastTokenTile, TileCount(t), &key_tile_),
                                       TileCount(t), d, lt);
     SeenRows(visible_, 0, rows, t * kFastTokenTile, TileCount(t), seen_.data());
+    // Kept logits become each tile's exp(l - m_t) in place (one exp per row and token).
     HWY_DYNAMIC_DISPATCH(TileRowStats)(lt, TileCount(t), rows, seen_.data(), tile_max + t * rows,
-                                       tile_sum + t * rows);
+                                       tile_sum + t * rows, keep_ ? lt : nullptr);
   }
   CombineTiles(tile_max, tile_sum, tiles_, rows, rows, neg_max_.data(), inv_sum_.data());
+  if (keep_) {  // stats_'s third part: the tiles' factors [tiles, rows]
+    TileFactors(tile_max, tile_sum, tiles_, rows, rows, neg_max_.data(), inv_sum_.data(),
+                tile_sum + tiles_ * rows);
+  }
 }
 
 const float* RowBlockSoftmax::Probs(int64_t t) {
   const int64_t rows = block_.rows;
   float* lt = logits_.data() + (keep_ ? t * kFastTokenTile * rows : 0);
   SeenRows(visible_, 0, rows, t * kFastTokenTile, TileCount(t), seen_.data());
-  if (keep_ && converted_[t]) return lt;
-  if (!keep_) {
-    HWY_DYNAMIC_DISPATCH(TileLogitsT)(block_.queries_t, block_.stride, rows,
-                                      keys_.Rows(t * kFastTokenTile, TileCount(t), &key_tile_),
-                                      TileCount(t), d_, lt);
+  if (keep_) {
+    if (!converted_[t]) {  // exp(l - m_t) * exp(m_t - M) / Z
+      HWY_DYNAMIC_DISPATCH(TileScaleRows)(lt, TileCount(t), rows,
+                                          stats_.data() + (2 * tiles_ + t) * rows);
+      converted_[t] = true;
+    }
+    return lt;
   }
+  HWY_DYNAMIC_DISPATCH(TileLogitsT)(block_.queries_t, block_.stride, rows,
+                                    keys_.Rows(t * kFastTokenTile, TileCount(t), &key_tile_),
+                                    TileCount(t), d_, lt);
   HWY_DYNAMIC_DISPATCH(TileProbs)(lt, TileCount(t), rows, seen_.data(), neg_max_.data(),
                                   inv_sum_.data());
-  if (keep_) converted_[t] = true;
   return lt;
 }
 

@@ -56,7 +56,7 @@ class RowBlockSoftmax {
   bool keep_ = false;
   std::vector<float> logits_;    // [tiles or 1, kFastTokenTile, rows]
   std::vector<bool> converted_;  // [tiles] slab tiles already turned into probabilities
-  std::vector<float> stats_;     // tile max [tiles, rows], tile sum [tiles, rows]
+  std::vector<float> stats_;  // tile max, tile sum, factors (keep): each [tiles, rows]
   std::vector<float> neg_max_, inv_sum_, seen_;  // [rows]
   std::vector<int64_t> visible_;                 // [rows]
   std::vector<float> key_tile_, value_tile_;     // [kFastTokenTile, d] widened rows

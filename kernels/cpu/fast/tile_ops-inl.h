@@ -123,9 +123,10 @@ inline void TileLogitsDot(const float* q, int64_t rows, const float* k, int64_t 
 
 /// Per row r (vectorised over rows) of lt [count, rows]: the maximum and the sum of exp(l -
 /// max) over the tokens j < seen[r] (seen: floats, 0 for rows that see none of the tile,
-/// whose maximum is then -inf and sum 0).
+/// whose maximum is then -inf and sum 0); and, when exp_out is not null (it may be lt
+/// itself), those exp(l - max) [count, rows], 0 where the row does not see the token.
 inline void TileRowStats(const float* lt, int64_t count, int64_t rows, const float* seen,
-                  float* max_out, float* sum_out) {
+                         float* max_out, float* sum_out, float* exp_out) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   const auto neg_inf = hn::Set(df, -HUGE_VALF);
@@ -141,8 +142,10 @@ inline void TileRowStats(const float* lt, int64_t count, int64_t rows, const flo
     auto s = hn::Zero(df);
     for (int64_t j = 0; j < count; ++j) {
       const auto visible = hn::Lt(hn::Set(df, static_cast<float>(j)), limit);
-      const auto e = hn::Exp(df, hn::Add(hn::LoadU(df, lt + j * rows + r), shift));
-      s = hn::Add(s, hn::IfThenElseZero(visible, e));
+      const auto e = hn::IfThenElseZero(
+          visible, hn::Exp(df, hn::Add(hn::LoadU(df, lt + j * rows + r), shift)));
+      s = hn::Add(s, e);
+      if (exp_out != nullptr) hn::StoreU(e, df, exp_out + j * rows + r);
     }
     hn::StoreU(m, df, max_out + r);
     hn::StoreU(s, df, sum_out + r);
@@ -169,6 +172,33 @@ inline void TileAddProbs(const float* lt, int64_t count, int64_t rows, const flo
 
 /// Lanes of a float vector on this target.
 inline int64_t FloatLanes() { return static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>())); }
+
+/// sums[j] = sum_r e[j, r] * factor[r] for j < count (e [count, rows] token-major, 0 where a
+/// row does not see the token; the rows' vectors added in order, then across lanes).
+inline void TileAddScaled(const float* e, int64_t count, int64_t rows, const float* factor,
+                          float* sums) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    auto acc = hn::Zero(df);
+    for (int64_t r = 0; r < rows; r += lanes) {
+      acc = hn::MulAdd(hn::LoadU(df, e + j * rows + r), hn::LoadU(df, factor + r), acc);
+    }
+    sums[j] = hn::GetLane(hn::SumOfLanes(df, acc));
+  }
+}
+
+/// In place over e [count, rows]: e[j, r] *= factor[r].
+inline void TileScaleRows(float* e, int64_t count, int64_t rows, const float* factor) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    for (int64_t r = 0; r < rows; r += lanes) {
+      float* x = e + j * rows + r;
+      hn::StoreU(hn::Mul(hn::LoadU(df, x), hn::LoadU(df, factor + r)), df, x);
+    }
+  }
+}
 
 /// In place over lt [count, rows]: p = exp(l + neg_max[r]) * inv_sum[r] where row r sees
 /// token j (j < seen[r]), else 0.

@@ -24,6 +24,7 @@ HWY_EXPORT(TileLogitsT);
 HWY_EXPORT(TileLogitsDot);
 HWY_EXPORT(TileRowStats);
 HWY_EXPORT(TileAddProbs);
+HWY_EXPORT(TileAddScaled);
 HWY_EXPORT(FloatLanes);
 
 namespace {
@@ -95,30 +96,33 @@ void SlabItem(const Passes& p, int64_t h, int64_t r0, float* partial) {
   thread_local std::vector<float> slab, stats, seen, key_tile;
   constexpr int64_t kB = kSlabRows;
   slab.resize(static_cast<size_t>(p.tiles * kFastTokenTile * kB));
-  stats.resize(static_cast<size_t>(2 * p.tiles * kB + 2 * kB));
+  stats.resize(static_cast<size_t>(3 * p.tiles * kB + 2 * kB));
   seen.resize(static_cast<size_t>(kB));
   float* tile_max = stats.data();
   float* tile_sum = tile_max + p.tiles * kB;
-  float* neg_max = tile_sum + p.tiles * kB;
+  float* factors = tile_sum + p.tiles * kB;
+  float* neg_max = factors + p.tiles * kB;
   float* inv_sum = neg_max + kB;
+  // The logits, then in place each tile's exp(l - m_t): one exp per (row, token).
   for (int64_t t = 0; t < p.tiles; ++t) {
     const int64_t j0 = t * kFastTokenTile;
     const int64_t count = std::min(kFastTokenTile, p.n - j0);
+    float* lt = slab.data() + j0 * kB;
     HWY_DYNAMIC_DISPATCH(TileLogitsT)(p.queries_t.data() + h * p.d * p.padded_rows + r0,
                                       p.padded_rows, kB,
                                       p.keys.Rows(h * p.n + j0, count, &key_tile), count, p.d,
-                                      slab.data() + j0 * kB);
+                                      lt);
     SeenRows(p.visible, r0, kB, j0, count, seen.data());
-    HWY_DYNAMIC_DISPATCH(TileRowStats)(slab.data() + j0 * kB, count, kB, seen.data(),
-                                       tile_max + t * kB, tile_sum + t * kB);
+    HWY_DYNAMIC_DISPATCH(TileRowStats)(lt, count, kB, seen.data(), tile_max + t * kB,
+                                       tile_sum + t * kB, lt);
   }
   CombineTiles(tile_max, tile_sum, p.tiles, kB, kB, neg_max, inv_sum);
+  TileFactors(tile_max, tile_sum, p.tiles, kB, kB, neg_max, inv_sum, factors);
   for (int64_t t = 0; t < p.tiles; ++t) {
     const int64_t j0 = t * kFastTokenTile;
     const int64_t count = std::min(kFastTokenTile, p.n - j0);
-    SeenRows(p.visible, r0, kB, j0, count, seen.data());
-    HWY_DYNAMIC_DISPATCH(TileAddProbs)(slab.data() + j0 * kB, count, kB, seen.data(), neg_max,
-                                       inv_sum, partial + j0);
+    HWY_DYNAMIC_DISPATCH(TileAddScaled)(slab.data() + j0 * kB, count, kB, factors + t * kB,
+                                        partial + j0);
   }
 }
 
@@ -195,7 +199,7 @@ void FastWindowProbSums(const CpuLayer& layer, int64_t first_row, ThreadPool& po
     const float* logits = p.Logits(item / p.tiles, item % p.tiles, /*again=*/false, scratch);
     HWY_DYNAMIC_DISPATCH(TileRowStats)(logits, std::min(kFastTokenTile, p.n - j0),
                                        pr, scratch.seen.data(), tile_max.data() + item * pr,
-                                       tile_sum.data() + item * pr);
+                                       tile_sum.data() + item * pr, nullptr);
   });
   // The rows' -M and 1 / Z, the tiles combined in order.
   std::vector<float> neg_max(static_cast<size_t>(p.heads * pr), 0.0f);
