@@ -181,7 +181,8 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     stage_start = Clock::now();
     const auto w = static_cast<int32_t>(cpu.shape.window_rows);
     out->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
-    if (scores.numerics == Numerics::kFast) {
+    const bool fast = scores.numerics == Numerics::kFast;
+    if (fast) {
       out->perturbation_rows = policy.settings.perturbation_sampled
                                    ? std::min(w, kSampledPerturbationRows)
                                    : w;
@@ -189,8 +190,17 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
       const bool reuse = rows.rows_per_head == out->perturbation_rows && !rows.outputs.empty();
       FastOutputPerturbation(cpu, out->offsets, out->indices, out->perturbation_rows, pool_,
                              out->perturbation.data(), reuse ? rows.outputs.data() : nullptr);
-    } else {
-      OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
+    }
+    // Inputs whose attention overflows fp32 (|q.k| or |a|^2 past 3.4e38) get the fp64
+    // statistic instead of a NaN, which would poison the metrics' sums.
+    const bool overflowed =
+        fast && !std::all_of(out->perturbation.begin(), out->perturbation.end(),
+                             [](double p) { return std::isfinite(p); });
+    if (!fast || overflowed) {
+      CpuLayer wide = cpu;  // fast layers may carry f16 / bf16 keys and values unwidened
+      if (!wide.keys.present()) wide.keys = F32Tensor::FromView(cpu.keys_in);
+      if (!wide.values.present()) wide.values = F32Tensor::FromView(cpu.values_in);
+      OutputPerturbation(wide, out->offsets, out->indices, pool_, out->perturbation.data());
       out->perturbation_rows = w;  // every row
     }
     out->perturbation_sampled = out->perturbation_rows < w;

@@ -328,6 +328,54 @@ TEST(FastCpuTolerance, TheTwoPassPathOfLongLayersWithinTheBand) {
   SetCpuSlabBytesForTest(int64_t{8} << 20);
 }
 
+TEST(FastCpuTolerance, HugeFiniteInputsAnswerOrAreRefusedNamingTheKeys) {
+  // Keys, values and queries near fp32's range overflow fp32 dot products in both modes:
+  // every fast policy must answer (finite lists) or refuse with INVALID_ARGUMENT naming the
+  // keys, never crash, hang or answer NaN statistics.
+  constexpr int64_t n = 300, d = 64, group = 4, w = 16;
+  std::mt19937_64 rng(77);
+  std::vector<float> keys(kKvHeads * n * d), values(keys.size()), queries(kKvHeads * group * w * d);
+  std::normal_distribution<float> normal;
+  for (auto* t : {&keys, &values, &queries}) {
+    for (float& x : *t) x = normal(rng) * 1e19f;
+  }
+  CpuBackend backend(2);
+  PolicyEngine engine(Registry(), backend);
+  for (const std::string& policy : FastPolicies()) {
+    SCOPED_TRACE(policy);
+    CompressionSettings settings;
+    settings.policy = policy;
+    settings.budget.keep_fraction = 0.3;
+    settings.num_layers = 2;
+    settings.numerics = Numerics::kFast;
+    settings.params["window"] = ParamValue::Number(8);
+    auto prepared = engine.Prepare(settings, "settings");
+    if (!prepared.ok()) {  // a parameter the policy lacks, a model-wide allocator
+      settings.params.clear();
+      prepared = engine.Prepare(settings, "settings");
+    }
+    if (!prepared.ok()) continue;
+    LayerRequest layer;
+    layer.layer_id = 1;
+    layer.keys = {keys.data(), DType::kF32, {kKvHeads, n, d}};
+    layer.values = {values.data(), DType::kF32, {kKvHeads, n, d}};
+    layer.queries = {queries.data(), DType::kF32, {kKvHeads * group, w, d}};
+    auto decision = engine.CompressLayer(*prepared, layer, "layer");
+    if (!decision.ok()) {
+      if (decision.status().code() == absl::StatusCode::kFailedPrecondition) continue;  // lukv
+      EXPECT_EQ(decision.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(decision.status().message()).find("keys"), std::string::npos)
+          << decision.status();
+      continue;
+    }
+    for (int32_t j : decision->indices) {
+      EXPECT_GE(j, 0);
+      EXPECT_LT(j, n);
+    }
+    for (double p : decision->perturbation) EXPECT_FALSE(std::isnan(p)) << p;
+  }
+}
+
 TEST(FastCpuTolerance, ForcedPathsAreTheOnesThatRun) {
   SetCpuSimdLimitForTest(CpuSimdLimit::kScalar);
   EXPECT_EQ(FastCpuTarget(), "SCALAR");
