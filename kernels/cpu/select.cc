@@ -18,9 +18,6 @@ struct RanksBefore {
     return a < b;
   }
 };
-}  // namespace
-
-namespace {
 
 /// An unsigned key with the order of `score` (NaN never comes): larger score, larger key;
 /// -0 and +0 share a key, as they compare equal.

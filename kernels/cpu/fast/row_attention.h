@@ -34,8 +34,9 @@ int64_t RowBlockSize(int64_t rows);
 class RowBlockSoftmax {
  public:
   /// Sweep 1: each row's maximum and sum of exp over keys [m, d] (any dtype, widened a tile
-  /// at a time). With `keep`, the logits of every tile stay (a [m, rows] slab) and later
-  /// sweeps read them, else they are recomputed per tile. `keys` must outlive the sweeps.
+  /// at a time). With `keep`, each tile's exp(l - m_t) stays (a [m, rows] slab) and Probs
+  /// scales it by exp(m_t - M) / Z, else the logits are recomputed per tile. `keys` must
+  /// outlive the sweeps.
   void Prepare(const RowBlock& block, const TokenRows& keys, int64_t m, bool keep);
   /// Number of tiles of the run, and the tokens in tile t.
   int64_t tiles() const { return tiles_; }
@@ -54,8 +55,8 @@ class RowBlockSoftmax {
   TokenRows keys_;
   int64_t m_ = 0, d_ = 0, tiles_ = 0;
   bool keep_ = false;
-  std::vector<float> logits_;    // [tiles or 1, kFastTokenTile, rows]
-  std::vector<bool> converted_;  // [tiles] slab tiles already turned into probabilities
+  std::vector<float> logits_;    // [tiles or 1, kFastTokenTile, rows] logits / exp / p
+  std::vector<bool> converted_;  // [tiles] slab tiles already scaled into probabilities
   std::vector<float> stats_;  // tile max, tile sum, factors (keep): each [tiles, rows]
   std::vector<float> neg_max_, inv_sum_, seen_;  // [rows]
   std::vector<int64_t> visible_;                 // [rows]
