@@ -17,11 +17,14 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "kernels/engine.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/layer.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
+#include "tests/gpu/policy_test_setup.h"
+#include "tests/gpu/shared_backends.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -334,6 +337,48 @@ TEST(FastPerturbationSanitizer, SmallCases) {
         hints.full_rows = device.full_rows();
         device.RunHinted(4, hints);
       }
+    }
+  }
+}
+
+// Finite inputs near 1e19 overflow fp32 attention: through the GPU backend every fast
+// policy answers with finite statistics (full and sampled) or refuses the layer with
+// INVALID_ARGUMENT naming the keys -- never a NaN statistic, which would poison the
+// metrics' sums (the CPU backend's twin: FastCpuTolerance.HugeFiniteInputs...).
+TEST(FastPerturbation, HugeFiniteInputsGiveFiniteStatisticsOrAreRefused) {
+  KVTRIM_SKIP_WITHOUT_GPU();
+  constexpr int64_t kHeads = 3, n = 300, d = 64, group = 4, w = 16;
+  std::mt19937_64 rng(77);
+  std::normal_distribution<float> normal;
+  std::vector<float> keys(kHeads * n * d), values(keys.size()), queries(kHeads * group * w * d);
+  for (auto* t : {&keys, &values, &queries}) {
+    for (float& x : *t) x = normal(rng) * 1e19f;
+  }
+  PolicyEngine engine(BuiltinRegistry(), SharedGpu());
+  for (const char* policy : {"streaming_llm", "knorm", "keydiff", "tova", "snapkv", "dropkv"}) {
+    for (const bool sampled : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(policy, sampled ? " sampled" : " full"));
+      CompressionSettings settings;
+      settings.policy = policy;
+      settings.budget.keep_fraction = 0.3;
+      settings.numerics = Numerics::kFast;
+      settings.perturbation_sampled = sampled;
+      if (std::string(policy) == "snapkv") settings.params["window"] = ParamValue::Number(8);
+      auto prepared = engine.Prepare(settings, "settings");
+      ASSERT_TRUE(prepared.ok()) << prepared.status();
+      LayerRequest layer;
+      layer.keys = {keys.data(), DType::kF32, {kHeads, n, d}};
+      layer.values = {values.data(), DType::kF32, {kHeads, n, d}};
+      layer.queries = {queries.data(), DType::kF32, {kHeads * group, w, d}};
+      auto decision = engine.CompressLayer(*prepared, layer, "layer");
+      if (!decision.ok()) {
+        EXPECT_EQ(decision.status().code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(std::string(decision.status().message()).find("keys"), std::string::npos)
+            << decision.status();
+        continue;
+      }
+      EXPECT_FALSE(decision->perturbation.empty());
+      for (double p : decision->perturbation) EXPECT_TRUE(std::isfinite(p)) << p;
     }
   }
 }
