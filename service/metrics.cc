@@ -1,5 +1,7 @@
 #include "service/metrics.h"
 
+#include <cmath>
+
 #include "service/status.h"
 
 namespace kvtrim::service {
@@ -220,7 +222,11 @@ void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decisi
   }
   if (decision.perturbation.size() == decision.kept_per_head.size()) {
     prometheus::Histogram* h = s.perturbation[decision.perturbation_sampled ? 1 : 0];
-    for (double p : decision.perturbation) h->Observe(p);
+    // A NaN would make the histogram's sum NaN for good (a statistic that overflowed fp32
+    // on a device tensor the host cannot re-read): never observed.
+    for (double p : decision.perturbation) {
+      if (std::isfinite(p)) h->Observe(p);
+    }
   }
   s.layers[NumericsIndex(decision.numerics)]->Increment();
   s.tokens_in->Increment(static_cast<double>(heads * decision.num_tokens));

@@ -140,6 +140,19 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const Validate
                     &out->numerics);
 }
 
+bool AllFinite(const std::vector<double>& values) {
+  return std::all_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
+}
+
+void CpuBackend::ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision) {
+  const CpuLayer cpu = CpuLayer::From(layer);  // f16 / bf16 widened: the exact path reads fp32
+  decision->perturbation.assign(static_cast<size_t>(cpu.shape.num_kv_heads), 0.0);
+  OutputPerturbation(cpu, decision->offsets, decision->indices, pool_,
+                     decision->perturbation.data());
+  decision->perturbation_rows = static_cast<int32_t>(cpu.shape.window_rows);  // every row
+  decision->perturbation_sampled = false;
+}
+
 absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
   const CpuLayer cpu = CpuLayer::From(layer, /*widen_keys_values=*/!RunsFast(policy));
@@ -175,7 +188,8 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   out->profile.select = since(stage_start);
   // The output perturbation on the observation window: fp64 over every row with exact
   // scores; with fast ones fp32 SIMD outputs, over the last kSampledPerturbationRows rows
-  // of each query head when the request asks for the sampled statistic.
+  // of each query head when the request asks for the sampled statistic (fp64 over every row
+  // where fp32 overflowed).
   out->perturbation.clear();
   if (cpu.shape.has_values && cpu.shape.has_queries && policy.settings.perturbation) {
     stage_start = Clock::now();
@@ -193,15 +207,11 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     }
     // Inputs whose attention overflows fp32 (|q.k| or |a|^2 past 3.4e38) get the fp64
     // statistic instead of a NaN, which would poison the metrics' sums.
-    const bool overflowed =
-        fast && !std::all_of(out->perturbation.begin(), out->perturbation.end(),
-                             [](double p) { return std::isfinite(p); });
-    if (!fast || overflowed) {
-      CpuLayer wide = cpu;  // fast layers may carry f16 / bf16 keys and values unwidened
-      if (!wide.keys.present()) wide.keys = F32Tensor::FromView(cpu.keys_in);
-      if (!wide.values.present()) wide.values = F32Tensor::FromView(cpu.values_in);
-      OutputPerturbation(wide, out->offsets, out->indices, pool_, out->perturbation.data());
+    if (!fast) {
+      OutputPerturbation(cpu, out->offsets, out->indices, pool_, out->perturbation.data());
       out->perturbation_rows = w;  // every row
+    } else if (!AllFinite(out->perturbation)) {
+      ExactPerturbation(layer, out);
     }
     out->perturbation_sampled = out->perturbation_rows < w;
     out->profile.perturbation = since(stage_start);

@@ -41,6 +41,11 @@ class CpuBackend final : public Backend {
                           std::vector<float>* critical, Numerics* used,
                           FastRowOutputs* rows = nullptr);
 
+  /// The exact (fp64, every window row) perturbation statistic of decision->offsets /
+  /// indices on `layer` (host tensors, values and queries present) into decision: the
+  /// fallback where a fast statistic overflowed fp32 (non-finite), on either backend.
+  void ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision);
+
   /// kExact, and kFast for the scorers with a fast CPU path (snapkv, h2o, tova, dropkv and
   /// every composition over them).
   std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
@@ -55,6 +60,9 @@ class CpuBackend final : public Backend {
   std::map<ScorerKind, CpuScoreFn> scorers_;       // the scorers that need no model
   std::map<ScorerKind, CpuScoreFn> fast_scorers_;  // their fast numerics, where they have one
 };
+
+/// True when every value is finite (no NaN, no infinity).
+bool AllFinite(const std::vector<double>& values);
 
 /// Sets scores of protected tokens (first p.sink, last p.recent of each head) to +inf.
 void ApplyProtection(const Protection& p, int64_t num_heads, int64_t n, float* scores);

@@ -146,6 +146,16 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   outputs.decision = out;
   const absl::Status status = Run(policy, layer, budget, outputs);
   out->device = options_.device;  // after Run: a host decision replaces *out whole
+  // A fast statistic that overflowed fp32 (finite inputs near 1e19: NaN) is recomputed in
+  // fp64 on the host where the tensors can be read there (host and host shm tensors; a
+  // cuda_ipc layer keeps its NaN, which the metrics skip).
+  if (status.ok() && !AllFinite(out->perturbation) && !layer.has_device_tensors() &&
+      !out->output_written) {
+    std::vector<std::vector<char>> storage;
+    auto host = HostOnlyLayer(layer, options_.device, &storage);
+    if (!host.ok()) return host.status();
+    cpu_fallback_->ExactPerturbation(*host, out);
+  }
   return status;
 }
 
