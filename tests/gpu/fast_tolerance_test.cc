@@ -45,20 +45,8 @@ constexpr int32_t kLayerId = 1;
 constexpr int32_t kNumLayers = 2;
 constexpr int32_t kHidden = 64;
 constexpr double kKeepFraction = 0.3;
-/// The band of docs/numerics.md ("Tolerance rule"): tau = 2^-11 ...
-constexpr double kTau = 1.0 / 2048.0;
-/// ... and 2^-7 where DropKV rounds p to bf16 before its weight (bf16_prob_round): a p
-/// within rounding noise of a bf16 midpoint rounds either way, moving that term's weight
-/// (p / (1 - p))^2 by up to 2 * 2^-8 of itself.
-constexpr double kTauBf16Rounding = 1.0 / 128.0;
-
-/// tau for a resolved policy in `dtype`.
-double TauFor(const ResolvedPolicy& policy, DType dtype) {
-  if (policy.scorer->kind != ScorerKind::kDropKV) return kTau;
-  const std::string& round = policy.params.Text("bf16_prob_round");
-  const bool rounds = round == "on" || (round == "auto" && dtype == DType::kBF16);
-  return rounds ? kTauBf16Rounding : kTau;
-}
+/// The band of docs/numerics.md ("Tolerance rule"), tests/gpu/parity_rule.h.
+constexpr double kTau = kFastTau;
 /// The swap-rate bound on random normal inputs (design.md).
 constexpr double kMaxSwapRate = 1e-3;
 
@@ -253,7 +241,7 @@ CaseResult RunCase(const FastCase& c) {
     return s;
   };
   ToleranceBand band;
-  band.tau = TauFor(*exact_policy, c.dtype);
+  band.tau = FastTau(*exact_policy, c.dtype);
   band.movable_counts = MovableCounts(*exact_policy);
   if (exact_policy->scorer->kind == ScorerKind::kCriticalKV) {
     // ... or near the stage-1 boundary on the attention scores (a change of stage).
@@ -294,12 +282,8 @@ std::string ScoreError(const FastCase& c, double* error, double* tau) {
   if (st.ok()) st = SharedGpu().ScoreLayer(*fast_policy, *validated, budget, &fast);
   if (!st.ok()) return st.ToString();
   const std::vector<double> scale = HeadScales(exact, kKvHeads, c.n);
-  *tau = TauFor(*exact_policy, c.dtype);
-  int64_t checked = c.n;
-  if (exact_policy->scorer->kind == ScorerKind::kDropKV) {
-    checked = std::max<int64_t>(0, c.n - exact_policy->params.Int("window") -
-                                       exact_policy->params.Int("kernel") / 2);
-  }
+  *tau = FastTau(*exact_policy, c.dtype);
+  const int64_t checked = FastScoreCheckedTokens(*exact_policy, c.n);
   *error = 0;
   for (int64_t h = 0; h < kKvHeads; ++h) {
     for (int64_t j = 0; j < checked; ++j) {

@@ -237,4 +237,16 @@ Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
   return out;
 }
 
+double FastTau(const ResolvedPolicy& policy, DType dtype) {
+  if (policy.scorer->kind != ScorerKind::kDropKV) return kFastTau;
+  const std::string& round = policy.params.Text("bf16_prob_round");
+  const bool rounds = round == "on" || (round == "auto" && dtype == DType::kBF16);
+  return rounds ? kFastTauBf16Rounding : kFastTau;
+}
+
+int64_t FastScoreCheckedTokens(const ResolvedPolicy& policy, int64_t n) {
+  if (policy.scorer->kind != ScorerKind::kDropKV) return n;
+  return std::max<int64_t>(0, n - policy.params.Int("window") - policy.params.Int("kernel") / 2);
+}
+
 }  // namespace kvtrim::gpu::testing

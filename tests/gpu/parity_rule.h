@@ -83,6 +83,22 @@ struct Outcome {
 /// Machine epsilon of `dtype` (bf16 2^-7, f16 2^-10, f32 0).
 double DTypeEpsilon(DType dtype);
 
+/// The fast-numerics band of docs/numerics.md ("Tolerance rule"): tau = 2^-11 ...
+constexpr double kFastTau = 1.0 / 2048.0;
+/// ... and 2^-7 where DropKV rounds p to bf16 before its weight (bf16_prob_round): a p
+/// within rounding noise of a bf16 midpoint rounds either way, moving that term's weight
+/// (p / (1 - p))^2 by up to 2 * 2^-8 of itself.
+constexpr double kFastTauBf16Rounding = 1.0 / 128.0;
+
+/// tau of the fast band for a resolved policy with inputs in `dtype`.
+double FastTau(const ResolvedPolicy& policy, DType dtype);
+
+/// How many leading tokens of a head the fast-vs-exact score comparison checks: all n, but
+/// for DropKV only those before its window and the pooling's reach into it (ill-conditioned
+/// in both modes: rows that see few tokens give p near 1, whose weight multiplies the
+/// rounding noise of |a - v|^2; the policy protects them).
+int64_t FastScoreCheckedTokens(const ResolvedPolicy& policy, int64_t n);
+
 /// Applies the rule to the CPU and GPU decisions of one layer. `exact_required` selects
 /// exact mode; otherwise the tolerance mode of c.dtype applies, with `cpu_scores` called
 /// at most once, only when some list differs. `policy` gives the allocator.

@@ -39,25 +39,15 @@ namespace {
 using gpu::testing::CaseSpec;
 using gpu::testing::CompareDecisions;
 using gpu::testing::CpuScores;
+using gpu::testing::FastScoreCheckedTokens;
+using gpu::testing::FastTau;
 using gpu::testing::HeadScales;
 using gpu::testing::Outcome;
 using gpu::testing::ToleranceBand;
 
 constexpr int64_t kKvHeads = 3;
 constexpr int64_t kMaxWindow = 32;
-constexpr double kTau = 1.0 / 2048.0;  // docs/numerics.md
-/// ... and 2^-7 where DropKV rounds p to bf16 before its weight (bf16_prob_round): a p
-/// within rounding noise of a bf16 midpoint rounds either way.
-constexpr double kTauBf16Rounding = 1.0 / 128.0;
 constexpr double kMaxSwapRate = 1e-3;  // design.md, random normal inputs
-
-/// tau for a resolved policy in `dtype`.
-double TauFor(const ResolvedPolicy& policy, DType dtype) {
-  if (policy.scorer->kind != ScorerKind::kDropKV) return kTau;
-  const std::string& round = policy.params.Text("bf16_prob_round");
-  const bool rounds = round == "on" || (round == "auto" && dtype == DType::kBF16);
-  return rounds ? kTauBf16Rounding : kTau;
-}
 
 /// The global registry with the builtin policies.
 const PolicyRegistry& Registry() {
@@ -217,7 +207,7 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
     }
     return s;
   };
-  const double tau = TauFor(*exact_policy, c.dtype);
+  const double tau = FastTau(*exact_policy, c.dtype);  // tests/gpu/parity_rule.h
   // The scores themselves: |fast - exact| <= tau * (|exact| + the head's scale).
   if (validated.ok() && c.shape == OutputShape::kPerHead) {
     const CpuLayer cpu = CpuLayer::From(*validated);
@@ -226,14 +216,8 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
     if (two.ScoreRaw(*exact_policy, cpu, &e, &critical).ok() &&
         two.ScoreRawIn(Numerics::kFast, *fast_policy, cpu, &f, &critical, &used).ok()) {
       const std::vector<double> scale = HeadScales(e, kKvHeads, c.n);
-      // DropKV's window tokens (and the pooling reach into them) are ill-conditioned: rows
-      // that see few tokens give p near 1, whose weight multiplies the rounding noise of
-      // |a - v|^2 by up to 1 / eps^2. The policy protects them (docs/numerics.md).
-      int64_t checked = c.n;
-      if (fast_policy->scorer->kind == ScorerKind::kDropKV) {
-        checked = std::max<int64_t>(0, c.n - fast_policy->params.Int("window") -
-                                           fast_policy->params.Int("kernel") / 2);
-      }
+      // DropKV's window tokens are ill-conditioned in both modes and protected.
+      const int64_t checked = FastScoreCheckedTokens(*fast_policy, c.n);
       for (int64_t i = 0; i < kKvHeads * c.n; ++i) {
         if (i % c.n >= checked) continue;
         const double bound = tau * (std::fabs(e[i]) + scale[i / c.n]);
