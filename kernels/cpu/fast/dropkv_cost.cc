@@ -104,9 +104,7 @@ void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round
   p.values = TokenRows::Values(layer);
   p.eps = eps;
   p.round_bf16 = round_bf16;
-  const int64_t w = shape.window_rows;
-  const int64_t group = shape.group_size();
-  const int64_t rows = p.rows = group * window;
+  const int64_t rows = p.rows = shape.group_size() * window;
   // The head's rows' outputs, when asked for.
   const auto outputs_of = [&](int64_t h) {
     return row_outputs == nullptr ? nullptr : row_outputs + h * rows * p.d;
@@ -114,20 +112,7 @@ void FastDropKVCost(const CpuLayer& layer, int64_t window, float eps, bool round
   p.block = RowBlockSize(rows);
   p.padded_rows = (rows + p.block - 1) / p.block * p.block;
   p.slab = KeyTiles(p.n) * kFastTokenTile * p.block * 4 <= MaxSlabBytes();
-  p.visible.assign(static_cast<size_t>(p.padded_rows), 0);
-  p.queries_t.assign(static_cast<size_t>(heads * p.d * p.padded_rows), 0.0f);
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t g = 0; g < group; ++g) {
-      for (int64_t t = w - window; t < w; ++t) {
-        const int64_t r = g * window + (t - (w - window));
-        p.visible[r] = std::clamp<int64_t>(p.n - w + t + 1, 0, p.n);
-        const float* q = layer.queries.data() + ((h * group + g) * w + t) * p.d;
-        for (int64_t i = 0; i < p.d; ++i) {
-          p.queries_t[(h * p.d + i) * p.padded_rows + r] = q[i] * layer.softmax_scale;
-        }
-      }
-    }
-  }
+  WindowRowBlocks(layer, window, p.padded_rows, &p.queries_t, &p.visible);
   const int64_t blocks = p.padded_rows / p.block;
   if (blocks == 1) {  // one item per head: its terms go straight into the output
     std::fill_n(cost, heads * p.n, 0.0f);

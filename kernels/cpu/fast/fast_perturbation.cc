@@ -56,20 +56,9 @@ void FastOutputPerturbation(const CpuLayer& layer, const std::vector<int64_t>& o
   const int64_t block = RowBlockSize(rows);
   const int64_t padded = (rows + block - 1) / block * block;
   const int64_t blocks = padded / block;
-  std::vector<int64_t> visible(static_cast<size_t>(padded), 0);   // [padded] V_r
-  std::vector<float> queries_t(static_cast<size_t>(heads * d * padded), 0.0f);
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t g = 0; g < group; ++g) {
-      for (int64_t t = w - per_head; t < w; ++t) {
-        const int64_t r = g * per_head + (t - (w - per_head));
-        visible[r] = std::clamp<int64_t>(n - w + t + 1, 0, n);
-        const float* q = layer.queries.row(h * group + g, t);
-        for (int64_t i = 0; i < d; ++i) {
-          queries_t[(h * d + i) * padded + r] = q[i] * layer.softmax_scale;
-        }
-      }
-    }
-  }
+  std::vector<int64_t> visible;  // [padded] V_r
+  std::vector<float> queries_t;  // [H_kv, d, padded]
+  WindowRowBlocks(layer, per_head, padded, &queries_t, &visible);
   const bool slab = KeyTiles(n) * kFastTokenTile * block * 4 <= MaxSlabBytes();
   const bool shared = offsets.size() == 2;
   std::vector<double> partial(static_cast<size_t>(heads * blocks), 0.0);

@@ -22,6 +22,27 @@ HWY_EXPORT(TileProbs);
 HWY_EXPORT(TileScaleRows);
 HWY_EXPORT(TileAddPV);
 
+void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padded,
+                     std::vector<float>* queries_t, std::vector<int64_t>* visible) {
+  const LayerShape& shape = layer.shape;
+  const int64_t n = shape.num_tokens, d = shape.head_dim, w = shape.window_rows;
+  const int64_t group = shape.group_size();
+  visible->assign(static_cast<size_t>(padded), 0);
+  queries_t->assign(static_cast<size_t>(shape.num_kv_heads * d * padded), 0.0f);
+  for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
+    for (int64_t g = 0; g < group; ++g) {
+      for (int64_t t = w - rows_per_head; t < w; ++t) {
+        const int64_t r = g * rows_per_head + (t - (w - rows_per_head));
+        (*visible)[r] = std::clamp<int64_t>(n - w + t + 1, 0, n);
+        const float* q = layer.queries.row(h * group + g, t);
+        for (int64_t i = 0; i < d; ++i) {
+          (*queries_t)[(h * d + i) * padded + r] = q[i] * layer.softmax_scale;
+        }
+      }
+    }
+  }
+}
+
 int64_t RowBlockSize(int64_t rows) { return rows <= 16 ? 16 : kSlabRows; }
 
 int64_t RowBlockSoftmax::TileCount(int64_t t) const {

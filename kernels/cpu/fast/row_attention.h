@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/fast/token_rows.h"
 
 namespace kvtrim {
@@ -24,6 +25,13 @@ struct RowBlock {
   int64_t rows = 0;                  // 16 or 32 (zero columns / visible 0 pad the block)
   const int64_t* visible = nullptr;  // [rows] tokens each row sees (a prefix of the run)
 };
+
+/// The last `rows_per_head` window rows of every query head of `layer` as row blocks:
+/// queries_t [H_kv, d, padded] (column r = g * rows_per_head + t - (w - rows_per_head) of KV
+/// head h holds scale * q_{hG+g, t}; zero columns pad to `padded`), visible [padded] the
+/// tokens each row sees (0 for the padding). DropKV's cost and the statistic share it.
+void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padded,
+                     std::vector<float>* queries_t, std::vector<int64_t>* visible);
 
 /// Rows per block for `rows` real rows: 16 up to 16 rows, else 32 (a multiple of every
 /// target's two vectors and of 4).
