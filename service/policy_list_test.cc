@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/random_model_test_util.h"
 #include "kernels/registry.h"
 #include "service/model_test_util.h"
@@ -162,7 +163,7 @@ TEST_F(PolicyListTest, CompositionsThatCannotRunAreNeitherListedNorAccepted) {
                     "lists, not SHARED");
 }
 
-TEST_F(PolicyListTest, CpuBackendListsFastForTheScorersWithAFastPath) {
+TEST_F(PolicyListTest, CpuBackendListsFastThenExactForEveryPolicy) {
   const v1::ListPoliciesResponse list = List();
   ASSERT_GT(list.policies_size(), 0);
   for (const v1::PolicyInfo& policy : list.policies()) {
@@ -187,18 +188,20 @@ TEST_F(PolicyListTest, TheCpuComputesFastWhereItCanAndSaysWhichItComputed) {
                 asked == v1::NUMERICS_EXACT ? v1::NUMERICS_EXACT : v1::NUMERICS_FAST);
     }
   }
-  // No fast CPU path: sessions, per-layer and model-wide (laprox answers at finish from
-  // buffered scores), asked fast, are computed and reported exact.
-  for (const char* policy : {"criticalkv", "laprox"}) {
-    SCOPED_TRACE(policy);
-    v1::CompressRequest request = MakeRequest(policy, kLayers);
-    request.mutable_settings()->set_numerics(v1::NUMERICS_FAST);
-    request.mutable_settings()->set_model_digest(*digest_);
-    request.mutable_settings()->set_num_layers(kLayers);
-    std::vector<v1::LayerResult> layers;
-    ASSERT_TRUE(Session(request, &layers).ok());
-    ASSERT_EQ(layers.size(), static_cast<size_t>(kLayers));
-    for (const v1::LayerResult& layer : layers) EXPECT_EQ(layer.numerics(), v1::NUMERICS_EXACT);
+  // The model-aware policies in sessions, per-layer and model-wide (laprox answers at finish
+  // from buffered scores): computed and reported in the mode asked.
+  for (const char* policy : {"criticalkv", "laprox", "expected_attention"}) {
+    for (const v1::Numerics asked : {v1::NUMERICS_FAST, v1::NUMERICS_EXACT}) {
+      SCOPED_TRACE(absl::StrCat(policy, " ", v1::Numerics_Name(asked)));
+      v1::CompressRequest request = MakeRequest(policy, kLayers);
+      request.mutable_settings()->set_numerics(asked);
+      request.mutable_settings()->set_model_digest(*digest_);
+      request.mutable_settings()->set_num_layers(kLayers);
+      std::vector<v1::LayerResult> layers;
+      ASSERT_TRUE(Session(request, &layers).ok());
+      ASSERT_EQ(layers.size(), static_cast<size_t>(kLayers));
+      for (const v1::LayerResult& layer : layers) EXPECT_EQ(layer.numerics(), asked);
+    }
   }
   // A mode outside the enum is refused naming the field.
   v1::CompressRequest bad = MakeRequest("snapkv");

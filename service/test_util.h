@@ -31,12 +31,9 @@ namespace kvtrim::service::testing {
   } while (0)
 
 /// The numerics modes the CPU backend lists for a policy over `scorer`, as ListPolicies
-/// gives them: FAST then EXACT for the scorers with a fast CPU path (kernels/cpu/fast/: every
-/// scorer that needs no model), EXACT alone for the model-aware ones.
+/// gives them: FAST then EXACT (every scorer has a fast CPU path, kernels/cpu/fast/).
 inline std::vector<int> CpuNumericsModes(const std::string& scorer) {
-  if (scorer == "criticalkv" || scorer == "laprox" || scorer == "expected_attention") {
-    return {v1::NUMERICS_EXACT};
-  }
+  (void)scorer;
   return {v1::NUMERICS_FAST, v1::NUMERICS_EXACT};
 }
 

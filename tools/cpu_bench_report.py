@@ -17,12 +17,13 @@ import time
 
 def kvtrim_rows(path):
     """{(policy, dtype, mode, n): ms} from kvtrim_cpu_bench's
-    BM_Policy/<policy>[_bf16][_exact]/<n>/... rows (f32 unless _bf16, fast asked unless
+    BM_Policy/<policy>[_bf16][_exact]/<n>/... rows and the model-aware
+    BM_ModelPolicy/<name>[_bf16][_exact]/<n>/... rows (f32 unless _bf16, fast asked unless
     _exact)."""
     doc = json.load(open(path))
     rows = {}
     for b in doc["benchmarks"]:
-        m = re.match(r"BM_Policy/(\w+?)(_bf16)?(_exact)?/(\d+)/", b["name"])
+        m = re.match(r"BM_(?:Model)?Policy/(\w+?)(_bf16)?(_exact)?/(\d+)/", b["name"])
         if not m or b.get("run_type", "iteration") != "iteration" or "error_message" in b:
             continue
         scale = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b["time_unit"]]

@@ -1,13 +1,17 @@
 // CPU backend benchmarks: every scorer (+ top-k selection) on one layer, fp32 and bf16
-// inputs, fast and exact.
+// inputs, fast and exact (the model-aware ones with a Llama-3.1-8B-shaped random model).
 // Shape: H_kv = 8, G = 4 (H_q = 32), d = 128, w = 32, fp32, n in {4K, 32K}.
 // Reported as tokens/s (n tokens of one layer per iteration, all heads).
 #include <benchmark/benchmark.h>
 
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
@@ -62,6 +66,23 @@ const LayerData& DataFor(int64_t n) {
   return n == 4096 ? small : large;
 }
 
+/// The timed loop of a policy row: PolicyEngine::CompressLayer of `layer` (n tokens) with
+/// `policy`, reported as tokens/s.
+void TimeCompressLayer(benchmark::State& state, const PolicyEngine& engine,
+                       const ResolvedPolicy& policy, const LayerRequest& layer, int64_t n) {
+  for (auto _ : state) {
+    auto decision = engine.CompressLayer(policy, layer, "layer");
+    if (!decision.ok()) {
+      state.SkipWithError(std::string(decision.status().message()).c_str());
+      return;
+    }
+    benchmark::DoNotOptimize(decision->indices.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 /// Which perturbation statistic a benchmark row asks for.
 enum class Stats {
   kOff,      // none: the scorer and the selection alone (the policy rows)
@@ -101,17 +122,7 @@ void BM_Policy(benchmark::State& state, const char* policy, Stats stats, DType d
   if (with_stats || (needs & (kInputQueries | kInputValues))) {
     layer.queries = {data.Queries(dtype), dtype, {kKvHeads * kGroup, kWindow, kHeadDim}};
   }
-  for (auto _ : state) {
-    auto decision = engine.CompressLayer(*resolved, layer, "layer");
-    if (!decision.ok()) {
-      state.SkipWithError(std::string(decision.status().message()).c_str());
-      return;
-    }
-    benchmark::DoNotOptimize(decision->indices.data());
-  }
-  state.SetItemsProcessed(state.iterations() * n);
-  state.counters["tokens_per_s"] =
-      benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+  TimeCompressLayer(state, engine, *resolved, layer, n);
 }
 
 // Each policy four times: fp32 inputs ("policy") and bf16 ("policy_bf16"), each asking for
@@ -148,6 +159,77 @@ KVTRIM_STATS_RUN(dropkv_perturbation_full_exact, dropkv, Stats::kFull, DType::kF
 KVTRIM_STATS_RUN(dropkv_perturbation_full_bf16, dropkv, Stats::kFull, DType::kBF16,
                  Numerics::kFast);
 KVTRIM_STATS_RUN(snapkv_perturbation_full, snapkv, Stats::kFull, DType::kF32, Numerics::kFast);
+
+/// The Llama-3.1-8B-shaped random model of the model-aware rows (one layer: W_O [4096,
+/// 4096] f32 N(0, 0.3^2), its Gram matrices, query statistics), built once.
+std::shared_ptr<const RegisteredModel> BenchModel() {
+  static const std::shared_ptr<const RegisteredModel> model = [] {
+    RandomModelOptions o;
+    o.layers = 1;
+    o.query_heads = kKvHeads * kGroup;
+    o.kv_heads = kKvHeads;
+    o.head_dim = kHeadDim;
+    o.hidden = 4096;
+    o.query_stats = true;
+    return RandomModel(o);
+  }();
+  return model;
+}
+
+/// Times PolicyEngine::CompressLayer for a model-aware `policy` with `params` ("name=value"
+/// pairs, comma-separated; "" for the defaults) and BenchModel attached, on the CPU backend
+/// (every core), keys, values and queries in `dtype`, in `numerics`. Layer 0 of one layer.
+void BM_ModelPolicy(benchmark::State& state, const char* policy, const char* params,
+                    DType dtype, Numerics numerics) {
+  const int64_t n = state.range(0);
+  const LayerData& data = DataFor(n);
+  PolicyRegistry registry;
+  RegisterBuiltinPolicies(&registry);
+  CpuBackend backend(static_cast<int>(std::thread::hardware_concurrency()));
+  PolicyEngine engine(registry, backend);
+  CompressionSettings settings;
+  settings.policy = policy;
+  settings.budget.keep_fraction = 0.2;
+  settings.numerics = numerics;
+  settings.num_layers = 1;
+  for (absl::string_view pair : absl::StrSplit(params, ',', absl::SkipEmpty())) {
+    const std::pair<std::string, std::string> kv = absl::StrSplit(pair, '=');
+    settings.params[kv.first] = ParamValue::Text(kv.second);
+  }
+  auto resolved = engine.Prepare(settings, "settings");
+  absl::Status st = resolved.status();
+  if (st.ok()) st = engine.AttachModel(&*resolved, BenchModel(), "settings");
+  if (!st.ok()) {
+    state.SkipWithError(std::string(st.message()).c_str());
+    return;
+  }
+  LayerRequest layer;
+  layer.layer_id = 0;
+  layer.keys = {data.Keys(dtype), dtype, {kKvHeads, n, kHeadDim}};
+  layer.values = {data.Values(dtype), dtype, {kKvHeads, n, kHeadDim}};
+  layer.queries = {data.Queries(dtype), dtype, {kKvHeads * kGroup, kWindow, kHeadDim}};
+  TimeCompressLayer(state, engine, *resolved, layer, n);
+}
+
+// The model-aware policies (Llama-3.1-8B-shaped W_O, D = 4096): fast at 4K and 32K in fp32
+// and bf16, exact at 4K only (CriticalKV l1's canonical o_proj products take minutes at
+// 32K). LaProx runs its per-layer top-K (mode=layer): its default model-wide decision
+// answers at the end of a session.
+#define KVTRIM_MODEL_RUN(name, policy, params, dtype, numerics, ...)                     \
+  BENCHMARK_CAPTURE(BM_ModelPolicy, name, #policy, params, dtype, numerics)            \
+      __VA_ARGS__->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
+#define KVTRIM_MODEL_BENCH(name, policy, params)                                         \
+  KVTRIM_MODEL_RUN(name, policy, params, DType::kF32, Numerics::kFast, ->Arg(4096)->Arg(32768)); \
+  KVTRIM_MODEL_RUN(name##_bf16, policy, params, DType::kBF16, Numerics::kFast,          \
+                   ->Arg(4096)->Arg(32768));                                              \
+  KVTRIM_MODEL_RUN(name##_exact, policy, params, DType::kF32, Numerics::kExact, ->Arg(4096)); \
+  KVTRIM_MODEL_RUN(name##_bf16_exact, policy, params, DType::kBF16, Numerics::kExact,   \
+                   ->Arg(4096))
+
+KVTRIM_MODEL_BENCH(criticalkv, criticalkv, "");
+KVTRIM_MODEL_BENCH(criticalkv_l2, criticalkv, "norm=l2");
+KVTRIM_MODEL_BENCH(laprox_layer, laprox, "mode=layer");
+KVTRIM_MODEL_BENCH(expected_attention, expected_attention, "");
 
 /// RegisterModel's build of `layers` Llama-3.1-8B-shaped layers (W_O [4096, 4096] f32, H_q =
 /// 32, H_kv = 8, d = 128): the f32 conversion and the fp64 per-head and per-group Gram

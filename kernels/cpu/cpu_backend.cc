@@ -37,7 +37,9 @@ CpuBackend::CpuBackend(int num_threads)
 std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
                                                 const AllocatorSpec& allocator) const {
   (void)allocator;
-  if (fast_scorers_.count(scorer.kind) != 0) return {Numerics::kFast, Numerics::kExact};
+  if (fast_scorers_.count(scorer.kind) != 0 || IsModelScorer(scorer.kind)) {
+    return {Numerics::kFast, Numerics::kExact};
+  }
   return {Numerics::kExact};
 }
 
@@ -90,14 +92,18 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
       return absl::FailedPreconditionError(
           absl::StrCat("settings.model_digest: scorer '", name, "' needs a registered model"));
     }
+    const bool fast = numerics == Numerics::kFast;
+    if (fast) *used = Numerics::kFast;
     if (kind == ScorerKind::kCriticalKV) {
       critical->assign(static_cast<size_t>(heads * n), 0.0f);
-      st = ScoreCriticalKV(layer, policy.params, *policy.model, pool_, scores->data(),
-                           critical->data());
+      st = (fast ? ScoreCriticalKVFast : ScoreCriticalKV)(layer, policy.params, *policy.model,
+                                                          pool_, scores->data(), critical->data());
     } else if (kind == ScorerKind::kLaProx) {
-      st = ScoreLaProx(layer, policy.params, *policy.model, pool_, scores->data());
+      st = (fast ? ScoreLaProxFast : ScoreLaProx)(layer, policy.params, *policy.model, pool_,
+                                                  scores->data());
     } else {
-      st = ScoreExpectedAttention(layer, policy.params, *policy.model, pool_, scores->data());
+      st = (fast ? ScoreExpectedAttentionFast : ScoreExpectedAttention)(
+          layer, policy.params, *policy.model, pool_, scores->data());
     }
   } else if (auto fast = fast_scorers_.find(kind);
              numerics == Numerics::kFast && fast != fast_scorers_.end()) {
@@ -129,7 +135,7 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer
 
 bool CpuBackend::RunsFast(const ResolvedPolicy& policy) const {
   return policy.settings.numerics == Numerics::kFast &&
-         fast_scorers_.count(policy.scorer->kind) != 0;
+         (fast_scorers_.count(policy.scorer->kind) != 0 || IsModelScorer(policy.scorer->kind));
 }
 
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,

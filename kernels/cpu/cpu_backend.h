@@ -46,8 +46,8 @@ class CpuBackend final : public Backend {
   /// fallback where a fast statistic overflowed fp32 (non-finite), on either backend.
   void ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision);
 
-  /// kExact, and kFast for the scorers with a fast CPU path (snapkv, h2o, tova, dropkv and
-  /// every composition over them).
+  /// kFast and kExact: every scorer has a fast CPU path (the model-aware ones included;
+  /// StreamingLLM's and Random's fast scores are their exact ones).
   std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
                                       const AllocatorSpec& allocator) const override;
 

@@ -1,8 +1,12 @@
 // CriticalKV (criticalkv.md §2): pooled window attention for stage 1 and allocation, and
 // (attention + eps) * projected-value norm for stage 2. Canonical definition: scorers.h.
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fast/value_norms.h"
+#include "kernels/cpu/fast/window_columns.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/projected_norms.h"
 #include "kernels/cpu/scorers.h"
@@ -73,6 +77,56 @@ absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params
         att[j] = 0.0f;
         crit[j] = 0.0f;
       }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& params,
+                                 const RegisteredModel& model, ThreadPool& pool, float* attention,
+                                 float* critical) {
+  const int64_t window = params.Int("window");
+  const int64_t kernel = params.Int("kernel");
+  const float eps = static_cast<float>(params.Number("eps"));
+  if (absl::Status st = CheckQueryWindow("criticalkv", layer, window); !st.ok()) return st;
+  absl::StatusOr<PoolKind> kind = ResolvePooling("criticalkv", params.Text("pooling"), kernel);
+  if (!kind.ok()) return kind.status();
+  const int64_t heads = layer.shape.num_kv_heads;
+  const int64_t n = layer.shape.num_tokens;
+  const int64_t group = layer.shape.group_size();
+  const int64_t prefix = n - window;  // tokens j >= P score 0 (protected window)
+  std::fill_n(attention, heads * n, 0.0f);
+  std::fill_n(critical, heads * n, 0.0f);
+  if (prefix <= 0) return absl::OkStatus();
+  const int64_t hq = layer.shape.num_query_heads;
+  std::vector<float> sums(static_cast<size_t>(hq * prefix));   // [H_q, P] sum_t p
+  std::vector<float> norms(static_cast<size_t>(hq * prefix));  // [H_q, P] ||v W_O^q||
+  FastWindowColumns(layer, window, prefix, WindowReduction::kSumPerHead, pool, sums.data());
+  if (params.Text("norm") == "l1") {
+    FastProjectedL1Norms(layer, model.w_o[layer.layer_id].data(), model.layout.hidden_size,
+                         prefix, pool, norms.data());
+  } else {
+    FastGramNorms(layer, model.head_gram[layer.layer_id].data(), group, prefix, pool,
+                  norms.data());
+  }
+  const float inv_window = 1.0f / static_cast<float>(window);
+  const float inv_group = 1.0f / static_cast<float>(group);
+  pool.ParallelFor(heads, [&](int64_t h) {
+    std::vector<float> mean(static_cast<size_t>(prefix)), pooled(mean.size());
+    std::vector<float> att_sum(mean.size(), 0.0f), norm_sum(mean.size(), 0.0f);
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t q = h * group + g;
+      for (int64_t j = 0; j < prefix; ++j) mean[j] = sums[q * prefix + j] * inv_window;
+      Pool1D(*kind, mean.data(), prefix, kernel, pooled.data());  // before the group mean
+      for (int64_t j = 0; j < prefix; ++j) {
+        att_sum[j] += pooled[j];
+        norm_sum[j] += norms[q * prefix + j];
+      }
+    }
+    for (int64_t j = 0; j < prefix; ++j) {
+      const float att = att_sum[j] * inv_group;
+      attention[h * n + j] = att;
+      critical[h * n + j] = (att + eps) * (norm_sum[j] * inv_group);
     }
   });
   return absl::OkStatus();

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/canonical_math.h"
+#include "kernels/cpu/fast/expected_attention.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/expected_attention_stats.h"
 
@@ -53,20 +54,40 @@ static void ScoreFromStats(const CpuLayer& layer, const ExpectedQueryStats& stat
   });
 }
 
-absl::Status ScoreExpectedAttention(const CpuLayer& layer, const ResolvedParams& params,
-                                    const RegisteredModel& model, ThreadPool& pool,
-                                    float* scores) {
+namespace {
+
+/// The query statistics of `layer` from the model or the window (params "query_stats").
+absl::StatusOr<ExpectedQueryStats> StatsFor(const CpuLayer& layer, const ResolvedParams& params,
+                                            const RegisteredModel& model) {
   TensorView queries;
   if (layer.shape.has_queries) {
     queries.data = layer.queries.data();
     queries.dtype = DType::kF32;
     queries.shape = layer.queries.shape();
   }
-  auto stats = ComputeExpectedQueryStats(model, params, layer.layer_id, layer.shape.num_tokens,
-                                         queries, layer.softmax_scale);
+  return ComputeExpectedQueryStats(model, params, layer.layer_id, layer.shape.num_tokens,
+                                   queries, layer.softmax_scale);
+}
+
+}  // namespace
+
+absl::Status ScoreExpectedAttention(const CpuLayer& layer, const ResolvedParams& params,
+                                    const RegisteredModel& model, ThreadPool& pool,
+                                    float* scores) {
+  auto stats = StatsFor(layer, params, model);
   if (!stats.ok()) return stats.status();
   ScoreFromStats(layer, *stats, static_cast<float>(params.Number("eps")), params.Bool("use_vnorm"),
                  pool, scores);
+  return absl::OkStatus();
+}
+
+absl::Status ScoreExpectedAttentionFast(const CpuLayer& layer, const ResolvedParams& params,
+                                        const RegisteredModel& model, ThreadPool& pool,
+                                        float* scores) {
+  auto stats = StatsFor(layer, params, model);
+  if (!stats.ok()) return stats.status();
+  FastExpectedAttentionScores(layer, *stats, static_cast<float>(params.Number("eps")),
+                              params.Bool("use_vnorm"), pool, scores);
   return absl::OkStatus();
 }
 

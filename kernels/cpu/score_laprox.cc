@@ -1,8 +1,12 @@
 // LaProx scores (laprox.md §2.1): window column L2 norm of the mean attention, avg-pooled,
 // times the projected value L2 norm through the Gram matrices. Canonical definition:
 // scorers.h. Selection (per head, per layer or model-wide) is DecideLaProx (decide.h).
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
+#include "kernels/cpu/fast/value_norms.h"
+#include "kernels/cpu/fast/window_columns.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/projected_norms.h"
 #include "kernels/cpu/scorers.h"
@@ -95,6 +99,69 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
         norm = CmDiv(s, fgroup);
       }
       out[j] = CmMul(pooled[j], norm);
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params,
+                             const RegisteredModel& model, ThreadPool& pool, float* scores) {
+  const int64_t window = params.Int("window");
+  const int64_t kernel = params.Int("kernel");
+  const std::string& gqa = params.Text("gqa");
+  if (absl::Status st = CheckQueryWindow("laprox", layer, window); !st.ok()) return st;
+  absl::StatusOr<PoolKind> kind = ResolvePooling("laprox", params.Text("pooling"), kernel);
+  if (!kind.ok()) return kind.status();
+  const int64_t heads = layer.shape.num_kv_heads;
+  const int64_t n = layer.shape.num_tokens;
+  const int64_t group = layer.shape.group_size();
+  const int64_t prefix = n - window;
+  std::fill_n(scores, heads * n, 0.0f);
+  if (prefix <= 0) return absl::OkStatus();
+  const float inv_group = 1.0f / static_cast<float>(group);
+  const float* head_gram = model.head_gram[layer.layer_id].data();
+  const bool per_head_column = gqa == "head_bound";
+  // Column statistics: per query head sum_t p^2 (head_bound), else per KV head
+  // sum_t (sum_g p)^2 = G^2 sum_t m_t^2 of the group mean m_t.
+  const int64_t column_rows = per_head_column ? heads * group : heads;
+  std::vector<float> columns(static_cast<size_t>(column_rows * prefix));
+  FastWindowColumns(layer, window, prefix,
+                    per_head_column ? WindowReduction::kSquaresPerHead
+                                    : WindowReduction::kGroupSumSquares,
+                    pool, columns.data());
+  // Norms: per query head through its Gram matrix, or per KV head through the group's.
+  const bool summed_wo = gqa == "summed_wo";
+  std::vector<float> norms(static_cast<size_t>((summed_wo ? heads : heads * group) * prefix));
+  if (summed_wo) {
+    FastGramNorms(layer, model.group_gram[layer.layer_id].data(), 1, prefix, pool, norms.data());
+  } else {
+    FastGramNorms(layer, head_gram, group, prefix, pool, norms.data());
+  }
+  pool.ParallelFor(heads, [&](int64_t h) {
+    std::vector<float> col(static_cast<size_t>(prefix)), pooled(col.size());
+    float* out = scores + h * n;
+    if (per_head_column) {  // mean_g pool(sqrt(sum_t p^2)) * ||v W_O^q||
+      std::vector<float> acc(col.size(), 0.0f);
+      for (int64_t g = 0; g < group; ++g) {
+        const int64_t q = h * group + g;
+        for (int64_t j = 0; j < prefix; ++j) col[j] = std::sqrt(columns[q * prefix + j]);
+        Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+        for (int64_t j = 0; j < prefix; ++j) acc[j] += pooled[j] * norms[q * prefix + j];
+      }
+      for (int64_t j = 0; j < prefix; ++j) out[j] = acc[j] * inv_group;
+      return;
+    }
+    for (int64_t j = 0; j < prefix; ++j) col[j] = std::sqrt(columns[h * prefix + j]) * inv_group;
+    Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+    for (int64_t j = 0; j < prefix; ++j) {
+      float norm = 0.0f;
+      if (summed_wo) {
+        norm = norms[h * prefix + j];
+      } else {
+        for (int64_t g = 0; g < group; ++g) norm += norms[(h * group + g) * prefix + j];
+        norm *= inv_group;
+      }
+      out[j] = pooled[j] * norm;
     }
   });
   return absl::OkStatus();

@@ -119,4 +119,17 @@ absl::Status ScoreExpectedAttention(const CpuLayer& layer, const ResolvedParams&
                                     const RegisteredModel& model, ThreadPool& pool,
                                     float* scores);
 
+/// Fast numerics (docs/numerics.md "Fast numerics on the CPU") of the model-aware scorers:
+/// the same definitions in fp32 SIMD, with the window statistics of FastWindowColumns
+/// (kernels/cpu/fast/window_columns.h), the projected norms and Expected Attention's logits of
+/// kernels/cpu/fast/value_norms.h, and the exact pooling (Pool1D).
+absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& params,
+                                 const RegisteredModel& model, ThreadPool& pool, float* attention,
+                                 float* critical);
+absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params,
+                             const RegisteredModel& model, ThreadPool& pool, float* scores);
+absl::Status ScoreExpectedAttentionFast(const CpuLayer& layer, const ResolvedParams& params,
+                                        const RegisteredModel& model, ThreadPool& pool,
+                                        float* scores);
+
 }  // namespace kvtrim

@@ -328,12 +328,10 @@ TEST_F(KvtrimdEndToEndTest, EveryPresetUnaryAndSessionThenMetricsThenSigterm) {
   std::map<std::string, Expected> expected;
   for (const v1::PolicyInfo& policy : presets) {
     SCOPED_TRACE(absl::StrCat("policy ", policy.name()));
-    // The CPU backend computes every scorer that needs no model fast by default, the
-    // model-aware ones (criticalkv, laprox, expected_attention) in the canonical arithmetic.
-    const bool fast = policy.scorer() != "criticalkv" && policy.scorer() != "laprox" &&
-                      policy.scorer() != "expected_attention";
-    ASSERT_EQ(policy.numerics_modes_size(), fast ? 2 : 1);
-    EXPECT_EQ(policy.numerics_modes(0), fast ? v1::NUMERICS_FAST : v1::NUMERICS_EXACT);
+    // The CPU backend computes every policy fast by default, the model-aware ones included.
+    ASSERT_EQ(policy.numerics_modes_size(), 2);
+    EXPECT_EQ(policy.numerics_modes(0), v1::NUMERICS_FAST);
+    EXPECT_EQ(policy.numerics_modes(1), v1::NUMERICS_EXACT);
     const v1::CompressionSettings settings = SettingsFor(policy, *sample, *digest);
     Expected& e = expected[policy.name()];
 

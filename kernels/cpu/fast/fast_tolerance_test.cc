@@ -1,13 +1,17 @@
 // Fast vs exact numerics on the CPU backend (design.md "Numerics", docs/numerics.md "Fast
-// numerics on the CPU"), through PolicyEngine, for every policy whose scorer has a fast CPU
-// path (snapkv, h2o, tova: the presets and every composition the registry accepts without a
-// model) in f32, f16 and bf16, n in {1, 7, 99, 1000} (and 5000 at d = 128, 99 at d = 320;
-// G = 4), d in {64, 72, 128}, G in {1, 4}, H_kv = 3, w = min(32, n), every output shape (at
-// n = 99):
-//   * the scores: |fast - exact| <= tau * (|exact| + s), s = the head's score scale;
+// numerics on the CPU"), through PolicyEngine, for every policy (every scorer has a fast CPU
+// path: the presets and every SCORER+ALLOCATOR composition the registry accepts; the
+// model-aware scorers and the lukv compositions get a random test model, with a profile for
+// the policy's scorer under lukv) in f32, f16 and bf16, n in {1, 7, 99, 1000} (and 5000 at
+// d = 128, 99 at d = 320; G = 4), d in {64, 72, 128}, G in {1, 4}, H_kv = 3, w = min(32, n),
+// hidden D = 64, every output shape (at n = 99):
+//   * the scores: |fast - exact| <= tau * (|exact| + s), s = the head's score scale (and
+//     CriticalKV's stage-2 array the same way);
 //   * the tolerance rule: a fast kept list differs from the exact one only in tokens whose
 //     exact score lies within tau * (|b| + s) of the list's boundary b (tests/gpu/parity_rule.h,
-//     ToleranceBand, tau = 2^-11); protected tokens never differ;
+//     ToleranceBand, tau = 2^-11); protected tokens never differ; CriticalKV's band lies on
+//     its stage-2 ranking or its stage-1 boundary (tests/gpu/criticalkv_ranking.h), LaProx's
+//     layer and model top-K may move counts between heads;
 //   * the swap rate (kept tokens that differ / kept tokens), printed per policy, below 1e-3;
 //   * determinism: 1, 2 and 7 threads give identical offsets and indices;
 //   * the SIMD paths: the best the CPU has, AVX2 at most, and Highway's scalar code, each
@@ -18,19 +22,27 @@
 #include <cmath>
 #include <cstdio>
 #include <iterator>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/fast/fast_cpu.h"
+#include "kernels/cpu/fast/fast_test_data.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
+#include "kernels/random_model_test_util.h"
 #include "kernels/registry.h"
+#include "tests/gpu/criticalkv_ranking.h"
 #include "tests/gpu/parity_rule.h"
 
 namespace kvtrim {
@@ -39,6 +51,8 @@ namespace {
 using gpu::testing::CaseSpec;
 using gpu::testing::CompareDecisions;
 using gpu::testing::CpuScores;
+using gpu::testing::CriticalKVRanking;
+using gpu::testing::CriticalKVStage1Band;
 using gpu::testing::FastScoreCheckedTokens;
 using gpu::testing::FastTau;
 using gpu::testing::HeadScales;
@@ -47,6 +61,8 @@ using gpu::testing::ToleranceBand;
 
 constexpr int64_t kKvHeads = 3;
 constexpr int64_t kMaxWindow = 32;
+constexpr int32_t kHidden = 64;   // D of the test models
+constexpr int32_t kNumLayers = 2;
 constexpr double kMaxSwapRate = 1e-3;  // design.md, random normal inputs
 
 /// The global registry with the builtin policies.
@@ -59,26 +75,65 @@ const PolicyRegistry& Registry() {
   return *registry;
 }
 
-/// The policies over a scorer with a fast CPU path: presets, then SCORER+ALLOCATOR pairs no
-/// preset names.
+/// Every policy: presets, then SCORER+ALLOCATOR pairs no preset names (every scorer has a
+/// fast CPU path).
 std::vector<std::string> FastPolicies() {
-  const std::vector<std::string> scorers = {"streaming_llm", "random", "knorm", "keydiff",
-                                            "snapkv",        "h2o",    "tova",  "dropkv"};
   std::vector<std::string> out;
   std::set<std::pair<std::string, std::string>> named;
   for (const PolicyPreset& preset : Registry().presets()) {
-    if (std::find(scorers.begin(), scorers.end(), preset.scorer) == scorers.end()) continue;
     out.push_back(preset.name);
     named.insert({preset.scorer, preset.allocator});
   }
-  for (const std::string& scorer : scorers) {
+  for (const ScorerSpec* scorer : Registry().scorers()) {
     for (const AllocatorSpec* allocator : Registry().allocators()) {
-      if (named.count({scorer, allocator->name}) == 0) {
-        out.push_back(absl::StrCat(scorer, "+", allocator->name));
+      if (named.count({scorer->name, allocator->name}) == 0) {
+        out.push_back(absl::StrCat(scorer->name, "+", allocator->name));
       }
     }
   }
   return out;
+}
+
+/// A random test model (query statistics; a profile of `profile_metric` with the given
+/// protection when not empty) for H_kv = kKvHeads, G, d, D = kHidden, built once per key.
+std::shared_ptr<const RegisteredModel> TestModel(int64_t group, int64_t d,
+                                                 const std::string& profile_metric,
+                                                 const Protection& profile_protection) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::string, std::shared_ptr<const RegisteredModel>>();
+  const std::string key = absl::StrCat(group, "/", d, "/", profile_metric, "/",
+                                       profile_protection.sink, "/", profile_protection.recent);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& model = (*cache)[key];
+  if (model == nullptr) {
+    RandomModelOptions o = FastTestModelOptions(kKvHeads, group, d, kHidden, kNumLayers);
+    if (!profile_metric.empty()) {
+      o.profile_metric = profile_metric;
+      o.profile_sink = profile_protection.sink;
+      o.profile_window = profile_protection.recent;
+    }
+    model = RandomModel(o);
+  }
+  return model;
+}
+
+/// Attaches a test model to `policy` where it needs one: a model-aware scorer, or the lukv
+/// allocator (a profile of the policy's scorer, built with the protection it asks for).
+absl::Status AttachTestModel(const PolicyEngine& engine, int64_t group, int64_t d,
+                             ResolvedPolicy* policy) {
+  const bool lukv = policy->allocator->kind == AllocatorKind::kLukv;
+  if (!lukv && !IsModelScorer(policy->scorer->kind)) return absl::OkStatus();
+  const Protection protection =
+      lukv ? policy->scorer->default_protection(policy->params, 0) : Protection{};
+  return engine.AttachModel(
+      policy, TestModel(group, d, lukv ? policy->scorer->name : "", protection), "settings");
+}
+
+/// True when the policy's top-K spans heads (counts may move between heads).
+bool MovableCounts(const ResolvedPolicy& policy) {
+  if (policy.scorer->kind != ScorerKind::kLaProx) return false;
+  return policy.params.Text("mode") != "local" &&
+         policy.settings.output_shape != OutputShape::kEqualCount;
 }
 
 /// Random normal tensors of one layer in `dtype` (keys, values [H_kv, n, d], queries
@@ -86,21 +141,6 @@ std::vector<std::string> FastPolicies() {
 struct LayerData {
   std::vector<uint8_t> keys, values, queries;
 };
-
-std::vector<uint8_t> RandomTensor(DType dtype, int64_t count, std::mt19937_64& rng) {
-  std::normal_distribution<float> normal;
-  std::vector<uint8_t> out(static_cast<size_t>(count) * DTypeSize(dtype));
-  for (int64_t i = 0; i < count; ++i) {
-    const float x = normal(rng);
-    if (dtype == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &x, 4);
-    } else {
-      const uint16_t bits = dtype == DType::kBF16 ? FloatToBf16(x) : FloatToF16(x);
-      std::memcpy(out.data() + 2 * i, &bits, 2);
-    }
-  }
-  return out;
-}
 
 /// One case: a policy in one dtype, size and output shape.
 struct FastCase {
@@ -127,7 +167,7 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
   settings.output_shape = c.shape;
   settings.block_size = 16;
   settings.budget.keep_fraction = 0.3;
-  settings.num_layers = 2;
+  settings.num_layers = kNumLayers;
   CpuBackend one(1), two(2), seven(7);
   PolicyEngine exact_engine(Registry(), two);
   // The window lowered to the rows sent (SnapKV's default window is 32).
@@ -140,8 +180,14 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
   settings.numerics = Numerics::kFast;
   auto fast_policy = exact_engine.Prepare(settings, "settings");
   if (!exact_policy.ok() || !fast_policy.ok()) {
-    result.skipped = true;  // a model-wide allocator without a model, a refused shape
+    result.skipped = true;  // a refused shape
     return result;
+  }
+  for (ResolvedPolicy* policy : {&*exact_policy, &*fast_policy}) {
+    if (absl::Status st = AttachTestModel(exact_engine, c.group, c.d, policy); !st.ok()) {
+      result.failure = absl::StrCat(c.Spec().Describe(), ": model: ", st.ToString());
+      return result;
+    }
   }
   LayerRequest layer;
   layer.layer_id = 1;
@@ -149,10 +195,6 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
   layer.values = {data.values.data(), c.dtype, {kKvHeads, c.n, c.d}};
   layer.queries = {data.queries.data(), c.dtype, {kKvHeads * c.group, c.window(), c.d}};
   auto exact = exact_engine.CompressLayer(*exact_policy, layer, "layer");
-  if (exact.status().code() == absl::StatusCode::kFailedPrecondition) {
-    result.skipped = true;  // lukv: a profile of a registered model
-    return result;
-  }
   if (!exact.ok()) {
     result.failure = absl::StrCat(c.Spec().Describe(), ": exact: ", exact.status().ToString());
     return result;
@@ -193,11 +235,31 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
   }
   auto validated = exact_engine.Validate(*exact_policy, layer, "layer");
   const LayerBudget budget = BudgetFor(*exact_policy, c.n);
+  // The exact raw scores (CriticalKV: attention and stage-2), computed once when needed.
+  std::optional<LayerScores> raw;
+  auto exact_raw = [&]() -> const LayerScores* {
+    if (!raw.has_value() && validated.ok()) {
+      LayerScores scores;
+      scores.layer_id = layer.layer_id;
+      scores.num_layers = kNumLayers;
+      scores.num_heads = kKvHeads;
+      scores.num_tokens = c.n;
+      scores.budget = budget;
+      if (two.ScoreLayer(*exact_policy, *validated, budget, &scores).ok()) raw = std::move(scores);
+    }
+    return raw.has_value() ? &*raw : nullptr;
+  };
+  const bool criticalkv = exact_policy->scorer->kind == ScorerKind::kCriticalKV;
   auto exact_scores = [&]() {
     CpuScores s;
     s.scores.assign(static_cast<size_t>(kKvHeads * c.n), NAN);
     if (validated.ok()) {
       (void)two.ScoreLayer(*exact_policy, CpuLayer::From(*validated), budget, &s.scores);
+    }
+    if (criticalkv && exact_raw() != nullptr) {
+      // CriticalKV selects by its stage-2 ranking: the band lies on it.
+      auto ranked = CriticalKVRanking(*exact_policy, *exact_raw());
+      if (ranked.ok()) s.scores = *std::move(ranked);
     }
     s.scale = HeadScales(s.scores, kKvHeads, c.n);
     if (exact_policy->params.Has("safeguard_alpha")) {
@@ -211,26 +273,47 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
   // The scores themselves: |fast - exact| <= tau * (|exact| + the head's scale).
   if (validated.ok() && c.shape == OutputShape::kPerHead) {
     const CpuLayer cpu = CpuLayer::From(*validated);
-    std::vector<float> e, f, critical;
+    std::vector<float> e, f, e_critical, f_critical;
     Numerics used = Numerics::kExact;
-    if (two.ScoreRaw(*exact_policy, cpu, &e, &critical).ok() &&
-        two.ScoreRawIn(Numerics::kFast, *fast_policy, cpu, &f, &critical, &used).ok()) {
-      const std::vector<double> scale = HeadScales(e, kKvHeads, c.n);
+    if (two.ScoreRaw(*exact_policy, cpu, &e, &e_critical).ok() &&
+        two.ScoreRawIn(Numerics::kFast, *fast_policy, cpu, &f, &f_critical, &used).ok()) {
       // DropKV's window tokens are ill-conditioned in both modes and protected.
       const int64_t checked = FastScoreCheckedTokens(*fast_policy, c.n);
-      for (int64_t i = 0; i < kKvHeads * c.n; ++i) {
-        if (i % c.n >= checked) continue;
-        const double bound = tau * (std::fabs(e[i]) + scale[i / c.n]);
-        if (!(std::fabs(f[i] - e[i]) <= bound)) {
-          result.failure = absl::StrCat(c.Spec().Describe(), ": head ", i / c.n, " token ",
-                                        i % c.n, ": fast score ", f[i], ", exact ", e[i]);
+      for (auto [what, exact_array, fast_array] :
+           {std::make_tuple("score", &e, &f), std::make_tuple("critical", &e_critical, &f_critical)}) {
+        if (exact_array->size() != fast_array->size()) {
+          result.failure = absl::StrCat(c.Spec().Describe(), ": ", what, " sizes differ");
           return result;
+        }
+        if (exact_array->empty()) continue;
+        const std::vector<double> scale = HeadScales(*exact_array, kKvHeads, c.n);
+        for (int64_t i = 0; i < kKvHeads * c.n; ++i) {
+          if (i % c.n >= checked) continue;
+          const double ei = (*exact_array)[i], fi = (*fast_array)[i];
+          const double bound = tau * (std::fabs(ei) + scale[i / c.n]);
+          if (!(std::fabs(fi - ei) <= bound)) {
+            result.failure = absl::StrCat(c.Spec().Describe(), ": head ", i / c.n, " token ",
+                                          i % c.n, ": fast ", what, " ", fi, ", exact ", ei);
+            return result;
+          }
         }
       }
     }
   }
   ToleranceBand band;
   band.tau = tau;
+  band.movable_counts = MovableCounts(*exact_policy);
+  if (criticalkv) {
+    // ... or near the stage-1 boundary on the attention scores (a change of stage).
+    std::function<bool(int64_t, int32_t)> stage1;
+    band.also_near = [&, stage1](int64_t h, int32_t j) mutable {
+      if (!stage1 && exact_raw() != nullptr) {
+        auto built = CriticalKVStage1Band(*exact_policy, *exact_raw(), band.tau);
+        if (built.ok()) stage1 = *std::move(built);
+      }
+      return stage1 && stage1(h, j);
+    };
+  }
   const Outcome outcome =
       CompareDecisions(c.Spec(), *exact_policy, *exact, fast[0], exact_scores, false, band);
   result.failure = outcome.failure;
@@ -254,9 +337,9 @@ int64_t RunAllCases(CpuSimdLimit limit, const Grid& grid) {
   std::mt19937_64 rng(2024);
   auto run = [&](DType dtype, int64_t n, int64_t d, int64_t group) {
     const int64_t w = std::min(kMaxWindow, n);
-    LayerData data{RandomTensor(dtype, kKvHeads * n * d, rng),
-                   RandomTensor(dtype, kKvHeads * n * d, rng),
-                   RandomTensor(dtype, kKvHeads * group * w * d, rng)};
+    LayerData data{RandomEncoded(dtype, kKvHeads * n * d, 1.0f, rng),
+                   RandomEncoded(dtype, kKvHeads * n * d, 1.0f, rng),
+                   RandomEncoded(dtype, kKvHeads * group * w * d, 1.0f, rng)};
     for (const std::string& policy : policies) {
       for (OutputShape shape : {OutputShape::kPerHead, OutputShape::kShared,
                                 OutputShape::kBlockAligned, OutputShape::kEqualCount}) {
@@ -339,6 +422,7 @@ TEST(FastCpuTolerance, HugeFiniteInputsAnswerOrAreRefusedNamingTheKeys) {
       prepared = engine.Prepare(settings, "settings");
     }
     if (!prepared.ok()) continue;
+    ASSERT_TRUE(AttachTestModel(engine, group, d, &*prepared).ok());
     LayerRequest layer;
     layer.layer_id = 1;
     layer.keys = {keys.data(), DType::kF32, {kKvHeads, n, d}};
@@ -346,7 +430,6 @@ TEST(FastCpuTolerance, HugeFiniteInputsAnswerOrAreRefusedNamingTheKeys) {
     layer.queries = {queries.data(), DType::kF32, {kKvHeads * group, w, d}};
     auto decision = engine.CompressLayer(*prepared, layer, "layer");
     if (!decision.ok()) {
-      if (decision.status().code() == absl::StatusCode::kFailedPrecondition) continue;  // lukv
       EXPECT_EQ(decision.status().code(), absl::StatusCode::kInvalidArgument);
       EXPECT_NE(std::string(decision.status().message()).find("keys"), std::string::npos)
           << decision.status();

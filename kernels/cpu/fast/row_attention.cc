@@ -24,6 +24,15 @@ HWY_EXPORT(TileAddPV);
 
 void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padded,
                      std::vector<float>* queries_t, std::vector<int64_t>* visible) {
+  WindowRowBlocks(
+      layer, rows_per_head, padded,
+      [rows_per_head](int64_t g, int64_t row) { return g * rows_per_head + row; }, queries_t,
+      visible);
+}
+
+void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padded,
+                     const std::function<int64_t(int64_t g, int64_t row)>& column,
+                     std::vector<float>* queries_t, std::vector<int64_t>* visible) {
   const LayerShape& shape = layer.shape;
   const int64_t n = shape.num_tokens, d = shape.head_dim, w = shape.window_rows;
   const int64_t group = shape.group_size();
@@ -32,7 +41,7 @@ void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padde
   for (int64_t h = 0; h < shape.num_kv_heads; ++h) {
     for (int64_t g = 0; g < group; ++g) {
       for (int64_t t = w - rows_per_head; t < w; ++t) {
-        const int64_t r = g * rows_per_head + (t - (w - rows_per_head));
+        const int64_t r = column(g, t - (w - rows_per_head));
         (*visible)[r] = std::clamp<int64_t>(n - w + t + 1, 0, n);
         const float* q = layer.queries.row(h * group + g, t);
         for (int64_t i = 0; i < d; ++i) {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
@@ -31,6 +32,11 @@ struct RowBlock {
 /// head h holds scale * q_{hG+g, t}; zero columns pad to `padded`), visible [padded] the
 /// tokens each row sees (0 for the padding). DropKV's cost and the statistic share it.
 void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padded,
+                     std::vector<float>* queries_t, std::vector<int64_t>* visible);
+/// The same rows in any order: query head g's row t - (w - rows_per_head) of every KV head
+/// goes to column column(g, t - (w - rows_per_head)) < padded (a one-to-one map).
+void WindowRowBlocks(const CpuLayer& layer, int64_t rows_per_head, int64_t padded,
+                     const std::function<int64_t(int64_t g, int64_t row)>& column,
                      std::vector<float>* queries_t, std::vector<int64_t>* visible);
 
 /// Rows per block for `rows` real rows: 16 up to 16 rows, else 32 (a multiple of every

@@ -25,8 +25,10 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 /// lt [count, rows] = k [count, d] . qt [d, rows] (qt's rows `q_stride` apart): the logits
 /// of `count` tokens (keys in their own row-major layout) against the scaled query rows
-/// transposed (rows a multiple of the vector length). Blocks of 4 tokens x 2 row vectors (or
-/// x 1) held in registers across d, one fused multiply-add per token and vector.
+/// transposed (rows a multiple of the vector length). Blocks of 6 (then 4) tokens x 2 row
+/// vectors (or 4 x 1) held in registers across d, one fused multiply-add per token and
+/// vector: 12 accumulators, two vector loads and six broadcasts per step (fits AVX2's 16
+/// registers). Every output is one FMA chain over i = 0 .. d-1, whatever the blocking.
 inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const float* k,
                  int64_t count, int64_t d, float* lt) {
   const hn::ScalableTag<float> df;
@@ -35,6 +37,47 @@ inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const f
     const bool two = r + 2 * lanes <= rows;
     int64_t j = 0;
     if (two) {
+      for (; j + 6 <= count; j += 6) {
+        const float* k0 = k + j * d;
+        auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
+        auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
+        auto a40 = hn::Zero(df), a41 = hn::Zero(df), a50 = hn::Zero(df), a51 = hn::Zero(df);
+        for (int64_t i = 0; i < d; ++i) {
+          const auto q0 = hn::LoadU(df, qt + i * q_stride + r);
+          const auto q1 = hn::LoadU(df, qt + i * q_stride + r + lanes);
+          auto b = hn::Set(df, k0[i]);
+          a00 = hn::MulAdd(b, q0, a00);
+          a01 = hn::MulAdd(b, q1, a01);
+          b = hn::Set(df, k0[d + i]);
+          a10 = hn::MulAdd(b, q0, a10);
+          a11 = hn::MulAdd(b, q1, a11);
+          b = hn::Set(df, k0[2 * d + i]);
+          a20 = hn::MulAdd(b, q0, a20);
+          a21 = hn::MulAdd(b, q1, a21);
+          b = hn::Set(df, k0[3 * d + i]);
+          a30 = hn::MulAdd(b, q0, a30);
+          a31 = hn::MulAdd(b, q1, a31);
+          b = hn::Set(df, k0[4 * d + i]);
+          a40 = hn::MulAdd(b, q0, a40);
+          a41 = hn::MulAdd(b, q1, a41);
+          b = hn::Set(df, k0[5 * d + i]);
+          a50 = hn::MulAdd(b, q0, a50);
+          a51 = hn::MulAdd(b, q1, a51);
+        }
+        float* out = lt + j * rows + r;
+        hn::StoreU(a00, df, out);
+        hn::StoreU(a01, df, out + lanes);
+        hn::StoreU(a10, df, out + rows);
+        hn::StoreU(a11, df, out + rows + lanes);
+        hn::StoreU(a20, df, out + 2 * rows);
+        hn::StoreU(a21, df, out + 2 * rows + lanes);
+        hn::StoreU(a30, df, out + 3 * rows);
+        hn::StoreU(a31, df, out + 3 * rows + lanes);
+        hn::StoreU(a40, df, out + 4 * rows);
+        hn::StoreU(a41, df, out + 4 * rows + lanes);
+        hn::StoreU(a50, df, out + 5 * rows);
+        hn::StoreU(a51, df, out + 5 * rows + lanes);
+      }
       for (; j + 4 <= count; j += 4) {
         const float* k0 = k + j * d;
         auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
@@ -350,6 +393,99 @@ inline void TileAddRows(const float* k, int64_t count, int64_t d, const float* n
       hn::StoreU(hn::MulAdd(hn::LoadU(df, kj + i), scale, hn::LoadU(df, sum + i)), df, sum + i);
     }
     for (; i < d; ++i) sum[i] += kj[i] * inv;
+  }
+}
+
+/// sums[j] += sum_r |x[j, r]| for j < count (x [count, rows] token-major): the l1 norms of
+/// projected rows, one block of output columns at a time (the rows' vectors added in order,
+/// then across lanes).
+inline void TileAddAbsRows(const float* x, int64_t count, int64_t rows, float* sums) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    auto acc = hn::Zero(df);
+    for (int64_t r = 0; r < rows; r += lanes) {
+      acc = hn::Add(acc, hn::Abs(hn::LoadU(df, x + j * rows + r)));
+    }
+    sums[j] += hn::GetLane(hn::SumOfLanes(df, acc));
+  }
+}
+
+/// out[j] = sum_{i < d} a[j, i] * (b[j, i] + bias[i]) for j < count (a [count, d] rows d
+/// apart, b [count, b_stride]; no bias when `bias` is null): the quadratic form a_j^T M a_j
+/// once b = a M^T is known (and Expected Attention's linear term through the bias).
+inline void TileRowDots(const float* a, const float* b, int64_t b_stride, const float* bias,
+                        int64_t count, int64_t d, float* out) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    const float* aj = a + j * d;
+    const float* bj = b + j * b_stride;
+    auto acc = hn::Zero(df);
+    int64_t i = 0;
+    for (; i + lanes <= d; i += lanes) {
+      auto y = hn::LoadU(df, bj + i);
+      if (bias != nullptr) y = hn::Add(y, hn::LoadU(df, bias + i));
+      acc = hn::MulAdd(hn::LoadU(df, aj + i), y, acc);
+    }
+    float sum = hn::GetLane(hn::SumOfLanes(df, acc));
+    for (; i < d; ++i) sum += aj[i] * (bj[i] + (bias != nullptr ? bias[i] : 0.0f));
+    out[j] = sum;
+  }
+}
+
+/// sums[j] = sum_r factor[r] * e[j, r]^2 for j < count (e [count, rows] token-major): the
+/// squared probabilities of the rows a 0/1 factor selects (the rows' vectors added in order,
+/// then across lanes).
+inline void TileAddScaledSquares(const float* e, int64_t count, int64_t rows, const float* factor,
+                                 float* sums) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    auto acc = hn::Zero(df);
+    for (int64_t r = 0; r < rows; r += lanes) {
+      const auto x = hn::LoadU(df, e + j * rows + r);
+      acc = hn::MulAdd(hn::Mul(x, x), hn::LoadU(df, factor + r), acc);
+    }
+    sums[j] = hn::GetLane(hn::SumOfLanes(df, acc));
+  }
+}
+
+/// The maximum of x[0..count) and the sum of exp(x - max) over them: one row's softmax
+/// statistics over a tile (x readable up to count rounded up to the vector length; the
+/// lanes past count are masked out).
+inline void RowMaxExpSum(const float* x, int64_t count, float* max_out, float* sum_out) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto neg_inf = hn::Set(df, -HUGE_VALF);
+  auto m = neg_inf;
+  for (int64_t j = 0; j < count; j += lanes) {
+    const auto valid = hn::FirstN(df, static_cast<size_t>(count - j));
+    m = hn::Max(m, hn::IfThenElse(valid, hn::LoadU(df, x + j), neg_inf));
+  }
+  const float max = hn::GetLane(hn::MaxOfLanes(df, m));
+  const auto shift = hn::Set(df, max == -HUGE_VALF ? 0.0f : -max);
+  auto s = hn::Zero(df);
+  for (int64_t j = 0; j < count; j += lanes) {
+    const auto valid = hn::FirstN(df, static_cast<size_t>(count - j));
+    s = hn::Add(s, hn::IfThenElseZero(valid, hn::Exp(df, hn::Add(hn::LoadU(df, x + j), shift))));
+  }
+  *max_out = max;
+  *sum_out = hn::GetLane(hn::SumOfLanes(df, s));
+}
+
+/// acc[j] += exp(x[j] + neg_max) * inv_sum for j < count (x and acc readable and acc
+/// writable up to count rounded up to the vector length; those lanes get 0 added): one
+/// row's probabilities added to a running sum.
+inline void RowAddProbs(const float* x, int64_t count, float neg_max, float inv_sum, float* acc) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  const auto shift = hn::Set(df, neg_max);
+  const auto scale = hn::Set(df, inv_sum);
+  for (int64_t j = 0; j < count; j += lanes) {
+    const auto valid = hn::FirstN(df, static_cast<size_t>(count - j));
+    const auto e = hn::IfThenElseZero(valid, hn::Exp(df, hn::Add(hn::LoadU(df, x + j), shift)));
+    hn::StoreU(hn::MulAdd(e, scale, hn::LoadU(df, acc + j)), df, acc + j);
   }
 }
 
