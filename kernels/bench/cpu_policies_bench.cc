@@ -191,6 +191,7 @@ void BM_ModelPolicy(benchmark::State& state, const char* policy, const char* par
   settings.policy = policy;
   settings.budget.keep_fraction = 0.2;
   settings.numerics = numerics;
+  settings.perturbation = false;  // the scorer and the selection alone, as the policy rows
   settings.num_layers = 1;
   for (absl::string_view pair : absl::StrSplit(params, ',', absl::SkipEmpty())) {
     const std::pair<std::string, std::string> kv = absl::StrSplit(pair, '=');

@@ -29,8 +29,11 @@ namespace hn = hwy::HWY_NAMESPACE;
 /// vectors (or 4 x 1) held in registers across d, one fused multiply-add per token and
 /// vector: 12 accumulators, two vector loads and six broadcasts per step (fits AVX2's 16
 /// registers). Every output is one FMA chain over i = 0 .. d-1, whatever the blocking.
-inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const float* k,
-                 int64_t count, int64_t d, float* lt) {
+/// With kLower, qt is lower triangular (qt[i, c] = 0 for i < c): the sum of a block of
+/// columns starting at c0 runs over i >= c0 only (about half the products of a [d, d] matrix).
+template <bool kLower>
+inline void TileProductT(const float* qt, int64_t q_stride, int64_t rows, const float* k,
+                         int64_t count, int64_t d, float* lt) {
   const hn::ScalableTag<float> df;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
   for (int64_t r = 0; r < rows; r += lanes) {
@@ -42,7 +45,7 @@ inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const f
         auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
         auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
         auto a40 = hn::Zero(df), a41 = hn::Zero(df), a50 = hn::Zero(df), a51 = hn::Zero(df);
-        for (int64_t i = 0; i < d; ++i) {
+        for (int64_t i = kLower ? r : 0; i < d; ++i) {
           const auto q0 = hn::LoadU(df, qt + i * q_stride + r);
           const auto q1 = hn::LoadU(df, qt + i * q_stride + r + lanes);
           auto b = hn::Set(df, k0[i]);
@@ -82,7 +85,7 @@ inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const f
         const float* k0 = k + j * d;
         auto a00 = hn::Zero(df), a01 = hn::Zero(df), a10 = hn::Zero(df), a11 = hn::Zero(df);
         auto a20 = hn::Zero(df), a21 = hn::Zero(df), a30 = hn::Zero(df), a31 = hn::Zero(df);
-        for (int64_t i = 0; i < d; ++i) {
+        for (int64_t i = kLower ? r : 0; i < d; ++i) {
           const auto q0 = hn::LoadU(df, qt + i * q_stride + r);
           const auto q1 = hn::LoadU(df, qt + i * q_stride + r + lanes);
           const auto b0 = hn::Set(df, k0[i]);
@@ -112,7 +115,7 @@ inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const f
       for (; j + 4 <= count; j += 4) {
         const float* k0 = k + j * d;
         auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
-        for (int64_t i = 0; i < d; ++i) {
+        for (int64_t i = kLower ? r : 0; i < d; ++i) {
           const auto q0 = hn::LoadU(df, qt + i * q_stride + r);
           a0 = hn::MulAdd(hn::Set(df, k0[i]), q0, a0);
           a1 = hn::MulAdd(hn::Set(df, k0[d + i]), q0, a1);
@@ -129,7 +132,7 @@ inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const f
     for (; j < count; ++j) {  // the tile's last tokens, one at a time
       for (int64_t v = 0; v < (two ? 2 : 1); ++v) {
         auto a = hn::Zero(df);
-        for (int64_t i = 0; i < d; ++i) {
+        for (int64_t i = kLower ? r : 0; i < d; ++i) {
           a = hn::MulAdd(hn::Set(df, k[j * d + i]),
                          hn::LoadU(df, qt + i * q_stride + r + v * lanes), a);
         }
@@ -138,6 +141,19 @@ inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const f
     }
     if (two) r += lanes;
   }
+}
+
+/// The product of TileProductT over a dense qt.
+inline void TileLogitsT(const float* qt, int64_t q_stride, int64_t rows, const float* k,
+                        int64_t count, int64_t d, float* lt) {
+  TileProductT<false>(qt, q_stride, rows, k, count, d, lt);
+}
+
+/// The product of TileProductT over a lower-triangular qt [d, rows] (rows >= d): y = k L
+/// for a Cholesky factor L of a d x d matrix.
+inline void TileLowerProductT(const float* qt, int64_t q_stride, int64_t rows, const float* k,
+                              int64_t count, int64_t d, float* lt) {
+  TileProductT<true>(qt, q_stride, rows, k, count, d, lt);
 }
 
 /// lt[j, r] = q_r . k_j for the first `rows` rows of q [rows, d] (row-major) and `count`
@@ -430,6 +446,38 @@ inline void TileRowDots(const float* a, const float* b, int64_t b_stride, const 
     }
     float sum = hn::GetLane(hn::SumOfLanes(df, acc));
     for (; i < d; ++i) sum += aj[i] * (bj[i] + (bias != nullptr ? bias[i] : 0.0f));
+    out[j] = sum;
+  }
+}
+
+/// out[j] = factor * sum_{c < cols} y[j, c]^2 + sum_{i < d} k[j, i] * bias[i] (no bias term
+/// when `bias` is null) for j < count: y [count, y_stride] (cols a multiple of the vector
+/// length), k [count, d]. A quadratic form k_j^T M k_j = |L^T k_j|^2 once y = k L is known
+/// for M = L L^T, plus a linear term.
+inline void TileSquaresPlusDot(const float* y, int64_t y_stride, int64_t cols, float factor,
+                               const float* k, int64_t d, const float* bias, int64_t count,
+                               float* out) {
+  const hn::ScalableTag<float> df;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t j = 0; j < count; ++j) {
+    const float* yj = y + j * y_stride;
+    auto acc = hn::Zero(df);
+    for (int64_t c = 0; c < cols; c += lanes) {
+      const auto x = hn::LoadU(df, yj + c);
+      acc = hn::MulAdd(x, x, acc);
+    }
+    float sum = factor * hn::GetLane(hn::SumOfLanes(df, acc));
+    if (bias != nullptr) {
+      const float* kj = k + j * d;
+      auto lin = hn::Zero(df);
+      int64_t i = 0;
+      for (; i + lanes <= d; i += lanes) {
+        lin = hn::MulAdd(hn::LoadU(df, kj + i), hn::LoadU(df, bias + i), lin);
+      }
+      float dot = hn::GetLane(hn::SumOfLanes(df, lin));
+      for (; i < d; ++i) dot += kj[i] * bias[i];
+      sum += dot;
+    }
     out[j] = sum;
   }
 }

@@ -22,13 +22,15 @@ void FastProjectedL1Norms(const CpuLayer& layer, const float* w_o, int64_t hidde
 
 /// out [H_kv * per_head, prefix]: sqrt(max(0, v_{h,j}^T M_m v_{h,j})) for the matrices m = h *
 /// per_head + i of grams [H_kv * per_head, d, d] (i < per_head: a KV head's query heads, or
-/// its one group matrix) and tokens j < prefix. y = M v is one product per tile, then v . y.
+/// its one group matrix) and tokens j < prefix. A positive definite M = L L^T is factored
+/// once per call (fp64) and the form is |L^T v|^2, a triangular product per tile and a sum of
+/// squares; any other M takes y = M v and v . y.
 void FastGramNorms(const CpuLayer& layer, const float* grams, int64_t per_head, int64_t prefix,
                    ThreadPool& pool, float* out);
 
 /// out [H_q, n]: Expected Attention's logits l_{q,j} = scale * mu_q . k_j + half_scale2 *
-/// k_j^T Sigma_q k_j for every token, as k_j . (half_scale2 * Sigma_q k_j + scale * mu_q);
-/// mean [H_q, d], cov [H_q, d, d].
+/// k_j^T Sigma_q k_j for every token (the quadratic form as FastGramNorms computes it, the
+/// linear term as a dot product); mean [H_q, d], cov [H_q, d, d].
 void FastExpectedLogits(const CpuLayer& layer, const float* mean, const float* cov, float scale,
                         float half_scale2, ThreadPool& pool, float* out);
 
