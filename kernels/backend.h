@@ -68,6 +68,14 @@ class Backend {
     (void)scorer, (void)allocator;
     return {Numerics::kExact};
   }
+  /// True when the backend finds NaN / Inf in the keys of `policy`'s layers itself, fused
+  /// into its own read of them: the engine then skips its scan of the (host) keys, sets
+  /// ValidatedLayer::unchecked_keys_field, and the backend answers a non-finite key with the
+  /// engine's own error (CheckFinite) before anything else.
+  virtual bool ChecksKeysFinite(const ResolvedPolicy& policy) const {
+    (void)policy;
+    return false;
+  }
   /// True when the backend reads tensors in device memory (MemorySpace::kDevice) in place.
   /// The engine refuses device tensors for backends that do not.
   virtual bool reads_device_memory() const { return false; }

@@ -247,9 +247,15 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
     }
   }
   // Values must be finite (last: it reads every byte). Device and pinned host tensors are
-  // checked by the backend on the device, with the same message.
+  // checked by the backend on the device, with the same message; so are keys the backend
+  // checks on its own read of them (ChecksKeysFinite: one pass over memory, not two).
+  const bool backend_checks_keys = backend_.ChecksKeysFinite(policy);
   for (const auto& [tensor, name] : tensors) {
     if (!tensor->present() || !tensor->host_readable()) continue;
+    if (tensor == &k && backend_checks_keys) {
+      v.unchecked_keys_field = field + name;
+      continue;
+    }
     if (auto st = CheckFinite(*tensor, field + name); !st.ok()) return st;
   }
   v.layer_id = layer.layer_id;

@@ -105,6 +105,9 @@ struct ValidatedLayer {
   uint64_t seed = 0;
   void* ready_event = nullptr;  // as LayerRequest::ready_event
   OutputTarget output;          // as LayerRequest::output (capacity checked)
+  /// Non-empty when the engine left the keys' NaN / Inf scan to the backend
+  /// (Backend::ChecksKeysFinite): the field its error names, e.g. "layers[2].keys".
+  std::string unchecked_keys_field;
   /// True when any present tensor lives in device memory.
   bool has_device_tensors() const {
     return keys.on_device() || values.on_device() || queries.on_device();

@@ -9,6 +9,7 @@
 #include "kernels/cpu/fast/fast_perturbation.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/cpu/scorers.h"
+#include "kernels/finite_scan.h"
 
 namespace kvtrim {
 
@@ -119,6 +120,14 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
     }
     st = it->second(layer, policy.params, pool_, scores->data());
   }
+  // Keys the engine did not scan: the kernels checked each tile they read; a flagged (or
+  // failed) run gets the engine's own error for the first non-finite key.
+  if (layer.keys_nonfinite != nullptr && (!st.ok() || layer.keys_nonfinite->load())) {
+    if (absl::Status finite = CheckFinite(layer.keys_in, layer.unchecked_keys_field);
+        !finite.ok()) {
+      return finite;
+    }
+  }
   if (!st.ok()) return st;
   if (auto nan = CheckNoNaN(name, *scores, n); !nan.ok()) return nan;
   return CheckNoNaN(name, *critical, n);
@@ -131,6 +140,11 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer
   ApplyProtection(budget.protection, layer.shape.num_kv_heads, layer.shape.num_tokens,
                   scores->data());
   return absl::OkStatus();
+}
+
+bool CpuBackend::ChecksKeysFinite(const ResolvedPolicy& policy) const {
+  const ScorerKind kind = policy.scorer->kind;
+  return RunsFast(policy) && kind != ScorerKind::kStreamingLlm && kind != ScorerKind::kRandom;
 }
 
 bool CpuBackend::RunsFast(const ResolvedPolicy& policy) const {

@@ -51,6 +51,12 @@ class CpuBackend final : public Backend {
   std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
                                       const AllocatorSpec& allocator) const override;
 
+  /// True for fast requests over a scorer whose fast kernels read every key (all but
+  /// StreamingLLM and Random, which never read them): the keys' NaN / Inf check then runs on
+  /// each tile as the kernels read it (token_rows.h), and a non-finite key is answered with
+  /// the engine's own error.
+  bool ChecksKeysFinite(const ResolvedPolicy& policy) const override;
+
  private:
   /// True when `policy` asks for fast numerics and its scorer has them: every read of its
   /// keys and values then goes through the fast kernels (which widen tiles themselves).

@@ -19,6 +19,10 @@ CpuLayer CpuLayer::From(const ValidatedLayer& layer, bool widen_keys_values) {
   out.softmax_scale = layer.softmax_scale;
   out.seed = layer.seed;
   out.input_dtype = layer.keys.dtype;
+  out.unchecked_keys_field = layer.unchecked_keys_field;
+  if (!out.unchecked_keys_field.empty()) {
+    out.keys_nonfinite = std::make_shared<std::atomic<bool>>(false);
+  }
   return out;
 }
 

@@ -1,6 +1,10 @@
 // The fp32 tensors of one validated layer, as the CPU scorers read them.
 #pragma once
 
+#include <atomic>
+#include <memory>
+#include <string>
+
 #include "kernels/layer.h"
 #include "kernels/tensor.h"
 
@@ -21,6 +25,11 @@ struct CpuLayer {
   float softmax_scale = 0;  // never 0
   uint64_t seed = 0;
   DType input_dtype = DType::kF32;  // dtype the keys arrived in
+  /// Set when the engine left the keys' NaN / Inf scan to the backend: the field to name,
+  /// and the flag the fast kernels raise when a key tile they read is not finite
+  /// (token_rows.h).
+  std::string unchecked_keys_field;
+  std::shared_ptr<std::atomic<bool>> keys_nonfinite;
 
   /// Converts (or aliases) the tensors of `layer`. Without `widen_keys_values`, f16 / bf16
   /// keys and values are left unconverted (keys / values absent; keys_in / values_in set):

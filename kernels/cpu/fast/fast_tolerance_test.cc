@@ -20,6 +20,7 @@
 //   * every fast decision says it was computed fast, every exact one exact.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <iterator>
 #include <functional>
@@ -441,6 +442,82 @@ TEST(FastCpuTolerance, HugeFiniteInputsAnswerOrAreRefusedNamingTheKeys) {
     }
     for (double p : decision->perturbation) EXPECT_FALSE(std::isnan(p)) << p;
   }
+}
+
+// The keys' NaN / Inf check fused into the fast kernels' read (CpuBackend::ChecksKeysFinite):
+// for every policy, a NaN, +Inf or -Inf key (f32, f16, bf16; one, or two of which the first
+// is named) is refused with exactly the engine's error in exact numerics; the engine leaves
+// the keys' scan to the backend only for fast requests over scorers that read every key.
+TEST(FastCpuTolerance, NonFiniteKeysAreRefusedWithTheEnginesOwnError) {
+  constexpr int64_t n = 300, d = 64, group = 4, w = 16;
+  CpuBackend backend(2);
+  PolicyEngine engine(Registry(), backend);
+  std::mt19937_64 rng(99);
+  const float kBad[] = {NAN, HUGE_VALF, -HUGE_VALF};
+  int64_t checked = 0;
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const std::vector<uint8_t> clean_keys = RandomEncoded(dtype, kKvHeads * n * d, 1.0f, rng);
+    const std::vector<uint8_t> values = RandomEncoded(dtype, kKvHeads * n * d, 1.0f, rng);
+    const std::vector<uint8_t> queries = RandomEncoded(dtype, kKvHeads * group * w * d, 1.0f, rng);
+    for (const std::string& policy : FastPolicies()) {
+      for (int bad = 0; bad < 3; ++bad) {
+        SCOPED_TRACE(absl::StrCat(policy, " ", DTypeName(dtype), " bad=", kBad[bad]));
+        // One bad key (head 2, token 257, element 5), or two (the first named).
+        std::vector<uint8_t> keys = clean_keys;
+        const size_t size = DTypeSize(dtype);
+        const auto put = [&](int64_t index, float x) {
+          if (dtype == DType::kF32) {
+            std::memcpy(keys.data() + 4 * index, &x, 4);
+          } else {
+            const uint16_t bits = dtype == DType::kBF16 ? FloatToBf16(x) : FloatToF16(x);
+            std::memcpy(keys.data() + size * index, &bits, 2);
+          }
+        };
+        put((2 * n + 257) * d + 5, kBad[bad]);
+        if (bad == 1) put((1 * n + 3) * d + 60, NAN);  // earlier: this one is named
+        std::string messages[2];
+        for (Numerics numerics : {Numerics::kExact, Numerics::kFast}) {
+          CompressionSettings settings;
+          settings.policy = policy;
+          settings.budget.keep_fraction = 0.3;
+          settings.num_layers = kNumLayers;
+          settings.numerics = numerics;
+          settings.params["window"] = ParamValue::Number(8);
+          auto prepared = engine.Prepare(settings, "settings");
+          if (!prepared.ok()) {
+            settings.params.clear();
+            prepared = engine.Prepare(settings, "settings");
+          }
+          if (!prepared.ok()) break;  // a composition the registry refuses
+          ASSERT_TRUE(AttachTestModel(engine, group, d, &*prepared).ok());
+          LayerRequest layer;
+          layer.layer_id = 1;
+          layer.keys = {keys.data(), dtype, {kKvHeads, n, d}};
+          layer.values = {values.data(), dtype, {kKvHeads, n, d}};
+          layer.queries = {queries.data(), dtype, {kKvHeads * group, w, d}};
+          auto validated = engine.Validate(*prepared, layer, "layer");
+          if (validated.ok()) {
+            const bool reads_keys = prepared->scorer->kind != ScorerKind::kStreamingLlm &&
+                                    prepared->scorer->kind != ScorerKind::kRandom;
+            EXPECT_EQ(validated->unchecked_keys_field,
+                      numerics == Numerics::kFast && reads_keys ? "layer.keys" : "");
+          }
+          auto decision = engine.CompressLayer(*prepared, layer, "layer");
+          ASSERT_FALSE(decision.ok());
+          EXPECT_EQ(decision.status().code(), absl::StatusCode::kInvalidArgument);
+          messages[numerics == Numerics::kFast] = std::string(decision.status().message());
+        }
+        if (messages[0].empty()) continue;  // refused composition
+        EXPECT_EQ(messages[1], messages[0]);
+        EXPECT_NE(messages[0].find(bad == 1 ? "layer.keys: contains NaN at [1, 3, 60]"
+                                            : "layer.keys: contains"),
+                  std::string::npos)
+            << messages[0];
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 100);
 }
 
 TEST(FastCpuTolerance, ForcedPathsAreTheOnesThatRun) {

@@ -3,6 +3,8 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/fast/token_rows.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 // foreach_target must come first.
+#include <algorithm>
+
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -32,6 +34,20 @@ int64_t WidenToF32(const uint16_t* src, bool bf16, int64_t count, float* dst) {
   return i;
 }
 
+/// True when every x[0..count) is finite (the exponent bits of no element all ones).
+bool AllFiniteF32(const float* x, int64_t count) {
+  const hn::ScalableTag<uint32_t> du;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(du));
+  const auto* bits = reinterpret_cast<const uint32_t*>(x);
+  const auto exponent = hn::Set(du, 0x7F800000u);
+  auto seen = hn::Zero(du);
+  int64_t i = 0;
+  for (; i + lanes <= count; i += lanes) seen = hn::Max(seen, hn::And(hn::LoadU(du, bits + i), exponent));
+  uint32_t largest = hn::GetLane(hn::MaxOfLanes(du, seen));
+  for (; i < count; ++i) largest = std::max(largest, bits[i] & 0x7F800000u);
+  return largest != 0x7F800000u;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvtrim
 HWY_AFTER_NAMESPACE();
@@ -45,6 +61,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvtrim {
 
 HWY_EXPORT(WidenToF32);
+HWY_EXPORT(AllFiniteF32);
 
 namespace {
 
@@ -56,7 +73,9 @@ TokenRows RowsOf(const TensorView& arrived, const F32Tensor& widened, int64_t d)
 }  // namespace
 
 TokenRows TokenRows::Keys(const CpuLayer& layer) {
-  return RowsOf(layer.keys_in, layer.keys, layer.shape.head_dim);
+  TokenRows rows = RowsOf(layer.keys_in, layer.keys, layer.shape.head_dim);
+  rows.nonfinite = layer.keys_nonfinite.get();
+  return rows;
 }
 
 TokenRows TokenRows::Values(const CpuLayer& layer) {
@@ -65,14 +84,22 @@ TokenRows TokenRows::Values(const CpuLayer& layer) {
 
 TokenRows TokenRows::From(int64_t first) const {
   const auto* bytes = static_cast<const uint8_t*>(data);
-  return {bytes + first * d * static_cast<int64_t>(DTypeSize(dtype)), dtype, d};
+  return {bytes + first * d * static_cast<int64_t>(DTypeSize(dtype)), dtype, d, nonfinite};
 }
 
 const float* TokenRows::Rows(int64_t first, int64_t count, std::vector<float>* scratch) const {
-  if (dtype == DType::kF32) return static_cast<const float*>(data) + first * d;
-  scratch->resize(static_cast<size_t>(count * d));
-  CopyRows(first, count, scratch->data());
-  return scratch->data();
+  const float* rows = nullptr;
+  if (dtype == DType::kF32) {
+    rows = static_cast<const float*>(data) + first * d;
+  } else {
+    scratch->resize(static_cast<size_t>(count * d));
+    CopyRows(first, count, scratch->data());  // f16 / bf16 NaN and Inf widen to themselves
+    rows = scratch->data();
+  }
+  if (nonfinite != nullptr && !HWY_DYNAMIC_DISPATCH(AllFiniteF32)(rows, count * d)) {
+    nonfinite->store(true, std::memory_order_relaxed);
+  }
+  return rows;
 }
 
 void TokenRows::CopyRows(int64_t first, int64_t count, float* out) const {

@@ -4,6 +4,7 @@
 // fp32 copy of the tensor.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -17,6 +18,9 @@ struct TokenRows {
   const void* data = nullptr;  // element 0 of the rows
   DType dtype = DType::kF32;
   int64_t d = 0;  // elements per row
+  /// When set, Rows() checks every row it hands out and raises the flag on a NaN or Inf
+  /// (the keys' finiteness check fused into the kernels' own read; CpuLayer::keys_nonfinite).
+  std::atomic<bool>* nonfinite = nullptr;
 
   /// The keys / values of `layer`: the arriving tensor, or its fp32 tensor when the layer
   /// was built without one (tests).
@@ -26,7 +30,8 @@ struct TokenRows {
   /// The rows from row `first` on (e.g. a head's first token: h * n).
   TokenRows From(int64_t first) const;
   /// Rows [first, first + count) in fp32: in place for f32, else widened into `scratch`
-  /// (resized as needed; the pointer stays valid until scratch changes).
+  /// (resized as needed; the pointer stays valid until scratch changes); checked for
+  /// NaN / Inf when `nonfinite` is set.
   const float* Rows(int64_t first, int64_t count, std::vector<float>* scratch) const;
   /// Copies rows [first, first + count) in fp32 to out [count, d].
   void CopyRows(int64_t first, int64_t count, float* out) const;
