@@ -46,8 +46,8 @@ std::vector<int64_t> AllocateAdaKV(const float* scores, int64_t num_heads, int64
   std::vector<int64_t> counts(static_cast<size_t>(num_heads), safeguard);
   const int64_t extra = num_heads * k - num_heads * safeguard;
   if (extra <= 0) return counts;
-  // Every head's tokens ranked; the safeguard takes each head's first `safeguard`.
-  // The remaining candidates compete in one flattened top-`extra`.
+  // The safeguard takes each head's first `safeguard` tokens by (score desc, index asc), a
+  // partial selection (O(n)); the remaining candidates compete in one flattened top-`extra`.
   struct Candidate {
     float score;
     int32_t token;
@@ -59,9 +59,10 @@ std::vector<int64_t> AllocateAdaKV(const float* scores, int64_t num_heads, int64
   for (int64_t h = 0; h < num_heads; ++h) {
     const float* s = scores + h * n;
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [s](int32_t a, int32_t b) {
-      return s[a] != s[b] ? s[a] > s[b] : a < b;
-    });
+    if (safeguard > 0 && safeguard < n) {
+      std::nth_element(order.begin(), order.begin() + (safeguard - 1), order.end(),
+                       [s](int32_t a, int32_t b) { return s[a] != s[b] ? s[a] > s[b] : a < b; });
+    }
     for (int64_t r = safeguard; r < n; ++r) {
       rest.push_back({s[order[r]], order[r], static_cast<int32_t>(h)});
     }
