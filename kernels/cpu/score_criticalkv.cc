@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/fast/token_rows.h"
 #include "kernels/cpu/fast/value_norms.h"
 #include "kernels/cpu/fast/window_columns.h"
 #include "kernels/cpu/pooling.h"
@@ -97,7 +98,10 @@ absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& pa
   const int64_t prefix = n - window;  // tokens j >= P score 0 (protected window)
   std::fill_n(attention, heads * n, 0.0f);
   std::fill_n(critical, heads * n, 0.0f);
-  if (prefix <= 0) return absl::OkStatus();
+  if (prefix <= 0) {  // nothing to score; the keys still get their finiteness check
+    CheckKeysRead(layer);
+    return absl::OkStatus();
+  }
   const int64_t hq = layer.shape.num_query_heads;
   std::vector<float> sums(static_cast<size_t>(hq * prefix));   // [H_q, P] sum_t p
   std::vector<float> norms(static_cast<size_t>(hq * prefix));  // [H_q, P] ||v W_O^q||

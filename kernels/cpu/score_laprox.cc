@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/fast/token_rows.h"
 #include "kernels/cpu/fast/value_norms.h"
 #include "kernels/cpu/fast/window_columns.h"
 #include "kernels/cpu/pooling.h"
@@ -117,7 +118,10 @@ absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params
   const int64_t group = layer.shape.group_size();
   const int64_t prefix = n - window;
   std::fill_n(scores, heads * n, 0.0f);
-  if (prefix <= 0) return absl::OkStatus();
+  if (prefix <= 0) {  // nothing to score; the keys still get their finiteness check
+    CheckKeysRead(layer);
+    return absl::OkStatus();
+  }
   const float inv_group = 1.0f / static_cast<float>(group);
   const float* head_gram = model.head_gram[layer.layer_id].data();
   const bool per_head_column = gqa == "head_bound";

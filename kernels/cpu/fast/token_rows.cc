@@ -102,6 +102,16 @@ const float* TokenRows::Rows(int64_t first, int64_t count, std::vector<float>* s
   return rows;
 }
 
+void CheckKeysRead(const CpuLayer& layer) {
+  if (layer.keys_nonfinite == nullptr) return;
+  const TokenRows keys = TokenRows::Keys(layer);
+  const int64_t rows = layer.shape.num_kv_heads * layer.shape.num_tokens;
+  std::vector<float> scratch;
+  for (int64_t first = 0; first < rows; first += 256) {
+    keys.Rows(first, std::min<int64_t>(256, rows - first), &scratch);
+  }
+}
+
 void TokenRows::CopyRows(int64_t first, int64_t count, float* out) const {
   if (dtype == DType::kF32) {
     std::memcpy(out, static_cast<const float*>(data) + first * d,

@@ -37,4 +37,10 @@ struct TokenRows {
   void CopyRows(int64_t first, int64_t count, float* out) const;
 };
 
+/// Reads every key of `layer` through TokenRows::Keys once, raising layer.keys_nonfinite on
+/// a NaN / Inf: for a fast scorer that has nothing to compute (a layer no longer than its
+/// window) and so never reads the keys the engine left to it. A no-op when the engine
+/// scanned them.
+void CheckKeysRead(const CpuLayer& layer);
+
 }  // namespace kvtrim
