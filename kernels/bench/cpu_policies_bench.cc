@@ -212,10 +212,10 @@ void BM_ModelPolicy(benchmark::State& state, const char* policy, const char* par
   TimeCompressLayer(state, engine, *resolved, layer, n);
 }
 
-// The model-aware policies (Llama-3.1-8B-shaped W_O, D = 4096): fast at 4K and 32K in fp32
-// and bf16, exact at 4K only (CriticalKV l1's canonical o_proj products take minutes at
-// 32K). LaProx runs its per-layer top-K (mode=layer): its default model-wide decision
-// answers at the end of a session.
+// The model-aware policies (Llama-3.1-8B-shaped W_O, D = 4096), fast and exact at 4K and 32K
+// in fp32 and bf16 (CriticalKV l1's canonical o_proj products take minutes at 32K). LaProx
+// runs its per-layer top-K (mode=layer): its default model-wide decision answers at the end
+// of a session.
 #define KVTRIM_MODEL_RUN(name, policy, params, dtype, numerics, ...)                     \
   BENCHMARK_CAPTURE(BM_ModelPolicy, name, #policy, params, dtype, numerics)            \
       __VA_ARGS__->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(0.5)
@@ -223,9 +223,10 @@ void BM_ModelPolicy(benchmark::State& state, const char* policy, const char* par
   KVTRIM_MODEL_RUN(name, policy, params, DType::kF32, Numerics::kFast, ->Arg(4096)->Arg(32768)); \
   KVTRIM_MODEL_RUN(name##_bf16, policy, params, DType::kBF16, Numerics::kFast,          \
                    ->Arg(4096)->Arg(32768));                                              \
-  KVTRIM_MODEL_RUN(name##_exact, policy, params, DType::kF32, Numerics::kExact, ->Arg(4096)); \
+  KVTRIM_MODEL_RUN(name##_exact, policy, params, DType::kF32, Numerics::kExact,         \
+                   ->Arg(4096)->Arg(32768));                                              \
   KVTRIM_MODEL_RUN(name##_bf16_exact, policy, params, DType::kBF16, Numerics::kExact,   \
-                   ->Arg(4096))
+                   ->Arg(4096)->Arg(32768))
 
 KVTRIM_MODEL_BENCH(criticalkv, criticalkv, "");
 KVTRIM_MODEL_BENCH(criticalkv_l2, criticalkv, "norm=l2");
