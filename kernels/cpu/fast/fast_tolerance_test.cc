@@ -281,7 +281,8 @@ CaseResult RunCase(const FastCase& c, const LayerData& data) {
       // DropKV's window tokens are ill-conditioned in both modes and protected.
       const int64_t checked = FastScoreCheckedTokens(*fast_policy, c.n);
       for (auto [what, exact_array, fast_array] :
-           {std::make_tuple("score", &e, &f), std::make_tuple("critical", &e_critical, &f_critical)}) {
+           {std::make_tuple("score", &e, &f),
+            std::make_tuple("critical", &e_critical, &f_critical)}) {
         if (exact_array->size() != fast_array->size()) {
           result.failure = absl::StrCat(c.Spec().Describe(), ": ", what, " sizes differ");
           return result;
@@ -485,7 +486,8 @@ TEST(FastCpuTolerance, NonFiniteKeysAreRefusedWithTheEnginesOwnError) {
           settings.budget.keep_fraction = 0.3;
           settings.num_layers = kNumLayers;
           settings.numerics = numerics;
-          settings.params["window"] = ParamValue::Number(static_cast<double>(std::min<int64_t>(8, w)));
+          settings.params["window"] =
+              ParamValue::Number(static_cast<double>(std::min<int64_t>(8, w)));
           auto prepared = engine.Prepare(settings, "settings");
           if (!prepared.ok()) {
             settings.params.clear();

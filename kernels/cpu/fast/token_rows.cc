@@ -42,7 +42,9 @@ bool AllFiniteF32(const float* x, int64_t count) {
   const auto exponent = hn::Set(du, 0x7F800000u);
   auto seen = hn::Zero(du);
   int64_t i = 0;
-  for (; i + lanes <= count; i += lanes) seen = hn::Max(seen, hn::And(hn::LoadU(du, bits + i), exponent));
+  for (; i + lanes <= count; i += lanes) {
+    seen = hn::Max(seen, hn::And(hn::LoadU(du, bits + i), exponent));
+  }
   uint32_t largest = hn::GetLane(hn::MaxOfLanes(du, seen));
   for (; i < count; ++i) largest = std::max(largest, bits[i] & 0x7F800000u);
   return largest != 0x7F800000u;

@@ -99,7 +99,9 @@ class QuadraticForms {
     const int64_t d = d_;
     std::vector<double> l(static_cast<size_t>(d * d), 0.0);
     double largest = 0;
-    for (int64_t i = 0; i < d; ++i) largest = std::max(largest, static_cast<double>(mat[i * d + i]));
+    for (int64_t i = 0; i < d; ++i) {
+      largest = std::max(largest, static_cast<double>(mat[i * d + i]));
+    }
     bool ok = largest > 0;
     for (int64_t c = 0; ok && c < d; ++c) {
       double pivot = mat[c * d + c];
