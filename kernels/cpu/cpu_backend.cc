@@ -38,9 +38,7 @@ CpuBackend::CpuBackend(int num_threads)
 std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
                                                 const AllocatorSpec& allocator) const {
   (void)allocator;
-  if (fast_scorers_.count(scorer.kind) != 0 || IsModelScorer(scorer.kind)) {
-    return {Numerics::kFast, Numerics::kExact};
-  }
+  if (HasFastPath(scorer.kind)) return {Numerics::kFast, Numerics::kExact};
   return {Numerics::kExact};
 }
 
@@ -147,9 +145,12 @@ bool CpuBackend::ChecksKeysFinite(const ResolvedPolicy& policy) const {
   return RunsFast(policy) && kind != ScorerKind::kStreamingLlm && kind != ScorerKind::kRandom;
 }
 
+bool CpuBackend::HasFastPath(ScorerKind kind) const {
+  return fast_scorers_.count(kind) != 0 || IsModelScorer(kind);
+}
+
 bool CpuBackend::RunsFast(const ResolvedPolicy& policy) const {
-  return policy.settings.numerics == Numerics::kFast &&
-         (fast_scorers_.count(policy.scorer->kind) != 0 || IsModelScorer(policy.scorer->kind));
+  return policy.settings.numerics == Numerics::kFast && HasFastPath(policy.scorer->kind);
 }
 
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,

@@ -61,6 +61,8 @@ class CpuBackend final : public Backend {
   /// True when `policy` asks for fast numerics and its scorer has them: every read of its
   /// keys and values then goes through the fast kernels (which widen tiles themselves).
   bool RunsFast(const ResolvedPolicy& policy) const;
+  /// True when `kind` has fast CPU numerics (fast_scorers_, or the model-aware scorers).
+  bool HasFastPath(ScorerKind kind) const;
 
   ThreadPool pool_;
   std::map<ScorerKind, CpuScoreFn> scorers_;       // the scorers that need no model

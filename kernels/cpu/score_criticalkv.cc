@@ -18,13 +18,12 @@ namespace kvtrim {
 absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params,
                              const RegisteredModel& model, ThreadPool& pool, float* attention,
                              float* critical) {
-  const int64_t window = params.Int("window");
-  const int64_t kernel = params.Int("kernel");
+  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("criticalkv", layer, params);
+  if (!wp.ok()) return wp.status();
+  const int64_t window = wp->window, kernel = wp->kernel;
+  const PoolKind kind = wp->pooling;
   const float eps = static_cast<float>(params.Number("eps"));
   const bool l1 = params.Text("norm") == "l1";
-  if (absl::Status st = CheckQueryWindow("criticalkv", layer, window); !st.ok()) return st;
-  absl::StatusOr<PoolKind> kind = ResolvePooling("criticalkv", params.Text("pooling"), kernel);
-  if (!kind.ok()) return kind.status();
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
@@ -58,7 +57,7 @@ absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params
         }
       }
       for (int64_t j = 0; j < prefix; ++j) mean[j] = CmDiv(mean[j], fwindow);
-      if (prefix > 0) Pool1D(*kind, mean.data(), prefix, kernel, pooled.data());
+      if (prefix > 0) Pool1D(kind, mean.data(), prefix, kernel, pooled.data());
       for (int64_t j = 0; j < prefix; ++j) {
         att_sum[j] = CmAdd(att_sum[j], pooled[j]);
         const float* v = layer.values.row(h, j);
@@ -86,12 +85,11 @@ absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params
 absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& params,
                                  const RegisteredModel& model, ThreadPool& pool, float* attention,
                                  float* critical) {
-  const int64_t window = params.Int("window");
-  const int64_t kernel = params.Int("kernel");
+  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("criticalkv", layer, params);
+  if (!wp.ok()) return wp.status();
+  const int64_t window = wp->window, kernel = wp->kernel;
+  const PoolKind kind = wp->pooling;
   const float eps = static_cast<float>(params.Number("eps"));
-  if (absl::Status st = CheckQueryWindow("criticalkv", layer, window); !st.ok()) return st;
-  absl::StatusOr<PoolKind> kind = ResolvePooling("criticalkv", params.Text("pooling"), kernel);
-  if (!kind.ok()) return kind.status();
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;
   const int64_t group = layer.shape.group_size();
@@ -121,7 +119,7 @@ absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& pa
     for (int64_t g = 0; g < group; ++g) {
       const int64_t q = h * group + g;
       for (int64_t j = 0; j < prefix; ++j) mean[j] = sums[q * prefix + j] * inv_window;
-      Pool1D(*kind, mean.data(), prefix, kernel, pooled.data());  // before the group mean
+      Pool1D(kind, mean.data(), prefix, kernel, pooled.data());  // before the group mean
       for (int64_t j = 0; j < prefix; ++j) {
         att_sum[j] += pooled[j];
         norm_sum[j] += norms[q * prefix + j];

@@ -17,12 +17,11 @@ namespace kvtrim {
 
 absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
                          const RegisteredModel& model, ThreadPool& pool, float* scores) {
-  const int64_t window = params.Int("window");
-  const int64_t kernel = params.Int("kernel");
+  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("laprox", layer, params);
+  if (!wp.ok()) return wp.status();
+  const int64_t window = wp->window, kernel = wp->kernel;
+  const PoolKind kind = wp->pooling;
   const std::string& gqa = params.Text("gqa");
-  if (absl::Status st = CheckQueryWindow("laprox", layer, window); !st.ok()) return st;
-  absl::StatusOr<PoolKind> kind = ResolvePooling("laprox", params.Text("pooling"), kernel);
-  if (!kind.ok()) return kind.status();
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
@@ -57,7 +56,7 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
           }
         }
         for (int64_t j = 0; j < prefix; ++j) col[j] = CmSqrt(col[j]);
-        Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+        Pool1D(kind, col.data(), prefix, kernel, pooled.data());
         for (int64_t j = 0; j < prefix; ++j) {
           const float norm = GramNorm(layer.values.row(h, j), head_gram + q * d * d, d, y.data());
           acc[j] = CmAdd(acc[j], CmMul(pooled[j], norm));
@@ -86,7 +85,7 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
       }
     }
     for (int64_t j = 0; j < prefix; ++j) col[j] = CmSqrt(col[j]);
-    Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+    Pool1D(kind, col.data(), prefix, kernel, pooled.data());
     for (int64_t j = 0; j < prefix; ++j) {
       const float* v = layer.values.row(h, j);
       float norm;
@@ -107,12 +106,11 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
 
 absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params,
                              const RegisteredModel& model, ThreadPool& pool, float* scores) {
-  const int64_t window = params.Int("window");
-  const int64_t kernel = params.Int("kernel");
+  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("laprox", layer, params);
+  if (!wp.ok()) return wp.status();
+  const int64_t window = wp->window, kernel = wp->kernel;
+  const PoolKind kind = wp->pooling;
   const std::string& gqa = params.Text("gqa");
-  if (absl::Status st = CheckQueryWindow("laprox", layer, window); !st.ok()) return st;
-  absl::StatusOr<PoolKind> kind = ResolvePooling("laprox", params.Text("pooling"), kernel);
-  if (!kind.ok()) return kind.status();
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;
   const int64_t group = layer.shape.group_size();
@@ -149,14 +147,14 @@ absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params
       for (int64_t g = 0; g < group; ++g) {
         const int64_t q = h * group + g;
         for (int64_t j = 0; j < prefix; ++j) col[j] = std::sqrt(columns[q * prefix + j]);
-        Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+        Pool1D(kind, col.data(), prefix, kernel, pooled.data());
         for (int64_t j = 0; j < prefix; ++j) acc[j] += pooled[j] * norms[q * prefix + j];
       }
       for (int64_t j = 0; j < prefix; ++j) out[j] = acc[j] * inv_group;
       return;
     }
     for (int64_t j = 0; j < prefix; ++j) col[j] = std::sqrt(columns[h * prefix + j]) * inv_group;
-    Pool1D(*kind, col.data(), prefix, kernel, pooled.data());
+    Pool1D(kind, col.data(), prefix, kernel, pooled.data());
     for (int64_t j = 0; j < prefix; ++j) {
       float norm = 0.0f;
       if (summed_wo) {

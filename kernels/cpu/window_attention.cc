@@ -23,6 +23,18 @@ absl::Status CheckQueryWindow(const char* scorer, const CpuLayer& layer, int64_t
   return absl::OkStatus();
 }
 
+absl::StatusOr<WindowPooling> ResolveWindowPooling(const char* scorer, const CpuLayer& layer,
+                                                   const ResolvedParams& params) {
+  WindowPooling out;
+  out.window = params.Int("window");
+  out.kernel = params.Int("kernel");
+  if (absl::Status st = CheckQueryWindow(scorer, layer, out.window); !st.ok()) return st;
+  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, params.Text("pooling"), out.kernel);
+  if (!kind.ok()) return kind.status();
+  out.pooling = *kind;
+  return out;
+}
+
 void TreeSumRows(float* x, int64_t m, int64_t width) {
   while (m > 1) {
     const int64_t half = m / 2;

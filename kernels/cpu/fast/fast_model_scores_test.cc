@@ -42,15 +42,8 @@ constexpr double kTau = 1.0 / 2048.0;  // docs/numerics.md, "Tolerance rule"
 ParamValue Text(const char* v) { return ParamValue::Text(v); }
 ParamValue Flag(bool v) { return ParamValue::Number(v ? 1 : 0); }
 
-/// The global registry with the builtin policies.
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
+/// The builtin policies (fast_test_data.h).
+const PolicyRegistry& Registry() { return FastTestRegistry(); }
 
 /// A model-aware scorer configuration.
 struct ModelSpec {

@@ -9,8 +9,19 @@
 
 #include "kernels/dtype.h"
 #include "kernels/random_model_test_util.h"
+#include "kernels/registry.h"
 
 namespace kvtrim {
+
+/// The registry with the builtin policies, built once and shared.
+inline const PolicyRegistry& FastTestRegistry() {
+  static const PolicyRegistry* registry = [] {
+    auto* r = new PolicyRegistry();
+    RegisterBuiltinPolicies(r);
+    return r;
+  }();
+  return *registry;
+}
 
 /// `count` values scale * N(0, 1) from `rng`, encoded in `dtype` (f16 / bf16 round to nearest
 /// even), as raw bytes.

@@ -66,15 +66,8 @@ constexpr int32_t kHidden = 64;   // D of the test models
 constexpr int32_t kNumLayers = 2;
 constexpr double kMaxSwapRate = 1e-3;  // design.md, random normal inputs
 
-/// The global registry with the builtin policies.
-const PolicyRegistry& Registry() {
-  static const PolicyRegistry* registry = [] {
-    auto* r = new PolicyRegistry();
-    RegisterBuiltinPolicies(r);
-    return r;
-  }();
-  return *registry;
-}
+/// The builtin policies (fast_test_data.h).
+const PolicyRegistry& Registry() { return FastTestRegistry(); }
 
 /// Every policy: presets, then SCORER+ALLOCATOR pairs no preset names (every scorer has a
 /// fast CPU path).
@@ -128,6 +121,17 @@ absl::Status AttachTestModel(const PolicyEngine& engine, int64_t group, int64_t 
       lukv ? policy->scorer->default_protection(policy->params, 0) : Protection{};
   return engine.AttachModel(
       policy, TestModel(group, d, lukv ? policy->scorer->name : "", protection), "settings");
+}
+
+/// `settings` prepared with their "window" set to `window`, or as they are when the policy
+/// has no such parameter; an error when the registry refuses them either way.
+absl::StatusOr<ResolvedPolicy> PrepareWithWindow(const PolicyEngine& engine,
+                                                 CompressionSettings settings, int64_t window) {
+  settings.params["window"] = ParamValue::Number(static_cast<double>(window));
+  auto prepared = engine.Prepare(settings, "settings");
+  if (prepared.ok()) return prepared;
+  settings.params.clear();  // a parameter the policy lacks
+  return engine.Prepare(settings, "settings");
 }
 
 /// True when the policy's top-K spans heads (counts may move between heads).
@@ -417,13 +421,8 @@ TEST(FastCpuTolerance, HugeFiniteInputsAnswerOrAreRefusedNamingTheKeys) {
     settings.budget.keep_fraction = 0.3;
     settings.num_layers = 2;
     settings.numerics = Numerics::kFast;
-    settings.params["window"] = ParamValue::Number(8);
-    auto prepared = engine.Prepare(settings, "settings");
-    if (!prepared.ok()) {  // a parameter the policy lacks, a model-wide allocator
-      settings.params.clear();
-      prepared = engine.Prepare(settings, "settings");
-    }
-    if (!prepared.ok()) continue;
+    auto prepared = PrepareWithWindow(engine, settings, 8);
+    if (!prepared.ok()) continue;  // a composition the registry refuses
     ASSERT_TRUE(AttachTestModel(engine, group, d, &*prepared).ok());
     LayerRequest layer;
     layer.layer_id = 1;
@@ -486,13 +485,7 @@ TEST(FastCpuTolerance, NonFiniteKeysAreRefusedWithTheEnginesOwnError) {
           settings.budget.keep_fraction = 0.3;
           settings.num_layers = kNumLayers;
           settings.numerics = numerics;
-          settings.params["window"] =
-              ParamValue::Number(static_cast<double>(std::min<int64_t>(8, w)));
-          auto prepared = engine.Prepare(settings, "settings");
-          if (!prepared.ok()) {
-            settings.params.clear();
-            prepared = engine.Prepare(settings, "settings");
-          }
+          auto prepared = PrepareWithWindow(engine, settings, std::min<int64_t>(8, w));
           if (!prepared.ok()) break;  // a composition the registry refuses
           ASSERT_TRUE(AttachTestModel(engine, group, d, &*prepared).ok());
           LayerRequest layer;
