@@ -8,6 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev libhwy-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  python3 python3-venv
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

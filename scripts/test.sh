@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
+bash scripts/python_setup.sh
 bash scripts/build.sh
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure -j"$(nproc)" --timeout 600

@@ -1,0 +1,411 @@
+"""The synchronous kvtrim client: every RPC of kvtrim.v1.Kvtrim, with transports chosen per
+call (inline bytes, chunked sessions, shared memory, CUDA IPC) and models re-registered
+when a server has lost them."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import _wire
+from .errors import KvtrimError, invalid_argument
+from .layers import EncodedLayer, Layer, encode_chunked, encode_inline, encode_regions
+from .models import ModelBundle, registration_messages
+from .regions import RegionLease
+from .results import CompressResult, decision_of
+from .session import Session
+from .settings import build_settings
+from .shm import SharedArrays, region_slice
+from .tensors import TensorView
+from .v1 import kvtrim_pb2 as pb
+
+HEALTH_SERVICE = "kvtrim.v1.Kvtrim"
+_HEALTH_STATES = {0: "UNKNOWN", 1: "SERVING", 2: "NOT_SERVING", 3: "SERVICE_UNKNOWN"}
+CLIENT_ID_HEADER = "kvtrim-client-id"
+TRANSPORTS = ("auto", "inline", "regions")
+
+
+@dataclass
+class TlsConfig:
+    """TLS for the channel: PEM bytes of the CA that signed kvtrimd's certificate (None = the
+    system roots) and, for mutual TLS, the client's own certificate chain and key."""
+
+    root_certificates: Optional[bytes] = None
+    certificate_chain: Optional[bytes] = None
+    private_key: Optional[bytes] = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """The grpc channel credentials."""
+        return grpc.ssl_channel_credentials(self.root_certificates, self.private_key,
+                                            self.certificate_chain)
+
+
+def is_local_target(target: str) -> bool:
+    """Whether `target` is on this node (a unix socket or a loopback address)."""
+    host = target.split("://")[-1]
+    if host.startswith("unix:") or host.startswith("unix-abstract:"):
+        return True
+    host = host.rsplit(":", 1)[0].strip("[]") if ":" in host else host
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def make_channel(target: str, tls, max_message_bytes: int, options: Sequence[Tuple[str, Any]],
+                 aio: bool = False):
+    """A grpc channel (grpc.aio when `aio`) with kvtrim's message limits."""
+    opts = [("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.max_receive_message_length", max_message_bytes), *options]
+    module = grpc.aio if aio else grpc
+    if tls is None or tls is False:
+        return module.insecure_channel(target, options=opts)
+    if tls is True:
+        creds = grpc.ssl_channel_credentials()
+    elif isinstance(tls, TlsConfig):
+        creds = tls.credentials()
+    else:
+        creds = tls  # grpc.ChannelCredentials
+    return module.secure_channel(target, creds, options=opts)
+
+
+def health_request(service: str) -> bytes:
+    """grpc.health.v1.HealthCheckRequest{service} on the wire."""
+    data = service.encode()
+    return _wire.key(1, 2) + _wire.varint(len(data)) + data
+
+
+def health_state(response: bytes) -> str:
+    """The status name of a grpc.health.v1.HealthCheckResponse."""
+    if len(response) >= 2 and response[0] == 0x08:
+        return _HEALTH_STATES.get(response[1], str(response[1]))
+    return "UNKNOWN"
+
+
+def as_layers(keys, values, queries, layers, layer_id: int, softmax_scale: float) -> List[Layer]:
+    """The call's layers: `layers` (Layer objects or (keys, values, queries) tuples, numbered
+    in order) or one layer from keys / values / queries."""
+    if layers is None:
+        if keys is None:
+            raise invalid_argument("layers", "give keys (and values, queries) or layers")
+        return [Layer(keys, values, queries, layer_id, softmax_scale)]
+    if keys is not None:
+        raise invalid_argument("layers", "give either keys or layers, not both")
+    out = []
+    for i, layer in enumerate(layers):
+        out.append(layer if isinstance(layer, Layer) else Layer(*layer, layer_id=i))
+    if not out:
+        raise invalid_argument("layers", "empty")
+    return out
+
+
+def _device_of(layers: Sequence[Layer]):
+    """The torch device of the first CUDA keys tensor, else None (answers stay NumPy)."""
+    for layer in layers:
+        device = getattr(layer.keys, "device", None)
+        if device is not None and getattr(device, "type", "cpu") != "cpu":
+            return device
+    return None
+
+
+class Client:
+    """A connection to kvtrimd.
+
+    Args:
+      target: "host:port" or "unix:/path".
+      client_id: send this `kvtrim-client-id` (a lease held elsewhere); default: the client's
+        own lease's id when it uses regions.
+      tls: None (plaintext), True (system roots), a TlsConfig or grpc.ChannelCredentials.
+      timeout: deadline of unary calls in seconds (sessions: session_timeout).
+      transport: "auto" (regions for CUDA tensors and for large host tensors when the
+        target is on this node and kvtrimd allows them, else inline), "inline" or "regions".
+      max_message_bytes: the channel's message cap; larger inline requests go over a
+        session in chunks of chunk_bytes.
+    """
+
+    def __init__(self, target: str, *, client_id: Optional[str] = None, tls=None,
+                 timeout: float = 30.0, session_timeout: float = 600.0,
+                 transport: str = "auto", max_message_bytes: int = 64 << 20,
+                 chunk_bytes: int = 4 << 20, region_min_bytes: int = 1 << 20,
+                 channel_options: Sequence[Tuple[str, Any]] = ()):
+        if transport not in TRANSPORTS:
+            raise invalid_argument("transport", f"expected one of {TRANSPORTS}, got {transport!r}")
+        self.target = target
+        self.timeout = timeout
+        self.session_timeout = session_timeout
+        self.transport = transport
+        self.max_message_bytes = max_message_bytes
+        self.chunk_bytes = chunk_bytes
+        self.region_min_bytes = region_min_bytes
+        self._client_id = client_id
+        self._local = is_local_target(target)
+        self._channel = make_channel(target, tls, max_message_bytes, channel_options)
+        self._bundles: Dict[str, ModelBundle] = {}
+        self._lease: Optional[RegionLease] = None
+        self._lease_error: Optional[KvtrimError] = None
+        self._shared: Optional[SharedArrays] = None
+        self._cuda = None
+        self._lock = threading.Lock()
+
+    # --- plumbing -------------------------------------------------------------------------
+
+    def _unary(self, method: str, request: bytes, deserializer, metadata=(),
+               timeout: Optional[float] = None):
+        """One unary call on raw request bytes; KvtrimError on failure."""
+        call = self._channel.unary_unary(method, request_serializer=None,
+                                         response_deserializer=deserializer)
+        try:
+            return call(request, timeout=timeout or self.timeout, metadata=list(metadata))
+        except grpc.RpcError as error:
+            raise KvtrimError.from_rpc_error(error) from None
+
+    def _metadata(self, uses_regions: bool) -> List[Tuple[str, str]]:
+        """kvtrim-client-id when set or when the call uses this client's regions."""
+        if self._client_id:
+            return [(CLIENT_ID_HEADER, self._client_id)]
+        if uses_regions and self._lease is not None:
+            return [(CLIENT_ID_HEADER, self._lease.client_id)]
+        return []
+
+    # --- simple RPCs ----------------------------------------------------------------------
+
+    def health(self, service: str = HEALTH_SERVICE) -> str:
+        """grpc.health.v1 Check: "SERVING", "NOT_SERVING", ..."""
+        response = self._unary("/grpc.health.v1.Health/Check", health_request(service), None)
+        return health_state(response)
+
+    def list_policies(self) -> pb.ListPoliciesResponse:
+        """Every policy served, with inputs, parameters, shapes and numerics modes."""
+        return self._unary("/kvtrim.v1.Kvtrim/ListPolicies",
+                           pb.ListPoliciesRequest().SerializeToString(),
+                           pb.ListPoliciesResponse.FromString)
+
+    def list_models(self) -> pb.ListModelsResponse:
+        """The registered models, in digest order."""
+        return self._unary("/kvtrim.v1.Kvtrim/ListModels",
+                           pb.ListModelsRequest().SerializeToString(),
+                           pb.ListModelsResponse.FromString)
+
+    def delete_model(self, digest: str) -> None:
+        """Deletes a registered model (NOT_FOUND naming `digest` when not held)."""
+        self._unary("/kvtrim.v1.Kvtrim/DeleteModel",
+                    pb.DeleteModelRequest(digest=digest).SerializeToString(),
+                    pb.DeleteModelResponse.FromString)
+        self._bundles.pop(digest, None)
+
+    def register_model(self, bundle: Union[str, ModelBundle]) -> str:
+        """Registers a model (a bundle .safetensors path or a ModelBundle) and returns its
+        digest. The client remembers it and registers it again when a server answers
+        FAILED_PRECONDITION for its digest (a restarted or other replica)."""
+        if isinstance(bundle, str):
+            bundle = ModelBundle.from_safetensors(bundle)
+        call = self._channel.stream_unary("/kvtrim.v1.Kvtrim/RegisterModel",
+                                          request_serializer=None,
+                                          response_deserializer=pb.RegisterModelResponse.FromString)
+        try:
+            response = call(registration_messages(bundle, self.chunk_bytes),
+                            timeout=self.session_timeout)
+        except grpc.RpcError as error:
+            raise KvtrimError.from_rpc_error(error) from None
+        self._bundles[response.digest] = bundle
+        return response.digest
+
+    def _reregister(self, digest: str) -> bool:
+        """Registers the remembered bundle of `digest` again; False when none is held."""
+        bundle = self._bundles.get(digest)
+        if bundle is None:
+            return False
+        return self.register_model(bundle) == digest
+
+    # --- regions --------------------------------------------------------------------------
+
+    def lease(self) -> RegionLease:
+        """The client's Regions lease, opened on first use (KvtrimError FAILED_PRECONDITION
+        when kvtrimd runs without --allow_client_shm)."""
+        with self._lock:
+            if self._lease is None or self._lease.closed:
+                self._lease = RegionLease(self._channel)
+                self._shared = SharedArrays(self._lease)
+                self._cuda = None
+            return self._lease
+
+    def shared_array(self, shape: Sequence[int], dtype) -> Any:
+        """A NumPy array in a shared-memory segment registered on the lease: tensors written
+        there go to kvtrimd with no copy at all (host_shm, read in place)."""
+        self.lease()
+        return self._shared.empty(shape, dtype)
+
+    def _regions_usable(self) -> bool:
+        """Whether the lease can be opened (remembers a refusal)."""
+        if self._lease_error is not None:
+            return False
+        try:
+            self.lease()
+            return True
+        except KvtrimError as error:
+            if error.code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNIMPLEMENTED,
+                              grpc.StatusCode.PERMISSION_DENIED):
+                self._lease_error = error
+                return False
+            raise
+
+    def _choose(self, layers: Sequence[Layer], transport: Optional[str]) -> str:
+        """"inline" or "regions" for this call."""
+        transport = transport or self.transport
+        if transport not in TRANSPORTS:
+            raise invalid_argument("transport", f"expected one of {TRANSPORTS}, got {transport!r}")
+        if transport != "auto":
+            return transport
+        views = [v for i, layer in enumerate(layers) for v in layer.views(f"layers[{i}]").values()]
+        wants = any(v.on_cuda for v in views) or (
+            self._shared is not None and any(self._shared.find(v) for v in views)) or (
+            self._local and sum(v.nbytes for v in views) >= self.region_min_bytes)
+        return "regions" if wants and self._local and self._regions_usable() else "inline"
+
+    def _encode_regions(self, layer: Layer, prefix: str) -> EncodedLayer:
+        """A layer as region slices: CUDA tensors by CUDA IPC, host arrays in a shared
+        segment in place, other host arrays staged (copied) into the staging segment."""
+        views = layer.views(prefix)
+        staged = [v for v in views.values() if not v.on_cuda and self._shared.find(v) is None]
+        placed = dict(zip(map(id, staged), self._shared.stage(staged))) if staged else {}
+        ready = None
+        if any(v.on_cuda for v in views.values()):
+            if self._cuda is None:
+                from .cuda_ipc import CudaRegions
+
+                self._cuda = CudaRegions(self._lease)
+            device = next(v for v in views.values() if v.on_cuda).source.device.index or 0
+            ready = self._cuda.record_ready(device)
+
+        def slice_for(name: str, view: TensorView):
+            if view.on_cuda:
+                return "cuda_ipc", self._cuda.slice_of(view)
+            found = self._shared.find(view)
+            if found is not None:
+                return "host_shm", region_slice(found[0], found[1], view.strides)
+            region_id, offset = placed[id(view)]
+            return "host_shm", region_slice(region_id, offset)
+
+        return encode_regions(layer, views, slice_for, ready)
+
+    # --- compression ----------------------------------------------------------------------
+
+    def compress(self, keys=None, values=None, queries=None, *, policy: str,
+                 layers: Optional[Sequence[Union[Layer, tuple]]] = None, layer_id: int = 0,
+                 softmax_scale: float = 0.0, transport: Optional[str] = None,
+                 timeout: Optional[float] = None, **settings) -> CompressResult:
+        """Compresses one layer (keys [H_kv, n, d], values [H_kv, n, d], queries [H_q, w, d])
+        or several (`layers`) and returns the kept indices per KV head and their statistics.
+
+        Settings are build_settings' keywords: keep= or keep_tokens=, params=, sink_tokens=,
+        recent_tokens=, output_shape=, num_layers=, model_digest=, numerics=, perturbation=,
+        seed=, block_size=, request_id=, profile=, packed=. Answers are NumPy int64 arrays,
+        or torch tensors on the keys' device for CUDA inputs. KvtrimError on failure (its
+        `field` names the offending request field).
+        """
+        call_layers = as_layers(keys, values, queries, layers, layer_id, softmax_scale)
+        request_settings = build_settings(policy, **settings)
+        try:
+            return self._compress_once(call_layers, request_settings, transport, timeout)
+        except KvtrimError as error:
+            if (error.code == grpc.StatusCode.FAILED_PRECONDITION and "digest" in error.message
+                    and self._reregister(request_settings.model_digest)):
+                return self._compress_once(call_layers, request_settings, transport, timeout)
+            raise
+
+    def _compress_once(self, layers: List[Layer], settings: pb.CompressionSettings,
+                       transport: Optional[str], timeout: Optional[float]) -> CompressResult:
+        """One attempt of compress on the chosen transport."""
+        device = _device_of(layers)
+        if self._choose(layers, transport) == "regions":
+            self.lease()
+            with self._shared.lock:
+                encoded = [self._encode_regions(layer, f"layers[{i}]")
+                           for i, layer in enumerate(layers)]
+                return self._unary_compress(settings, encoded, True, device, timeout)
+        views = [layer.views(f"layers[{i}]") for i, layer in enumerate(layers)]
+        total = sum(v.nbytes for layer_views in views for v in layer_views.values())
+        if total + (1 << 20) > self.max_message_bytes:
+            return self._compress_chunked(layers, settings, device, timeout)
+        encoded = [encode_inline(layer, v) for layer, v in zip(layers, views)]
+        return self._unary_compress(settings, encoded, False, device, timeout)
+
+    def _unary_compress(self, settings, encoded: List[EncodedLayer], uses_regions: bool, device,
+                        timeout) -> CompressResult:
+        """The Compress RPC on encoded layers."""
+        request = _wire.compress_request(settings, [e.parts for e in encoded])
+        response = self._unary("/kvtrim.v1.Kvtrim/Compress", request,
+                               pb.CompressResponse.FromString, self._metadata(uses_regions),
+                               timeout)
+        return CompressResult([decision_of(r, device) for r in response.layers],
+                              response.backend)
+
+    def _compress_chunked(self, layers: List[Layer], settings, device, timeout) -> CompressResult:
+        """Layers too large for one message: a session with chunked tensors, answered in the
+        request's layer order."""
+        session = Session(self._channel, settings, metadata=self._metadata(False),
+                          timeout=timeout or self.session_timeout,
+                          encode=lambda layer: encode_chunked(layer, layer.views("layer"),
+                                                              self.chunk_bytes))
+        try:
+            for layer in layers:
+                session.send(layer.keys, layer.values, layer.queries, layer_id=layer.layer_id,
+                             softmax_scale=layer.softmax_scale)
+            result = session.finish()
+        except BaseException:
+            session.cancel()
+            raise
+        decisions = [result.layers[layer.layer_id] for layer in layers]
+        if device is not None:
+            import torch
+
+            for d in decisions:
+                d.kept = [torch.from_numpy(k).to(device) for k in d.kept]
+        return CompressResult(decisions, result.summary.backend)
+
+    def session(self, *, policy: str, transport: Optional[str] = None,
+                timeout: Optional[float] = None, **settings) -> Session:
+        """A CompressSession for a whole prefill: `send` each layer as it is produced,
+        `result(layer_id)` for per-layer answers, `finish()` for all of them and the
+        summary. Model-wide policies (laprox, lukv, ...) answer at finish. Settings as
+        compress. Inline tensors above chunk_bytes go in chunks; with transport "regions" (or
+        "auto" on this node when kvtrimd allows regions) CUDA tensors and shared_array()
+        arrays go as region slices, other host arrays inline."""
+        request_settings = build_settings(policy, **settings)
+        mode = transport or self.transport
+        if mode not in TRANSPORTS:
+            raise invalid_argument("transport", f"expected one of {TRANSPORTS}, got {mode!r}")
+        use_regions = mode == "regions" or (mode == "auto" and self._local and
+                                            self._regions_usable())
+        if use_regions:
+            self.lease()
+
+        def encode(layer: Layer) -> EncodedLayer:
+            views = layer.views("layer")
+            # Region slices for CUDA tensors and arrays already in a shared segment; a layer
+            # that would need staging goes inline (the staging segment is rewritten by every
+            # staged call, and a session's layers are in flight together).
+            if use_regions and all(v.on_cuda or self._shared.find(v) for v in views.values()):
+                return self._encode_regions(layer, "layer")
+            if sum(v.nbytes for v in views.values()) > self.chunk_bytes:
+                return encode_chunked(layer, views, self.chunk_bytes)
+            return encode_inline(layer, views)
+
+        return Session(self._channel, request_settings, encode=encode,
+                       metadata=self._metadata(use_regions),
+                       timeout=timeout or self.session_timeout, reregister=self._reregister)
+
+    def close(self) -> None:
+        """Ends the lease (kvtrimd releases the regions), unlinks segments, closes the
+        channel."""
+        if self._lease is not None:
+            self._lease.close()
+        if self._shared is not None:
+            self._shared.close()
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,151 @@
+"""What kvtrim answers: per-layer decisions (kept indices per KV head) and their statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from .v1 import kvtrim_pb2 as pb
+
+_SHAPE_NAMES = {pb.OUTPUT_SHAPE_UNSPECIFIED: "per_head", pb.PER_HEAD: "per_head",
+                pb.SHARED: "shared", pb.BLOCK_ALIGNED: "block_aligned",
+                pb.EQUAL_COUNT: "equal_count"}
+_NUMERICS_NAMES = {pb.NUMERICS_FAST: "fast", pb.NUMERICS_EXACT: "exact",
+                   pb.NUMERICS_UNSPECIFIED: "unspecified"}
+
+
+@dataclass
+class HeadStats:
+    """Statistics of one KV head: kept tokens and, when computed, the relative output
+    perturbation on the observation window (None otherwise)."""
+
+    kept: int
+    perturbation: Optional[float]
+
+
+@dataclass
+class LayerDecision:
+    """The decision for one layer.
+
+    Attributes:
+      layer_id: the layer.
+      num_tokens: n, the cached tokens the layer had.
+      output_shape: "per_head", "shared", "block_aligned" or "equal_count".
+      kept: one ascending int64 index array per list: [H_kv] lists for per_head /
+        equal_count, one for shared / block_aligned; empty when output_written. NumPy arrays,
+        or torch tensors on the inputs' device when the inputs were torch tensors.
+      heads: [H_kv] HeadStats.
+      numerics: "fast" or "exact", the mode that computed the scores.
+      compute_seconds: server time scoring and selecting this layer.
+      perturbation_rows: window rows per query head the perturbation averaged (0 = none).
+      output_written: the lists went to the request's output region instead.
+      profile: per-stage seconds (CompressionSettings.profile), else None.
+    """
+
+    layer_id: int
+    num_tokens: int
+    output_shape: str
+    kept: List[Any]
+    heads: List[HeadStats]
+    numerics: str
+    compute_seconds: float
+    perturbation_rows: int
+    output_written: bool
+    profile: Optional[Dict[str, float]] = None
+
+    @property
+    def kept_counts(self) -> List[int]:
+        """Kept tokens per KV head."""
+        return [h.kept for h in self.heads]
+
+    def kept_matrix(self):
+        """The per-head lists stacked to [H_kv, k]; ValueError when the heads keep different
+        counts (allocating policies) or the answer is a shared list."""
+        counts = {len(k) for k in self.kept}
+        if self.output_shape in ("shared", "block_aligned") or len(counts) != 1:
+            raise ValueError(f"layer {self.layer_id}: lists of unequal lengths {sorted(counts)}")
+        first = self.kept[0]
+        if hasattr(first, "device") and not isinstance(first, np.ndarray):
+            import torch
+
+            return torch.stack(self.kept)
+        return np.stack(self.kept)
+
+
+@dataclass
+class CompressResult:
+    """The answer of one compress call: its layers (in request order) and the backend."""
+
+    layers: List[LayerDecision]
+    backend: str
+
+    def __getitem__(self, layer_id: int) -> LayerDecision:
+        """The decision of `layer_id`."""
+        for layer in self.layers:
+            if layer.layer_id == layer_id:
+                return layer
+        raise KeyError(layer_id)
+
+
+@dataclass
+class SessionSummary:
+    """What a session's `finished` message reports."""
+
+    layers: int
+    tokens_in: int
+    tokens_kept: int
+    backend: str
+
+
+@dataclass
+class SessionResult:
+    """Every layer a session answered (by layer id) and its summary."""
+
+    layers: Dict[int, LayerDecision] = field(default_factory=dict)
+    summary: Optional[SessionSummary] = None
+
+
+def _lists(result: pb.LayerResult) -> List[np.ndarray]:
+    """The kept lists of `result` as int64 arrays (PACKED or REPEATED encoding)."""
+    if result.output_written:
+        return []
+    if result.packed.offsets:
+        offsets = np.frombuffer(result.packed.offsets, dtype="<i8")
+        index_type = "<u2" if result.packed.index_bytes == 2 else "<u4"
+        indices = np.frombuffer(result.packed.indices, dtype=index_type).astype(np.int64)
+    else:
+        offsets = np.asarray(result.offsets, dtype=np.int64)
+        indices = np.asarray(result.indices, dtype=np.int64)
+    return [indices[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+def _profile(result: pb.LayerResult) -> Optional[Dict[str, float]]:
+    """LayerProfile as {stage: seconds}, or None when absent."""
+    if not result.HasField("profile"):
+        return None
+    return {f.name: value for f, value in result.profile.ListFields()}
+
+
+def decision_of(result: pb.LayerResult, device: Any = None) -> LayerDecision:
+    """The LayerDecision of a LayerResult; lists moved to torch `device` when given."""
+    kept: List[Any] = _lists(result)
+    if device is not None:
+        import torch
+
+        kept = [torch.from_numpy(k).to(device, non_blocking=True) for k in kept]
+    heads = [HeadStats(h.kept, h.perturbation if h.HasField("perturbation") else None)
+             for h in result.heads]
+    return LayerDecision(
+        layer_id=result.layer_id, num_tokens=result.num_tokens,
+        output_shape=_SHAPE_NAMES.get(result.output_shape, str(result.output_shape)),
+        kept=kept, heads=heads, numerics=_NUMERICS_NAMES.get(result.numerics, "?"),
+        compute_seconds=result.compute_seconds, perturbation_rows=result.perturbation_rows,
+        output_written=result.output_written, profile=_profile(result))
+
+
+def summary_of(summary: pb.SessionSummary) -> SessionSummary:
+    """The SessionSummary of a `finished` message."""
+    return SessionSummary(summary.layers, summary.tokens_in, summary.tokens_kept,
+                          summary.backend)

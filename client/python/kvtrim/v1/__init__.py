@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of proto/kvtrim/v1/kvtrim.proto (built by setup.py)."""
