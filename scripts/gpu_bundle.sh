@@ -11,16 +11,20 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${BUILD_DIR:-build-gpu}"
 TARGETS=("$@")
 if [ ${#TARGETS[@]} -eq 0 ]; then
-  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim kvtrim_ipc_test kvtrim-loadgen)
+  TARGETS=(kvtrim_gpu_test kvtrim_gpu_bench kvtrimd kvtrim kvtrim_ipc_test kvtrim-loadgen
+           kvtrim_c)
 fi
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DKVTRIM_CUDA=ON \
   -DKVTRIM_BUILD_TESTS=ON -DKVTRIM_BUILD_BENCHMARKS=ON >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)" --target "${TARGETS[@]}"
 rm -rf gpu_bundle && mkdir -p gpu_bundle/bin gpu_bundle/lib
 for t in "${TARGETS[@]}"; do
-  bin=$(find "$BUILD_DIR" -type f -name "$t" -perm -u+x | head -n 1)
+  # kvtrim_c is libkvtrim.so (the in-process engine): it goes to lib/, executables to bin/.
+  name=$t dest=gpu_bundle/bin
+  if [ "$t" = kvtrim_c ]; then name=libkvtrim.so dest=gpu_bundle/lib; fi
+  bin=$(find "$BUILD_DIR" -type f -name "$name" -perm -u+x | head -n 1)
   [ -n "$bin" ] || { echo "gpu_bundle: $t not built" >&2; exit 1; }
-  cp "$bin" gpu_bundle/bin/
+  cp "$bin" "$dest/"
   # Every resolved library except glibc's own and the CUDA driver (the GPU machine has both).
   ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in

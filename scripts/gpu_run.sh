@@ -9,6 +9,7 @@
 #   benchmarks (default) = info wheels bench torch kvpress report smoke
 #   checks               = info test memcheck racecheck smoke
 #   transport            = the transport section alone
+#   python               = the python section alone
 #   (all = every section: more than one call's 10 minutes)
 # Sections (in this order):
 #   info       nvidia-smi -L, driver, compute-sanitizer and python/torch versions
@@ -31,6 +32,9 @@
 #              docs/bench/gpu.json) and gpu_tables.md (the tables of docs/benchmarks.md)
 #   smoke      kvtrimd --backend=gpu: start, health and a dropkv compress of the sample
 #              through the bundled kvtrim CLI, SIGTERM, exit status 0
+#   python     scripts/gpu_python.sh: the Python client's tests (CUDA IPC from torch, kvtrim.hf)
+#              and tools/python_client_bench.py beside kvtrim-loadgen -> python_tests.xml,
+#              python.json, python.md (carry .whl with the kvtrim wheel; see the script)
 #   transport  scripts/gpu_transport.sh: the CUDA IPC transport tests, and a Llama-3.1-8B
 #              prefill through each transport with kvtrim-loadgen beside the kernel time
 #              and a PyTorch SDPA prefill -> ipc_test.xml, loadgen_*.json, sdpa_prefill.json
@@ -69,7 +73,8 @@ expand_sections() {
     case $word in
       benchmarks) out+=(info wheels bench torch kvpress report smoke) ;;
       checks) out+=(info test memcheck racecheck smoke) ;;
-      all) out+=(info test memcheck racecheck wheels bench torch kvpress report smoke transport) ;;
+      all) out+=(info test memcheck racecheck wheels bench torch kvpress report smoke python
+                 transport) ;;
       *) out+=("$word") ;;
     esac
   done
@@ -299,6 +304,7 @@ run_section torch 185 bash -c section_torch
 run_section kvpress 120 bash -c section_kvpress
 run_section report 15 bash -c section_report
 run_section smoke 25 bash -c section_smoke
+run_section python 560 env OUT="$OUT" BUNDLE="$BUNDLE" bash scripts/gpu_python.sh
 run_section transport 540 env OUT="$OUT" BUNDLE="$BUNDLE" bash scripts/gpu_transport.sh
 
 {

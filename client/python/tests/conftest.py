@@ -14,6 +14,12 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 BUILD = pathlib.Path(os.environ.get("KVTRIM_BUILD_DIR", REPO / "build"))
+# The kvtrimd binary (default: the build tree's; the GPU machine runs a bundled one).
+KVTRIMD = pathlib.Path(os.environ.get("KVTRIMD_PATH", BUILD / "service" / "kvtrimd"))
+# The C++ client (the answers the Python client must equal).
+# libkvtrim (kvtrim.local's engine).
+LIBKVTRIM = os.environ.get("KVTRIM_LIBRARY", str(BUILD / "service" / "libkvtrim.so"))
+KVTRIM_CLI = pathlib.Path(os.environ.get("KVTRIM_CLI_PATH", BUILD / "client" / "kvtrim"))
 SAMPLE = REPO / "samples" / "stories260k_prefill.safetensors"
 BUNDLE = REPO / "samples" / "stories260k_model.safetensors"
 
@@ -21,15 +27,15 @@ BUNDLE = REPO / "samples" / "stories260k_model.safetensors"
 class Server:
     """A running kvtrimd: its address and process."""
 
-    def __init__(self, directory: pathlib.Path, *flags: str):
+    def __init__(self, directory: pathlib.Path, *flags: str, backend: str = "cpu"):
         port_file = directory / "kvtrimd.ports"
         self.log_path = directory / "kvtrimd.log"
         self.data_dir = directory / "data"
         self.data_dir.mkdir()
         self._log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
-            [str(BUILD / "service" / "kvtrimd"), "--listen=127.0.0.1:0", "--metrics_listen=",
-             f"--port_file={port_file}", "--backend=cpu", f"--data_dir={self.data_dir}",
+            [str(KVTRIMD), "--listen=127.0.0.1:0", "--metrics_listen=",
+             f"--port_file={port_file}", f"--backend={backend}", f"--data_dir={self.data_dir}",
              "--workers=2", *flags], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while not port_file.exists():
@@ -56,6 +62,17 @@ class Server:
 def server(tmp_path_factory):
     """kvtrimd with --allow_client_shm (regions allowed)."""
     s = Server(tmp_path_factory.mktemp("kvtrimd"), "--allow_client_shm")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory):
+    """kvtrimd --backend=gpu with --allow_client_shm; skipped without a CUDA GPU and torch."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    s = Server(tmp_path_factory.mktemp("kvtrimd_gpu"), "--allow_client_shm", backend="gpu")
     yield s
     s.stop()
 

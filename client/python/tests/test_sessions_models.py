@@ -9,7 +9,7 @@ import pytest
 
 import kvtrim
 
-from conftest import BUILD, BUNDLE, SAMPLE
+from conftest import BUNDLE, KVTRIM_CLI, SAMPLE
 
 
 def test_per_layer_answers_arrive_before_finish(server, layers):
@@ -64,7 +64,7 @@ def test_lost_model_is_registered_again(server, layers):
 
 def cpp_client_lists(address, *flags):
     """{layer: [list, ...]} printed by the C++ client's compress --show_indices."""
-    out = subprocess.run([str(BUILD / "client" / "kvtrim"), f"--target={address}", "compress",
+    out = subprocess.run([str(KVTRIM_CLI), f"--target={address}", "compress",
                           f"--input={SAMPLE}", "--show_indices", *flags],
                          check=True, capture_output=True, text=True, timeout=120).stdout
     lists, layer = {}, None

@@ -1,0 +1,175 @@
+// The C ABI of libkvtrim (kvtrim_c.h) over InprocessEngine: argument checks, statuses as
+// codes and messages, answers as malloc'd serialized protobufs. No exception crosses it.
+#include "service/inprocess/kvtrim_c.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "service/inprocess/inprocess_engine.h"
+
+struct kvtrim_engine {
+  std::unique_ptr<kvtrim::inprocess::InprocessEngine> engine;
+};
+
+namespace {
+
+using kvtrim::inprocess::CallerLayer;
+using kvtrim::inprocess::CallerTensor;
+
+/// Writes `message` (truncated, NUL-terminated) into `error` when there is room.
+void WriteMessage(const std::string& message, char* error, size_t error_size) {
+  if (error == nullptr || error_size == 0) return;
+  const size_t n = std::min(message.size(), error_size - 1);
+  std::memcpy(error, message.data(), n);
+  error[n] = '\0';
+}
+
+/// `status` as the ABI's return value, its message into `error`.
+int32_t Report(const absl::Status& status, char* error, size_t error_size) {
+  WriteMessage(std::string(status.message()), error, error_size);
+  return static_cast<int32_t>(status.code());
+}
+
+/// Runs `body` (returning absl::Status), turning any exception into INTERNAL.
+template <typename Body>
+int32_t Guarded(char* error, size_t error_size, Body body) {
+  try {
+    return Report(body(), error, error_size);
+  } catch (const std::bad_alloc&) {
+    return Report(absl::ResourceExhaustedError("out of host memory"), error, error_size);
+  } catch (const std::exception& e) {
+    return Report(absl::InternalError(absl::StrCat("unexpected exception: ", e.what())), error,
+                  error_size);
+  } catch (...) {
+    return Report(absl::InternalError("unexpected exception"), error, error_size);
+  }
+}
+
+/// The CallerTensor of an ABI tensor.
+CallerTensor ToCaller(const kvtrim_tensor& t) {
+  CallerTensor out;
+  out.data = t.data;
+  out.dtype = static_cast<kvtrim::v1::DType>(t.dtype);
+  out.device = t.device;
+  for (int i = 0; i < 3; ++i) {
+    out.shape[i] = t.shape[i];
+    out.strides[i] = t.strides[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t kvtrim_abi_version(void) { return KVTRIM_ABI_VERSION; }
+
+int32_t kvtrim_engine_create(const char* backend, int32_t device, int32_t workers,
+                             const char* numerics, kvtrim_engine** engine, char* error,
+                             size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (engine == nullptr) return absl::InvalidArgumentError("engine: NULL out-pointer");
+    *engine = nullptr;
+    kvtrim::inprocess::EngineOptions options;
+    const std::string kind = backend == nullptr ? "auto" : backend;
+    if (kind == "cpu") {
+      options.backend = kvtrim::service::BackendKind::kCpu;
+    } else if (kind == "gpu") {
+      options.backend = kvtrim::service::BackendKind::kGpu;
+    } else if (kind != "auto") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("backend: expected cpu, gpu or auto, got '", kind.substr(0, 64), "'"));
+    }
+    const std::string mode = numerics == nullptr ? "fast" : numerics;
+    if (mode == "exact") {
+      options.default_numerics = kvtrim::Numerics::kExact;
+    } else if (mode != "fast") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("numerics: expected fast or exact, got '", mode.substr(0, 64), "'"));
+    }
+    if (workers < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("workers: must be >= 1, got ", workers));
+    }
+    options.device = device;
+    options.workers = workers;
+    auto created = kvtrim::inprocess::InprocessEngine::Create(options);
+    if (!created.ok()) return created.status();
+    *engine = new kvtrim_engine{*std::move(created)};
+    return absl::OkStatus();
+  });
+}
+
+void kvtrim_engine_free(kvtrim_engine* engine) { delete engine; }
+
+const char* kvtrim_engine_backend(const kvtrim_engine* engine) {
+  return engine == nullptr ? "" : engine->engine->backend_name();
+}
+
+int32_t kvtrim_register_model(kvtrim_engine* engine, const void* const* messages,
+                              const size_t* message_sizes, size_t count, char* digest,
+                              size_t digest_size, char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (engine == nullptr) return absl::InvalidArgumentError("engine: NULL");
+    if (count > 0 && (messages == nullptr || message_sizes == nullptr)) {
+      return absl::InvalidArgumentError("messages: NULL");
+    }
+    std::vector<std::string_view> views;
+    for (size_t i = 0; i < count; ++i) {
+      views.emplace_back(static_cast<const char*>(messages[i]), message_sizes[i]);
+    }
+    auto registered = engine->engine->RegisterModel(views);
+    if (!registered.ok()) return registered.status();
+    if (digest == nullptr || digest_size <= registered->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "digest: the buffer needs ", registered->size() + 1, " bytes, got ", digest_size));
+    }
+    WriteMessage(*registered, digest, digest_size);
+    return absl::OkStatus();
+  });
+}
+
+int32_t kvtrim_compress(kvtrim_engine* engine, const void* settings, size_t settings_size,
+                        const kvtrim_layer* layers, size_t count, void* cuda_stream, void** answer,
+                        size_t* answer_size, char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (engine == nullptr) return absl::InvalidArgumentError("engine: NULL");
+    if (answer == nullptr || answer_size == nullptr) {
+      return absl::InvalidArgumentError("answer: NULL out-pointer");
+    }
+    *answer = nullptr;
+    *answer_size = 0;
+    if (count > 0 && layers == nullptr) return absl::InvalidArgumentError("layers: NULL");
+    kvtrim::v1::CompressionSettings parsed;
+    if (settings_size > static_cast<size_t>(INT32_MAX) ||
+        !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
+      return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
+    }
+    std::vector<CallerLayer> caller(count);
+    for (size_t i = 0; i < count; ++i) {
+      caller[i].layer_id = layers[i].layer_id;
+      caller[i].softmax_scale = layers[i].softmax_scale;
+      caller[i].keys = ToCaller(layers[i].keys);
+      caller[i].values = ToCaller(layers[i].values);
+      caller[i].queries = ToCaller(layers[i].queries);
+    }
+    auto response = engine->engine->Compress(parsed, caller, cuda_stream);
+    if (!response.ok()) return response.status();
+    const size_t size = response->ByteSizeLong();
+    void* buffer = std::malloc(size == 0 ? 1 : size);
+    if (buffer == nullptr) return absl::ResourceExhaustedError("answer: out of host memory");
+    response->SerializeWithCachedSizesToArray(static_cast<uint8_t*>(buffer));
+    *answer = buffer;
+    *answer_size = size;
+    return absl::OkStatus();
+  });
+}
+
+void kvtrim_buffer_free(void* buffer) { std::free(buffer); }
+
+}  // extern "C"

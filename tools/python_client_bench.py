@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Speed of the Python client (client/python) beside the C++ client, in the same run.
+
+Against a running kvtrimd (GPU backend, --allow_client_shm), for a Llama-3.1-8B-shaped layer
+(H_kv 8, H_q 32, d 128, w 32, bf16, DropKV keep 20 %, perturbation off, profile off) at
+n = 4K and 32K tokens, each a session of L layers:
+  - layer latency, serial (send one layer, wait for its answer): Python over CUDA IPC from
+    torch CUDA tensors vs `kvtrim-loadgen --transport=cuda_ipc --serial`; Python inline vs
+    `kvtrim-loadgen --transport=inline --serial`. Latency = from the start of building the
+    layer's message to its decoded answer (the load generator's definition).
+  - inline throughput, pipelined (every layer sent, then finish): wire bytes / wall, Python
+    vs `kvtrim-loadgen --transport=inline`.
+  - in-process (kvtrim.local on libkvtrim, torch CUDA tensors read in place): per-layer wall
+    time of Engine.compress beside the backend's own time for the layer (compute_seconds:
+    the kernels and their device waits), and their difference, the in-process overhead.
+The load generator writes its own JSON (loadgen_*.json beside the output); this tool writes
+one JSON with both clients' figures and their ratios, and a Markdown table.
+
+Usage (on the GPU machine, see scripts/gpu_python.sh):
+    python3 tools/python_client_bench.py --target 127.0.0.1:PORT \
+        --loadgen gpu_bundle/bin/kvtrim-loadgen --out $OUT/python.json --md $OUT/python.md
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+import torch
+
+import kvtrim
+import kvtrim.local
+
+SHAPE = dict(kv_heads=8, q_heads=32, head_dim=128, window=32)
+SETTINGS = dict(policy="dropkv", keep=0.2, perturbation="off", profile=False)
+
+
+def make_layers(n: int, layers: int, device: str):
+    """Synthetic bf16 layers [(keys [8, n, 128], values, queries [32, 32, 128])]."""
+    g = torch.Generator(device="cpu").manual_seed(n)
+    out = []
+    for _ in range(layers):
+        k = torch.randn(SHAPE["kv_heads"], n, SHAPE["head_dim"], generator=g)
+        v = torch.randn(SHAPE["kv_heads"], n, SHAPE["head_dim"], generator=g)
+        q = torch.randn(SHAPE["q_heads"], SHAPE["window"], SHAPE["head_dim"], generator=g)
+        out.append(tuple(t.to(device, torch.bfloat16) for t in (k, v, q)))
+    return out
+
+
+def summary(values):
+    """{mean, p50, min, max, count} of seconds."""
+    return {"mean": statistics.fmean(values), "p50": statistics.median(values),
+            "min": min(values), "max": max(values), "count": len(values)}
+
+
+def python_serial(client, layers, transport, prefills, warmup):
+    """Per-layer latencies (s) of serial sessions: send, then wait for that layer's answer."""
+    latencies = []
+    for p in range(warmup + prefills):
+        with client.session(transport=transport, **SETTINGS) as session:
+            for i, (k, v, q) in enumerate(layers):
+                start = time.perf_counter()
+                session.send(k, v, q, layer_id=i)
+                session.result(i)
+                if p >= warmup:
+                    latencies.append(time.perf_counter() - start)
+    return latencies
+
+
+def python_pipelined(client, layers, prefills, warmup):
+    """Inline throughput (bytes/s): every layer sent at once, then finish."""
+    layer_bytes = sum(t.numel() * t.element_size() for t in layers[0])
+    walls = []
+    for p in range(warmup + prefills):
+        start = time.perf_counter()
+        with client.session(transport="inline", **SETTINGS) as session:
+            for i, (k, v, q) in enumerate(layers):
+                session.send(k, v, q, layer_id=i)
+        if p >= warmup:
+            walls.append(time.perf_counter() - start)
+    return layer_bytes * len(layers) * len(walls) / sum(walls)
+
+
+def inprocess(engine, layers, prefills, warmup):
+    """Per-layer (wall, backend compute) seconds of Engine.compress on CUDA tensors."""
+    walls, computes = [], []
+    for p in range(warmup + prefills):
+        for i, (k, v, q) in enumerate(layers):
+            start = time.perf_counter()
+            answer = engine.compress(k, v, q, layer_id=i, **SETTINGS)
+            wall = time.perf_counter() - start
+            if p >= warmup:
+                walls.append(wall)
+                computes.append(answer.layers[0].compute_seconds)
+    return walls, computes
+
+
+def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_json):
+    """One kvtrim-loadgen run; its JSON."""
+    args = [binary, f"--target={target}", "--policy=dropkv", "--keep_fraction=0.2",
+            f"--layers={layers}", f"--tokens={n}", f"--kv_heads={SHAPE['kv_heads']}",
+            f"--q_heads={SHAPE['q_heads']}", f"--head_dim={SHAPE['head_dim']}",
+            f"--window={SHAPE['window']}", "--dtype=bf16", "--perturbation=off",
+            "--profile=false", f"--transport={transport}", f"--prefills={prefills}",
+            f"--warmup_prefills={warmup}", f"--json_out={out_json}"]
+    if serial:
+        args.append("--serial")
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    with open(out_json) as f:
+        return json.load(f)
+
+
+def main():
+    """Runs every row and writes the JSON and the Markdown table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--loadgen", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--md", required=True)
+    parser.add_argument("--library", default=None, help="libkvtrim.so (kvtrim.local)")
+    parser.add_argument("--tokens", default="4096,32768")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prefills", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    args = parser.parse_args()
+    rows = []
+    client = kvtrim.Client(args.target, max_message_bytes=256 << 20)
+    engine = kvtrim.local.Engine("gpu", library=args.library)
+    for n in (int(x) for x in args.tokens.split(",")):
+        gpu = make_layers(n, args.layers, "cuda")
+        host = [tuple(t.cpu() for t in layer) for layer in gpu]
+        layer_bytes = sum(t.numel() * t.element_size() for t in host[0])
+        stem = args.out.rsplit(".", 1)[0]
+        lg = lambda transport, serial: loadgen(  # noqa: E731
+            args.loadgen, args.target, n, args.layers, transport, serial, args.prefills,
+            args.warmup, f"{stem}_loadgen_{transport}_{'serial' if serial else 'pipe'}_{n}.json")
+        cpp_ipc = lg("cuda_ipc", True)["layer_latency_s"]
+        py_ipc = summary(python_serial(client, gpu, "regions", args.prefills, args.warmup))
+        cpp_inline = lg("inline", True)["layer_latency_s"]
+        py_inline = summary(python_serial(client, host, "inline", args.prefills, args.warmup))
+        cpp_pipe = lg("inline", False)["aggregate"]["throughput_bytes_per_s"]
+        py_pipe = python_pipelined(client, host, args.prefills, args.warmup)
+        walls, computes = inprocess(engine, gpu, args.prefills, args.warmup)
+        overheads = [w - c for w, c in zip(walls, computes)]
+        rows.append({
+            "tokens": n, "layer_bytes": layer_bytes,
+            "cuda_ipc_serial_latency_s": {
+                "python": py_ipc, "cpp": cpp_ipc,
+                "python_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["p50"]},
+            "inline_serial_latency_s": {
+                "python": py_inline, "cpp": cpp_inline,
+                "python_over_cpp_p50": py_inline["p50"] / cpp_inline["p50"]},
+            "inline_pipelined_bytes_per_s": {"python": py_pipe, "cpp": cpp_pipe,
+                                             "python_over_cpp": py_pipe / cpp_pipe},
+            "inprocess_latency_s": {"wall": summary(walls), "compute": summary(computes),
+                                    "overhead": summary(overheads)},
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    client.close()
+    engine.close()
+    result = {"generated_by": "tools/python_client_bench.py", "shape": SHAPE,
+              "settings": SETTINGS, "layers": args.layers, "prefills": args.prefills,
+              "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    lines = [f"Device: {result['device']}; bf16, H_kv 8, H_q 32, d 128, w 32, DropKV keep 0.2, "
+             "perturbation off; per-layer p50 over "
+             f"{args.prefills} sessions of {args.layers} layers.", "",
+             "| n | CUDA IPC serial: Python | C++ | Python − C++ | inline serial: Python | C++ "
+             "| inline pipelined: Python GB/s | C++ GB/s | Python / C++ "
+             "| in-process wall | its kernels | overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ipc, inl, pipe = (r["cuda_ipc_serial_latency_s"], r["inline_serial_latency_s"],
+                          r["inline_pipelined_bytes_per_s"])
+        ms = lambda seconds: f"{seconds * 1e3:.3f} ms"  # noqa: E731
+        lines.append(
+            f"| {r['tokens']} | {ms(ipc['python']['p50'])} | {ms(ipc['cpp']['p50'])} "
+            f"| {ipc['python_minus_cpp_p50_s'] * 1e6:+.0f} µs | {ms(inl['python']['p50'])} "
+            f"| {ms(inl['cpp']['p50'])} | {pipe['python'] / 1e9:.2f} | {pipe['cpp'] / 1e9:.2f} "
+            f"| {pipe['python_over_cpp']:.2f} "
+            f"| {ms(r['inprocess_latency_s']['wall']['p50'])} "
+            f"| {ms(r['inprocess_latency_s']['compute']['p50'])} "
+            f"| {r['inprocess_latency_s']['overhead']['p50'] * 1e6:.0f} µs |")
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
