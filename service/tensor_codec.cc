@@ -34,20 +34,6 @@ int64_t DimLimit(TensorRole role, int dim, const EngineLimits& limits) {
   }
 }
 
-absl::StatusOr<DType> DecodeDType(v1::DType dtype, const std::string& field) {
-  switch (dtype) {
-    case v1::DTYPE_F32: return DType::kF32;
-    case v1::DTYPE_F16: return DType::kF16;
-    case v1::DTYPE_BF16: return DType::kBF16;
-    case v1::DTYPE_UNSPECIFIED:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".dtype: DTYPE_UNSPECIFIED; set DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".dtype: unknown dtype ", static_cast<int>(dtype),
-          "; expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
-  }
-}
 
 /// The dtype and shape checks shared by every transport; fills view.dtype and view.shape.
 absl::Status DecodeHeader(const v1::Tensor& tensor, TensorRole role, const EngineLimits& limits,
@@ -320,6 +306,21 @@ absl::Status DecodeOutput(const v1::OutputRegion& output, const std::string& fie
 }
 
 }  // namespace
+
+absl::StatusOr<DType> DecodeDType(v1::DType dtype, const std::string& field) {
+  switch (dtype) {
+    case v1::DTYPE_F32: return DType::kF32;
+    case v1::DTYPE_F16: return DType::kF16;
+    case v1::DTYPE_BF16: return DType::kBF16;
+    case v1::DTYPE_UNSPECIFIED:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".dtype: DTYPE_UNSPECIFIED; set DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".dtype: unknown dtype ", static_cast<int>(dtype),
+          "; expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16"));
+  }
+}
 
 absl::StatusOr<int64_t> TensorByteSize(const v1::Tensor& tensor, TensorRole role,
                                        const EngineLimits& limits, const std::string& field) {

@@ -20,6 +20,10 @@
 
 namespace kvtrim::service {
 
+/// The kernels' dtype of a proto dtype; INVALID_ARGUMENT "<field>.dtype: ..." for
+/// DTYPE_UNSPECIFIED or a value outside the enum.
+absl::StatusOr<DType> DecodeDType(v1::DType dtype, const std::string& field);
+
 /// Which tensor of a layer is decoded; names the dimensions in error messages.
 enum class TensorRole {
   kKeys,     // [H_kv, n, d]

@@ -10,6 +10,7 @@
 #include "service/model_codec.h"
 #include "service/response_codec.h"
 #include "service/settings_codec.h"
+#include "service/tensor_codec.h"
 
 #if KVTRIM_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -24,22 +25,6 @@ using Clock = std::chrono::steady_clock;
 /// Seconds since `start`.
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-/// The kernels' dtype of a proto dtype; INVALID_ARGUMENT "<field>.dtype" otherwise.
-absl::StatusOr<DType> ToDType(v1::DType dtype, const std::string& field) {
-  switch (dtype) {
-    case v1::DTYPE_F32:
-      return DType::kF32;
-    case v1::DTYPE_F16:
-      return DType::kF16;
-    case v1::DTYPE_BF16:
-      return DType::kBF16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".dtype: expected DTYPE_F32, DTYPE_F16 or DTYPE_BF16, got ",
-                       static_cast<int>(dtype)));
-  }
 }
 
 /// A ready event recorded on the caller's stream (GPU backend, device tensors), destroyed
@@ -140,7 +125,7 @@ absl::StatusOr<LayerRequest> InprocessEngine::ToRequest(
     const std::string tensor_field = absl::StrCat(field, ".", name);
     TensorView view;
     if (t.data == nullptr) return view;
-    auto dtype = ToDType(t.dtype, tensor_field);
+    auto dtype = service::DecodeDType(t.dtype, tensor_field);
     if (!dtype.ok()) return dtype.status();
     view.data = t.data;
     view.dtype = *dtype;
