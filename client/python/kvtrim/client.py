@@ -146,14 +146,18 @@ class Client:
         self._shared: Optional[SharedArrays] = None
         self._cuda = None
         self._lock = threading.Lock()
+        self._methods: Dict[str, Any] = {}
 
     # --- plumbing -------------------------------------------------------------------------
 
     def _unary(self, method: str, request: bytes, deserializer, metadata=(),
                timeout: Optional[float] = None):
         """One unary call on raw request bytes; KvtrimError on failure."""
-        call = self._channel.unary_unary(method, request_serializer=None,
-                                         response_deserializer=deserializer)
+        call = self._methods.get(method)
+        if call is None:  # one multicallable per method, made once
+            call = self._channel.unary_unary(method, request_serializer=None,
+                                             response_deserializer=deserializer)
+            self._methods[method] = call
         try:
             return call(request, timeout=timeout or self.timeout, metadata=list(metadata))
         except grpc.RpcError as error:
@@ -326,7 +330,7 @@ class Client:
         views = [layer.views(f"layers[{i}]") for i, layer in enumerate(layers)]
         total = sum(v.nbytes for layer_views in views for v in layer_views.values())
         if total + (1 << 20) > self.max_message_bytes:
-            return self._compress_chunked(layers, settings, device, timeout)
+            return self._compress_chunked(layers, settings, timeout)
         encoded = [encode_inline(layer, v) for layer, v in zip(layers, views)]
         return self._unary_compress(settings, encoded, False, device, timeout)
 
@@ -340,7 +344,7 @@ class Client:
         return CompressResult([decision_of(r, device) for r in response.layers],
                               response.backend)
 
-    def _compress_chunked(self, layers: List[Layer], settings, device, timeout) -> CompressResult:
+    def _compress_chunked(self, layers: List[Layer], settings, timeout) -> CompressResult:
         """Layers too large for one message: a session with chunked tensors, answered in the
         request's layer order."""
         session = Session(self._channel, settings, metadata=self._metadata(False),
@@ -355,12 +359,8 @@ class Client:
         except BaseException:
             session.cancel()
             raise
+        # The session moved CUDA inputs' lists to their device already.
         decisions = [result.layers[layer.layer_id] for layer in layers]
-        if device is not None:
-            import torch
-
-            for d in decisions:
-                d.kept = [torch.from_numpy(k).to(device) for k in d.kept]
         return CompressResult(decisions, result.summary.backend)
 
     def session(self, *, policy: str, transport: Optional[str] = None,

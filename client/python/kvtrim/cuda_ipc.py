@@ -10,7 +10,7 @@ import ctypes
 import threading
 import uuid as uuid_module
 from collections import OrderedDict
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 from .errors import KvtrimError
 from .regions import RegionLease
@@ -78,10 +78,14 @@ class CudaRegions:
 
         tensor = view.source
         device = tensor.device.index if tensor.device.index is not None else 0
-        with torch.cuda.device(device):
-            pointer = tensor.data_ptr()
+        pointer = tensor.data_ptr()
+        if torch.cuda.current_device() == device:
             base, size = allocation_of(pointer)
             handle = ipc_handle(base)
+        else:
+            with torch.cuda.device(device):  # the driver calls need the device's context
+                base, size = allocation_of(pointer)
+                handle = ipc_handle(base)
         with self._lock:
             region_id = self._regions.get(handle)
             if region_id is None:
@@ -104,15 +108,20 @@ class CudaRegions:
         self._regions[handle] = region_id
         return region_id
 
-    def record_ready(self, device: int) -> str:
-        """Records this device's interprocess event on torch's current stream and returns
-        its registered id (LayerInput.ready_event_id)."""
+    def record_ready(self, device: int) -> Optional[str]:
+        """The ready event for tensors written on torch's current stream of `device`: None
+        when that stream has no pending work (the tensors are complete: kvtrimd need not
+        wait), else this device's interprocess event recorded on it, by its registered id
+        (LayerInput.ready_event_id)."""
         import torch
 
+        stream = torch.cuda.current_stream(device)
+        if stream.query():
+            return None
         with self._lock:
             entry = self._events.get(device)
             event = entry[0] if entry else torch.cuda.Event(interprocess=True)
-            event.record(torch.cuda.current_stream(device))
+            event.record(stream)
             if entry is None:
                 event_id = self._lease.register_cuda_ipc_event(bytes(event.ipc_handle()),
                                                                device_uuid(device))

@@ -107,10 +107,11 @@ class SessionResult:
     summary: Optional[SessionSummary] = None
 
 
-def _lists(result: pb.LayerResult) -> List[np.ndarray]:
-    """The kept lists of `result` as int64 arrays (PACKED or REPEATED encoding)."""
+def _flat_lists(result: pb.LayerResult):
+    """(indices [total] int64, lengths per list) of `result` (PACKED or REPEATED encoding);
+    (None, []) when the lists went to an output region."""
     if result.output_written:
-        return []
+        return None, []
     if result.packed.offsets:
         offsets = np.frombuffer(result.packed.offsets, dtype="<i8")
         index_type = "<u2" if result.packed.index_bytes == 2 else "<u4"
@@ -118,7 +119,7 @@ def _lists(result: pb.LayerResult) -> List[np.ndarray]:
     else:
         offsets = np.asarray(result.offsets, dtype=np.int64)
         indices = np.asarray(result.indices, dtype=np.int64)
-    return [indices[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+    return indices, np.diff(offsets).tolist()
 
 
 def _profile(result: pb.LayerResult) -> Optional[Dict[str, float]]:
@@ -129,12 +130,17 @@ def _profile(result: pb.LayerResult) -> Optional[Dict[str, float]]:
 
 
 def decision_of(result: pb.LayerResult, device: Any = None) -> LayerDecision:
-    """The LayerDecision of a LayerResult; lists moved to torch `device` when given."""
-    kept: List[Any] = _lists(result)
-    if device is not None:
+    """The LayerDecision of a LayerResult; lists moved to torch `device` when given (one copy
+    of all of them, then views)."""
+    indices, lengths = _flat_lists(result)
+    kept: List[Any] = []
+    if indices is not None and device is not None:
         import torch
 
-        kept = [torch.from_numpy(k).to(device, non_blocking=True) for k in kept]
+        kept = list(torch.from_numpy(indices).to(device).split(lengths))
+    elif indices is not None:
+        bounds = np.cumsum([0] + lengths)
+        kept = [indices[bounds[i]:bounds[i + 1]] for i in range(len(lengths))]
     heads = [HeadStats(h.kept, h.perturbation if h.HasField("perturbation") else None)
              for h in result.heads]
     return LayerDecision(
