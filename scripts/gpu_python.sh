@@ -8,7 +8,8 @@
 #   mkdir -p gpu_bundle/models && cp ../shared/models/stories260K.bin gpu_bundle/models/
 # and carry gpu_bundle and .whl. Run there: bash scripts/gpu_python.sh (or SECTIONS=python
 # bash scripts/gpu_run.sh). Output under $OUT: python_tests.xml, python_tests.log,
-# python.json, python.md, the load generator's JSON and kvtrimd_python.log.
+# python.json, python.md, python_breakdown.json (tools/python_latency_breakdown.py), the load
+# generator's JSON and kvtrimd_python.log.
 # Environment: OUT (default out), BUNDLE (gpu_bundle), PYTEST_ARGS (extra pytest arguments).
 set -uo pipefail
 # shellcheck source=scripts/gpu_env.sh
@@ -40,6 +41,9 @@ start_kvtrimd "$OUT/kvtrimd_python.log" --backend=gpu --allow_client_shm --liste
 timeout 240 python3 tools/python_client_bench.py --target "$address" \
   --loadgen "$BIN/kvtrim-loadgen" --library "$KVTRIM_LIBRARY" --out "$OUT/python.json" \
   --md "$OUT/python.md" || RC=1
+echo "== tools/python_latency_breakdown.py"
+timeout 120 python3 tools/python_latency_breakdown.py --target "$address" \
+  --library "$KVTRIM_LIBRARY" --out "$OUT/python_breakdown.json" || RC=1
 kill -TERM "$pid"
 wait "$pid" || RC=1
 exit "$RC"

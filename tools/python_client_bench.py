@@ -4,10 +4,13 @@
 Against a running kvtrimd (GPU backend, --allow_client_shm), for a Llama-3.1-8B-shaped layer
 (H_kv 8, H_q 32, d 128, w 32, bf16, DropKV keep 20 %, perturbation off, profile off) at
 n = 4K and 32K tokens, each a session of L layers:
-  - layer latency, serial (send one layer, wait for its answer): Python over CUDA IPC from
-    torch CUDA tensors vs `kvtrim-loadgen --transport=cuda_ipc --serial`; Python inline vs
-    `kvtrim-loadgen --transport=inline --serial`. Latency = from the start of building the
-    layer's message to its decoded answer (the load generator's definition).
+  - layer latency, serial (send one layer, wait for its answer), from torch CUDA tensors over
+    CUDA IPC: the Python client's compress() (its default: the native transport, libkvtrim's
+    C++ client), the same through grpcio (native=False), and a grpcio session (send + result),
+    vs `kvtrim-loadgen --transport=cuda_ipc --serial` (the C++ client's session); Python
+    inline (session) vs `kvtrim-loadgen --transport=inline --serial`. Latency = from the
+    start of building the layer's message to its decoded answer (the load generator's
+    definition).
   - inline throughput, pipelined (every layer sent, then finish): wire bytes / wall, Python
     vs `kvtrim-loadgen --transport=inline`.
   - in-process (kvtrim.local on libkvtrim, torch CUDA tensors read in place): per-layer wall
@@ -68,6 +71,18 @@ def python_serial(client, layers, transport, prefills, warmup):
     return latencies
 
 
+def python_unary(client, layers, prefills, warmup):
+    """Per-layer latencies (s) of compress() calls, one layer each."""
+    latencies = []
+    for p in range(warmup + prefills):
+        for i, (k, v, q) in enumerate(layers):
+            start = time.perf_counter()
+            client.compress(k, v, q, layer_id=i, transport="regions", **SETTINGS)
+            if p >= warmup:
+                latencies.append(time.perf_counter() - start)
+    return latencies
+
+
 def python_pipelined(client, layers, prefills, warmup):
     """Inline throughput (bytes/s): every layer sent at once, then finish."""
     layer_bytes = sum(t.numel() * t.element_size() for t in layers[0])
@@ -125,7 +140,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=1)
     args = parser.parse_args()
     rows = []
-    client = kvtrim.Client(args.target, max_message_bytes=256 << 20)
+    client = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=False)
+    native = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=True,
+                           library=args.library)
     engine = kvtrim.local.Engine("gpu", library=args.library)
     for n in (int(x) for x in args.tokens.split(",")):
         gpu = make_layers(n, args.layers, "cuda")
@@ -136,7 +153,10 @@ def main():
             args.loadgen, args.target, n, args.layers, transport, serial, args.prefills,
             args.warmup, f"{stem}_loadgen_{transport}_{'serial' if serial else 'pipe'}_{n}.json")
         cpp_ipc = lg("cuda_ipc", True)["layer_latency_s"]
-        py_ipc = summary(python_serial(client, gpu, "regions", args.prefills, args.warmup))
+        py_ipc = summary(python_unary(native, gpu, args.prefills, args.warmup))
+        py_ipc_grpcio = summary(python_unary(client, gpu, args.prefills, args.warmup))
+        py_ipc_session = summary(python_serial(client, gpu, "regions", args.prefills,
+                                               args.warmup))
         cpp_inline = lg("inline", True)["layer_latency_s"]
         py_inline = summary(python_serial(client, host, "inline", args.prefills, args.warmup))
         cpp_pipe = lg("inline", False)["aggregate"]["throughput_bytes_per_s"]
@@ -146,8 +166,10 @@ def main():
         rows.append({
             "tokens": n, "layer_bytes": layer_bytes,
             "cuda_ipc_serial_latency_s": {
-                "python": py_ipc, "cpp": cpp_ipc,
-                "python_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["p50"]},
+                "python": py_ipc, "python_grpcio": py_ipc_grpcio,
+                "python_grpcio_session": py_ipc_session, "cpp": cpp_ipc,
+                "python_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["p50"],
+                "python_grpcio_minus_cpp_p50_s": py_ipc_grpcio["p50"] - cpp_ipc["p50"]},
             "inline_serial_latency_s": {
                 "python": py_inline, "cpp": cpp_inline,
                 "python_over_cpp_p50": py_inline["p50"] / cpp_inline["p50"]},
@@ -158,6 +180,7 @@ def main():
         })
         print(json.dumps(rows[-1]), flush=True)
     client.close()
+    native.close()
     engine.close()
     result = {"generated_by": "tools/python_client_bench.py", "shape": SHAPE,
               "settings": SETTINGS, "layers": args.layers, "prefills": args.prefills,
@@ -168,17 +191,20 @@ def main():
     lines = [f"Device: {result['device']}; bf16, H_kv 8, H_q 32, d 128, w 32, DropKV keep 0.2, "
              "perturbation off; per-layer p50 over "
              f"{args.prefills} sessions of {args.layers} layers.", "",
-             "| n | CUDA IPC serial: Python | C++ | Python − C++ | inline serial: Python | C++ "
+             "| n | CUDA IPC serial: Python | C++ | Python − C++ | Python (grpcio) "
+             "| grpcio session | inline serial: Python | C++ "
              "| inline pipelined: Python GB/s | C++ GB/s | Python / C++ "
              "| in-process wall | its kernels | overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ipc, inl, pipe = (r["cuda_ipc_serial_latency_s"], r["inline_serial_latency_s"],
                           r["inline_pipelined_bytes_per_s"])
         ms = lambda seconds: f"{seconds * 1e3:.3f} ms"  # noqa: E731
         lines.append(
             f"| {r['tokens']} | {ms(ipc['python']['p50'])} | {ms(ipc['cpp']['p50'])} "
-            f"| {ipc['python_minus_cpp_p50_s'] * 1e6:+.0f} µs | {ms(inl['python']['p50'])} "
+            f"| {ipc['python_minus_cpp_p50_s'] * 1e6:+.0f} µs "
+            f"| {ms(ipc['python_grpcio']['p50'])} | {ms(ipc['python_grpcio_session']['p50'])} "
+            f"| {ms(inl['python']['p50'])} "
             f"| {ms(inl['cpp']['p50'])} | {pipe['python'] / 1e9:.2f} | {pipe['cpp'] / 1e9:.2f} "
             f"| {pipe['python_over_cpp']:.2f} "
             f"| {ms(r['inprocess_latency_s']['wall']['p50'])} "

@@ -18,7 +18,7 @@ BUILD = pathlib.Path(os.environ.get("KVTRIM_BUILD_DIR", REPO / "build"))
 KVTRIMD = pathlib.Path(os.environ.get("KVTRIMD_PATH", BUILD / "service" / "kvtrimd"))
 # The C++ client (the answers the Python client must equal).
 # libkvtrim (kvtrim.local's engine).
-LIBKVTRIM = os.environ.get("KVTRIM_LIBRARY", str(BUILD / "service" / "libkvtrim.so"))
+LIBKVTRIM = os.environ.get("KVTRIM_LIBRARY", str(BUILD / "libkvtrim" / "libkvtrim.so"))
 KVTRIM_CLI = pathlib.Path(os.environ.get("KVTRIM_CLI_PATH", BUILD / "client" / "kvtrim"))
 SAMPLE = REPO / "samples" / "stories260k_prefill.safetensors"
 BUNDLE = REPO / "samples" / "stories260k_model.safetensors"

@@ -6,6 +6,8 @@ import pytest
 
 import kvtrim
 
+from conftest import LIBKVTRIM
+
 
 def cuda_layers(layers, dtype):
     """The sample's layers as CUDA tensors of `dtype`."""
@@ -19,13 +21,15 @@ def lists(decision):
     return [k.tolist() for k in decision.kept]
 
 
+@pytest.mark.parametrize("native", [False, True])
 @pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
-def test_cuda_ipc_equals_inline(gpu_server, layers, dtype_name):
+def test_cuda_ipc_equals_inline(gpu_server, layers, dtype_name, native):
+    """Through grpcio (native=False) and through libkvtrim's C++ client (native=True)."""
     import torch
 
     dtype = getattr(torch, dtype_name)
     on_gpu = cuda_layers(layers, dtype)
-    with kvtrim.Client(gpu_server.address) as client:
+    with kvtrim.Client(gpu_server.address, native=native, library=LIBKVTRIM) as client:
         for policy in ("dropkv", "snapkv+adakv", "knorm"):
             ipc = client.compress(layers=on_gpu, policy=policy, keep=0.2, transport="regions")
             host = client.compress(layers=[tuple(t.cpu() for t in l) for l in on_gpu],
@@ -36,11 +40,12 @@ def test_cuda_ipc_equals_inline(gpu_server, layers, dtype_name):
                 assert lists(a) == lists(b), (policy, a.layer_id)
 
 
-def test_strided_cuda_tensors_and_sessions(gpu_server, layers):
+@pytest.mark.parametrize("native", [False, True])
+def test_strided_cuda_tensors_and_sessions(gpu_server, layers, native):
     import torch
 
     on_gpu = cuda_layers(layers, torch.bfloat16)
-    with kvtrim.Client(gpu_server.address) as client:
+    with kvtrim.Client(gpu_server.address, native=native, library=LIBKVTRIM) as client:
         expected = client.compress(layers=on_gpu, policy="dropkv", keep=0.25, transport="inline")
         # A token-major cache [n, H_kv, d] (vLLM-like) viewed as [H_kv, n, d]: read in place.
         strided = []
@@ -59,12 +64,13 @@ def test_strided_cuda_tensors_and_sessions(gpu_server, layers):
         assert lists(layer) == lists(in_session.layers[layer.layer_id])
 
 
-def test_many_allocations_recycle_regions(gpu_server, layers):
+@pytest.mark.parametrize("native", [False, True])
+def test_many_allocations_recycle_regions(gpu_server, layers, native):
     """More distinct allocations than the lease's region limit: the oldest are released."""
     import torch
 
     k, v, q = (torch.from_numpy(t.copy()) for t in layers[0])
-    with kvtrim.Client(gpu_server.address) as client:
+    with kvtrim.Client(gpu_server.address, native=native, library=LIBKVTRIM) as client:
         limit = client.lease().max_regions
         kept = []
         for i in range(limit // 3 + 4):

@@ -26,7 +26,7 @@ extern "C" {
 #define KVTRIM_C_EXPORT __attribute__((visibility("default")))
 
 /* The ABI version this header describes (kvtrim_abi_version() returns the library's). */
-#define KVTRIM_ABI_VERSION 1
+#define KVTRIM_ABI_VERSION 2
 
 /* An engine: backend, policy registry and registered models. */
 typedef struct kvtrim_engine kvtrim_engine;
@@ -87,7 +87,30 @@ KVTRIM_C_EXPORT int32_t kvtrim_compress(kvtrim_engine* engine, const void* setti
                                         size_t count, void* cuda_stream, void** answer,
                                         size_t* answer_size, char* error, size_t error_size);
 
-/* Frees a buffer kvtrim_compress returned (NULL is a no-op). */
+/* --- The native client: the C++ client of kvtrimd, for other languages' clients ---------
+ * A connection to a kvtrimd (lazily opened) with its own Regions lease for CUDA tensors:
+ * host tensors are sent inline, CUDA tensors as CUDA IPC slices of their allocations (each
+ * registered once; kvtrimd must run with --allow_client_shm on this node), read after the
+ * work queued on `cuda_stream` when it has any. Errors are the server's own code and
+ * message. */
+typedef struct kvtrim_client kvtrim_client;
+
+/* Connects to `target` ("host:port", "unix:PATH"); timeout_seconds: deadline of each call
+ * (<= 0: 30 s); max_message_bytes: the channel's message cap (<= 0: 64 MiB). */
+KVTRIM_C_EXPORT int32_t kvtrim_client_connect(const char* target, double timeout_seconds,
+                                              int32_t max_message_bytes, kvtrim_client** client,
+                                              char* error, size_t error_size);
+
+/* Closes the connection and its lease (NULL is a no-op). */
+KVTRIM_C_EXPORT void kvtrim_client_free(kvtrim_client* client);
+
+/* The Compress RPC, with kvtrim_compress's arguments and answer. */
+KVTRIM_C_EXPORT int32_t kvtrim_client_compress(kvtrim_client* client, const void* settings,
+                                               size_t settings_size, const kvtrim_layer* layers,
+                                               size_t count, void* cuda_stream, void** answer,
+                                               size_t* answer_size, char* error, size_t error_size);
+
+/* Frees a buffer kvtrim_compress or kvtrim_client_compress returned (NULL is a no-op). */
 KVTRIM_C_EXPORT void kvtrim_buffer_free(void* buffer);
 
 #ifdef __cplusplus

@@ -1,6 +1,6 @@
 // The C ABI of libkvtrim (kvtrim_c.h) over InprocessEngine: argument checks, statuses as
 // codes and messages, answers as malloc'd serialized protobufs. No exception crosses it.
-#include "service/inprocess/kvtrim_c.h"
+#include "libkvtrim/kvtrim_c.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -11,10 +11,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "service/inprocess/inprocess_engine.h"
+#include "libkvtrim/inprocess_engine.h"
+#include "libkvtrim/native_client.h"
 
 struct kvtrim_engine {
   std::unique_ptr<kvtrim::inprocess::InprocessEngine> engine;
+};
+
+struct kvtrim_client {
+  std::unique_ptr<kvtrim::inprocess::NativeClient> client;
 };
 
 namespace {
@@ -62,6 +67,41 @@ CallerTensor ToCaller(const kvtrim_tensor& t) {
     out.strides[i] = t.strides[i];
   }
   return out;
+}
+
+/// The body both compress functions share: checks the arguments, parses the settings,
+/// converts the layers, runs `compress` and returns its answer as a malloc'd buffer.
+template <typename Compress>
+absl::Status CompressWith(const void* settings, size_t settings_size, const kvtrim_layer* layers,
+                          size_t count, void** answer, size_t* answer_size, Compress compress) {
+  if (answer == nullptr || answer_size == nullptr) {
+    return absl::InvalidArgumentError("answer: NULL out-pointer");
+  }
+  *answer = nullptr;
+  *answer_size = 0;
+  if (count > 0 && layers == nullptr) return absl::InvalidArgumentError("layers: NULL");
+  kvtrim::v1::CompressionSettings parsed;
+  if (settings_size > static_cast<size_t>(INT32_MAX) ||
+      !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
+    return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
+  }
+  std::vector<CallerLayer> caller(count);
+  for (size_t i = 0; i < count; ++i) {
+    caller[i].layer_id = layers[i].layer_id;
+    caller[i].softmax_scale = layers[i].softmax_scale;
+    caller[i].keys = ToCaller(layers[i].keys);
+    caller[i].values = ToCaller(layers[i].values);
+    caller[i].queries = ToCaller(layers[i].queries);
+  }
+  absl::StatusOr<kvtrim::v1::CompressResponse> response = compress(parsed, caller);
+  if (!response.ok()) return response.status();
+  const size_t size = response->ByteSizeLong();
+  void* buffer = std::malloc(size == 0 ? 1 : size);
+  if (buffer == nullptr) return absl::ResourceExhaustedError("answer: out of host memory");
+  response->SerializeWithCachedSizesToArray(static_cast<uint8_t*>(buffer));
+  *answer = buffer;
+  *answer_size = size;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -139,34 +179,40 @@ int32_t kvtrim_compress(kvtrim_engine* engine, const void* settings, size_t sett
                         size_t* answer_size, char* error, size_t error_size) {
   return Guarded(error, error_size, [&]() -> absl::Status {
     if (engine == nullptr) return absl::InvalidArgumentError("engine: NULL");
-    if (answer == nullptr || answer_size == nullptr) {
-      return absl::InvalidArgumentError("answer: NULL out-pointer");
-    }
-    *answer = nullptr;
-    *answer_size = 0;
-    if (count > 0 && layers == nullptr) return absl::InvalidArgumentError("layers: NULL");
-    kvtrim::v1::CompressionSettings parsed;
-    if (settings_size > static_cast<size_t>(INT32_MAX) ||
-        !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
-      return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
-    }
-    std::vector<CallerLayer> caller(count);
-    for (size_t i = 0; i < count; ++i) {
-      caller[i].layer_id = layers[i].layer_id;
-      caller[i].softmax_scale = layers[i].softmax_scale;
-      caller[i].keys = ToCaller(layers[i].keys);
-      caller[i].values = ToCaller(layers[i].values);
-      caller[i].queries = ToCaller(layers[i].queries);
-    }
-    auto response = engine->engine->Compress(parsed, caller, cuda_stream);
-    if (!response.ok()) return response.status();
-    const size_t size = response->ByteSizeLong();
-    void* buffer = std::malloc(size == 0 ? 1 : size);
-    if (buffer == nullptr) return absl::ResourceExhaustedError("answer: out of host memory");
-    response->SerializeWithCachedSizesToArray(static_cast<uint8_t*>(buffer));
-    *answer = buffer;
-    *answer_size = size;
+    return CompressWith(
+        settings, settings_size, layers, count, answer, answer_size,
+        [&](const kvtrim::v1::CompressionSettings& parsed, const std::vector<CallerLayer>& caller) {
+          return engine->engine->Compress(parsed, caller, cuda_stream);
+        });
+  });
+}
+
+int32_t kvtrim_client_connect(const char* target, double timeout_seconds, int32_t max_message_bytes,
+                              kvtrim_client** client, char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client: NULL out-pointer");
+    *client = nullptr;
+    if (target == nullptr || *target == '\0') return absl::InvalidArgumentError("target: empty");
+    auto connected =
+        kvtrim::inprocess::NativeClient::Connect(target, timeout_seconds, max_message_bytes);
+    if (!connected.ok()) return connected.status();
+    *client = new kvtrim_client{*std::move(connected)};
     return absl::OkStatus();
+  });
+}
+
+void kvtrim_client_free(kvtrim_client* client) { delete client; }
+
+int32_t kvtrim_client_compress(kvtrim_client* client, const void* settings, size_t settings_size,
+                               const kvtrim_layer* layers, size_t count, void* cuda_stream,
+                               void** answer, size_t* answer_size, char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client: NULL");
+    return CompressWith(
+        settings, settings_size, layers, count, answer, answer_size,
+        [&](const kvtrim::v1::CompressionSettings& parsed, const std::vector<CallerLayer>& caller) {
+          return client->client->Compress(parsed, caller, cuda_stream);
+        });
   });
 }
 

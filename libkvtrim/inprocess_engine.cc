@@ -1,4 +1,4 @@
-#include "service/inprocess/inprocess_engine.h"
+#include "libkvtrim/inprocess_engine.h"
 
 #include <algorithm>
 #include <chrono>
@@ -130,11 +130,8 @@ absl::StatusOr<LayerRequest> InprocessEngine::ToRequest(
     view.data = t.data;
     view.dtype = *dtype;
     view.shape = t.shape;
-    const bool dense = t.strides[0] == 0 && t.strides[1] == 0 && t.strides[2] == 0;
-    const bool row_major =
-        t.strides[2] == 1 && t.strides[1] == t.shape[2] && t.strides[0] == t.shape[1] * t.shape[2];
     if (t.device < 0) {
-      if (!dense && !row_major) {
+      if (!t.dense()) {
         return absl::InvalidArgumentError(
             absl::StrCat(tensor_field, ".strides: host tensors must be dense row-major, got [",
                          t.strides[0], ", ", t.strides[1], ", ", t.strides[2], "]"));
@@ -142,21 +139,17 @@ absl::StatusOr<LayerRequest> InprocessEngine::ToRequest(
       return view;
     }
     if (!device_ok) {
-      return absl::InvalidArgumentError(absl::StrCat(tensor_field,
-                                                     ".device: a CUDA tensor (device ", t.device,
-                                                     ") needs the GPU backend; "
-                                                     "this engine computes on the ",
-                                                     backend_->name()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(tensor_field, ".device: a CUDA tensor (device ", t.device,
+                       ") needs the GPU backend; this engine computes on the ", backend_->name()));
     }
     if (t.device != options_.device) {
-      return absl::InvalidArgumentError(absl::StrCat(tensor_field,
-                                                     ".device: the tensor is on CUDA "
-                                                     "device ",
-                                                     t.device, ", the engine on ",
-                                                     options_.device));
+      return absl::InvalidArgumentError(
+          absl::StrCat(tensor_field, ".device: the tensor is on CUDA device ", t.device,
+                       ", the engine on ", options_.device));
     }
     view.space = MemorySpace::kDevice;
-    if (!dense && !row_major) {
+    if (!t.dense()) {
       for (int i = 0; i < 3; ++i) {
         if (t.strides[i] < 1) {
           return absl::InvalidArgumentError(

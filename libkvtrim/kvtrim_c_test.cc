@@ -1,11 +1,12 @@
 // libkvtrim's C ABI, through the shared library as a caller loads it: answers equal the
 // engine's own (PolicyEngine on the CPU backend), and every misuse is a status naming the
 // argument or field, never a crash.
-#include "service/inprocess/kvtrim_c.h"
+#include "libkvtrim/kvtrim_c.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "kernels/engine.h"
 #include "kernels/random_layer_test_util.h"
 #include "kvtrim/v1/kvtrim.pb.h"
+#include "tests/integration/kvtrimd_process.h"
 
 namespace kvtrim {
 namespace {
@@ -22,13 +24,7 @@ constexpr int32_t kFailedPrecondition = 9;
 
 /// A CPU engine from the library, freed at the end of the test.
 class KvtrimCTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ASSERT_EQ(kvtrim_engine_create("cpu", 0, 2, "fast", &engine_, error_, sizeof(error_)), 0)
-        << error_;
-  }
-  void TearDown() override { kvtrim_engine_free(engine_); }
-
+ public:
   /// A kvtrim_tensor over a host float32 [a, b, c] buffer.
   static kvtrim_tensor Host(const float* data, int64_t a, int64_t b, int64_t c) {
     kvtrim_tensor t{};
@@ -40,6 +36,21 @@ class KvtrimCTest : public ::testing::Test {
     t.shape[2] = c;
     return t;
   }
+
+  /// Settings of `policy` keeping `keep` of the tokens.
+  static v1::CompressionSettings Settings(const std::string& policy, double keep) {
+    v1::CompressionSettings settings;
+    settings.mutable_policy()->set_name(policy);
+    settings.mutable_budget()->set_keep_fraction(keep);
+    return settings;
+  }
+
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(kvtrim_engine_create("cpu", 0, 2, "fast", &engine_, error_, sizeof(error_)), 0)
+        << error_;
+  }
+  void TearDown() override { kvtrim_engine_free(engine_); }
 
   /// kvtrim_compress of one layer; on success the parsed answer.
   int32_t Compress(const v1::CompressionSettings& settings, const kvtrim_layer& layer,
@@ -56,13 +67,6 @@ class KvtrimCTest : public ::testing::Test {
       EXPECT_EQ(answer, nullptr);
     }
     return code;
-  }
-
-  static v1::CompressionSettings Settings(const std::string& policy, double keep) {
-    v1::CompressionSettings settings;
-    settings.mutable_policy()->set_name(policy);
-    settings.mutable_budget()->set_keep_fraction(keep);
-    return settings;
   }
 
   kvtrim_engine* engine_ = nullptr;
@@ -232,6 +236,94 @@ TEST_F(KvtrimCTest, EngineCreationAndModelsRefuseBadArguments) {
                                   sizeof(error_)),
             kInvalidArgument);
   EXPECT_EQ(std::string(error_).rfind("messages[0]:", 0), 0u) << error_;
+}
+
+}  // namespace
+}  // namespace kvtrim
+
+namespace kvtrim {
+namespace {
+
+/// The native client against a real kvtrimd on the CPU backend.
+class KvtrimNativeClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto started = testing::KvtrimdProcess::Start(
+        KVTRIMD_PATH, {"--listen=127.0.0.1:0", "--metrics_listen=", "--backend=cpu"});
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_.emplace(*std::move(started));
+    auto addresses = server_->WaitUntilServing(absl::Seconds(60));
+    ASSERT_TRUE(addresses.ok()) << addresses.status();
+    ASSERT_EQ(
+        kvtrim_client_connect(addresses->grpc.c_str(), 30, 0, &client_, error_, sizeof(error_)), 0)
+        << error_;
+  }
+  void TearDown() override { kvtrim_client_free(client_); }
+
+  kvtrim_client* client_ = nullptr;
+  std::optional<testing::KvtrimdProcess> server_;
+  char error_[512] = {0};
+};
+
+TEST_F(KvtrimNativeClientTest, AnswersEqualTheEngineAndErrorsAreTheServers) {
+  RandomLayer data(4, 300, 64, 8, 32, /*seed=*/5);
+  kvtrim_layer layer{};
+  layer.layer_id = 1;
+  layer.keys = KvtrimCTest::Host(data.k.data(), 4, 300, 64);
+  layer.values = KvtrimCTest::Host(data.v.data(), 4, 300, 64);
+  layer.queries = KvtrimCTest::Host(data.q.data(), 8, 32, 64);
+  kvtrim_engine* engine = nullptr;
+  ASSERT_EQ(kvtrim_engine_create("cpu", 0, 1, "fast", &engine, error_, sizeof(error_)), 0);
+  for (const std::string policy : {"dropkv", "snapkv+adakv"}) {
+    const std::string settings = KvtrimCTest::Settings(policy, 0.25).SerializeAsString();
+    void* answers[2] = {nullptr, nullptr};
+    size_t sizes[2] = {0, 0};
+    ASSERT_EQ(kvtrim_client_compress(client_, settings.data(), settings.size(), &layer, 1, nullptr,
+                                     &answers[0], &sizes[0], error_, sizeof(error_)),
+              0)
+        << error_;
+    ASSERT_EQ(kvtrim_compress(engine, settings.data(), settings.size(), &layer, 1, nullptr,
+                              &answers[1], &sizes[1], error_, sizeof(error_)),
+              0)
+        << error_;
+    v1::CompressResponse remote, local;
+    ASSERT_TRUE(remote.ParseFromArray(answers[0], static_cast<int>(sizes[0])));
+    ASSERT_TRUE(local.ParseFromArray(answers[1], static_cast<int>(sizes[1])));
+    kvtrim_buffer_free(answers[0]);
+    kvtrim_buffer_free(answers[1]);
+    ASSERT_EQ(remote.layers_size(), 1);
+    EXPECT_EQ(remote.layers(0).offsets().size(), local.layers(0).offsets().size());
+    EXPECT_EQ(
+        std::vector<int32_t>(remote.layers(0).indices().begin(), remote.layers(0).indices().end()),
+        std::vector<int32_t>(local.layers(0).indices().begin(), local.layers(0).indices().end()))
+        << policy;
+  }
+  kvtrim_engine_free(engine);
+
+  // The server's refusal, code and message, as the RPC gives it.
+  const std::string bad = KvtrimCTest::Settings("no_such_policy", 0.2).SerializeAsString();
+  void* answer = nullptr;
+  size_t size = 0;
+  EXPECT_EQ(kvtrim_client_compress(client_, bad.data(), bad.size(), &layer, 1, nullptr, &answer,
+                                   &size, error_, sizeof(error_)),
+            kInvalidArgument);
+  EXPECT_EQ(std::string(error_).rfind("settings.policy.name:", 0), 0u) << error_;
+  // A device tensor: CUDA builds map it (the GPU tests do); others refuse naming the field.
+  kvtrim_layer device = layer;
+  device.keys.device = 0;
+  const std::string settings = KvtrimCTest::Settings("knorm", 0.5).SerializeAsString();
+  const int32_t code = kvtrim_client_compress(client_, settings.data(), settings.size(), &device, 1,
+                                              nullptr, &answer, &size, error_, sizeof(error_));
+  EXPECT_NE(code, 0);
+  EXPECT_EQ(std::string(error_).rfind("layers[0].keys.device:", 0), 0u) << error_;
+
+  kvtrim_client* other = nullptr;
+  EXPECT_EQ(kvtrim_client_connect("", 30, 0, &other, error_, sizeof(error_)), kInvalidArgument);
+  EXPECT_EQ(std::string(error_).rfind("target:", 0), 0u) << error_;
+  EXPECT_EQ(kvtrim_client_compress(nullptr, settings.data(), settings.size(), &layer, 1, nullptr,
+                                   &answer, &size, error_, sizeof(error_)),
+            kInvalidArgument);
+  kvtrim_client_free(nullptr);
 }
 
 }  // namespace

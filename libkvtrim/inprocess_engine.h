@@ -16,6 +16,7 @@
 #include "kernels/engine.h"
 #include "kernels/registry.h"
 #include "kvtrim/v1/kvtrim.pb.h"
+#include "libkvtrim/caller_layer.h"
 #include "service/config.h"
 #include "service/model_store.h"
 
@@ -29,24 +30,6 @@ struct EngineOptions {
   Numerics default_numerics = Numerics::kFast;  // for settings.numerics UNSPECIFIED
   int max_models = 16;
   int64_t max_model_bytes = int64_t{16} << 30;
-};
-
-/// One tensor as the caller hands it over: its own memory, not copied.
-struct CallerTensor {
-  const void* data = nullptr;  // null = absent
-  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
-  int device = -1;  // -1 = host memory, else the CUDA ordinal
-  std::array<int64_t, 3> shape{0, 0, 0};
-  std::array<int64_t, 3> strides{0, 0, 0};  // elements; all 0 = dense row-major
-};
-
-/// One layer as the caller hands it over.
-struct CallerLayer {
-  int32_t layer_id = 0;
-  float softmax_scale = 0;  // 0 = 1/sqrt(d)
-  CallerTensor keys;        // [H_kv, n, d]
-  CallerTensor values;      // [H_kv, n, d] or absent
-  CallerTensor queries;     // [H_q, w, d] or absent
 };
 
 /// An engine: thread-safe (Compress may run from several threads at once).

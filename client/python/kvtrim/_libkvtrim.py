@@ -1,0 +1,195 @@
+"""libkvtrim.so through ctypes: its C ABI (libkvtrim/kvtrim_c.h) declared once, the tensor
+and layer structs, and the conversion of NumPy arrays / torch tensors to them (pointers and
+strides; host tensors made dense when they are not). Used by kvtrim.local (the engine in
+this process) and by the Client's native transport (the C++ client)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+from typing import Any, List, Optional, Sequence
+
+import grpc
+import numpy as np
+
+from .errors import KvtrimError
+from .layers import Layer
+from .results import CompressResult, decision_of
+from .tensors import TensorView
+from .v1 import kvtrim_pb2 as pb
+
+ABI_VERSION = 2
+ERROR_BYTES = 4096
+
+
+class Tensor(ctypes.Structure):
+    """kvtrim_tensor."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("device", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 3), ("strides", ctypes.c_int64 * 3)]
+
+
+class LayerStruct(ctypes.Structure):
+    """kvtrim_layer."""
+
+    _fields_ = [("layer_id", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
+                ("keys", Tensor), ("values", Tensor), ("queries", Tensor)]
+
+
+def default_library() -> str:
+    """$KVTRIM_LIBRARY, else the repository's build tree (build/libkvtrim/libkvtrim.so)."""
+    if os.environ.get("KVTRIM_LIBRARY"):
+        return os.environ["KVTRIM_LIBRARY"]
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    return str(repo / "build" / "libkvtrim" / "libkvtrim.so")
+
+
+_LOADED = {}
+
+
+def load(path: Optional[str] = None) -> ctypes.CDLL:
+    """libkvtrim (loaded once per path) with its functions declared; checks the ABI
+    version. KvtrimError FAILED_PRECONDITION naming "library" when it cannot be loaded."""
+    path = path or default_library()
+    if path in _LOADED:
+        return _LOADED[path]
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as error:
+        raise KvtrimError(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"library: cannot load libkvtrim from {path}: {error} (build it with "
+                          "`make -C build kvtrim_c`, or set KVTRIM_LIBRARY)", "library") from None
+    p, size, i32, c_char_p = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_char_p
+    compress_args = [p, c_char_p, size, ctypes.POINTER(LayerStruct), size, p, ctypes.POINTER(p),
+                     ctypes.POINTER(size), c_char_p, size]
+    lib.kvtrim_abi_version.restype = i32
+    lib.kvtrim_engine_create.argtypes = [c_char_p, i32, i32, c_char_p, ctypes.POINTER(p),
+                                         c_char_p, size]
+    lib.kvtrim_engine_create.restype = i32
+    lib.kvtrim_engine_free.argtypes = [p]
+    lib.kvtrim_engine_backend.argtypes = [p]
+    lib.kvtrim_engine_backend.restype = c_char_p
+    lib.kvtrim_register_model.argtypes = [p, ctypes.POINTER(p), ctypes.POINTER(size), size,
+                                          c_char_p, size, c_char_p, size]
+    lib.kvtrim_register_model.restype = i32
+    lib.kvtrim_compress.argtypes = compress_args
+    lib.kvtrim_compress.restype = i32
+    lib.kvtrim_client_connect.argtypes = [c_char_p, ctypes.c_double, i32, ctypes.POINTER(p),
+                                          c_char_p, size]
+    lib.kvtrim_client_connect.restype = i32
+    lib.kvtrim_client_free.argtypes = [p]
+    lib.kvtrim_client_compress.argtypes = compress_args
+    lib.kvtrim_client_compress.restype = i32
+    lib.kvtrim_buffer_free.argtypes = [p]
+    version = lib.kvtrim_abi_version()
+    if version != ABI_VERSION:
+        raise KvtrimError(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"library: {path} has ABI version {version}, this package "
+                          f"{ABI_VERSION}", "library")
+    _LOADED[path] = lib
+    return lib
+
+
+def check(code: int, error: ctypes.Array) -> None:
+    """Raises the KvtrimError of a non-zero return code."""
+    if code != 0:
+        raise KvtrimError.from_code_number(code, error.value.decode("utf-8", "replace"))
+
+
+def tensor_struct(view: Optional[TensorView], keep: List[Any]) -> Tensor:
+    """The kvtrim_tensor of a view (host tensors made dense when they are not; what must
+    stay alive during the call goes to `keep`)."""
+    out = Tensor()
+    if view is None:
+        return out
+    out.dtype = view.dtype
+    out.shape[:] = list(view.shape)
+    if view.on_cuda:
+        out.data = view.source.data_ptr()
+        out.device = view.source.device.index or 0
+        out.strides[:] = list(view.strides)
+        return out
+    out.device = -1
+    if view.is_dense():
+        source = view.source
+        out.data = (source.data_ptr() if hasattr(source, "data_ptr")
+                    else source.__array_interface__["data"][0])
+        keep.append(source)
+    else:
+        dense = np.frombuffer(view.host_bytes(), dtype=np.uint8)
+        keep.append(dense)
+        out.data = dense.__array_interface__["data"][0]
+    return out
+
+
+def layer_array(layers: Sequence[Layer], keep: List[Any]):
+    """(kvtrim_layer array, torch device of the first CUDA keys or None) of `layers`."""
+    array = (LayerStruct * len(layers))()
+    device = None
+    for i, layer in enumerate(layers):
+        views = layer.views(f"layers[{i}]")
+        array[i].layer_id = int(layer.layer_id)
+        array[i].softmax_scale = float(layer.softmax_scale)
+        for name in ("keys", "values", "queries"):
+            setattr(array[i], name, tensor_struct(views.get(name), keep))
+        if views["keys"].on_cuda and device is None:
+            device = views["keys"].source.device
+    return array, device
+
+
+def stream_handle(stream: Any, device) -> Optional[int]:
+    """The cudaStream_t to order reads after: `stream` (a torch.cuda.Stream or an int), else
+    torch's current stream of `device`, else None (host tensors)."""
+    if stream is not None:
+        return stream if isinstance(stream, int) else int(stream.cuda_stream)
+    if device is None:
+        return None
+    import torch
+
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def call_compress(lib: ctypes.CDLL, function: str, handle, settings: bytes,
+                  layers: Sequence[Layer], stream: Any = None) -> CompressResult:
+    """lib.kvtrim_compress or lib.kvtrim_client_compress (`function`) on `handle`: the answer
+    as a CompressResult, lists on the keys' device for CUDA inputs."""
+    keep: List[Any] = []
+    array, device = layer_array(layers, keep)
+    cuda_stream = stream_handle(stream, device)
+    answer, size = ctypes.c_void_p(), ctypes.c_size_t()
+    error = ctypes.create_string_buffer(ERROR_BYTES)
+    code = getattr(lib, function)(handle, settings, len(settings), array, len(layers), cuda_stream,
+                    ctypes.byref(answer), ctypes.byref(size), error, ERROR_BYTES)
+    check(code, error)
+    try:
+        response = pb.CompressResponse.FromString(ctypes.string_at(answer, size.value))
+    finally:
+        lib.kvtrim_buffer_free(answer)
+    return CompressResult([decision_of(r, device) for r in response.layers], response.backend)
+
+
+class NativeClient:
+    """The C++ client of kvtrimd (kvtrim_client_*): the Client's native transport."""
+
+    def __init__(self, target: str, timeout: float, max_message_bytes: int,
+                 library: Optional[str] = None):
+        self._lib = load(library)
+        handle = ctypes.c_void_p()
+        error = ctypes.create_string_buffer(ERROR_BYTES)
+        check(self._lib.kvtrim_client_connect(target.encode(), float(timeout),
+                                              int(min(max_message_bytes, 2**31 - 1)),
+                                              ctypes.byref(handle), error, ERROR_BYTES), error)
+        self._handle = handle
+
+    def compress(self, settings: bytes, layers: Sequence[Layer], stream: Any = None
+                 ) -> CompressResult:
+        """The Compress RPC through the C++ client."""
+        return call_compress(self._lib, "kvtrim_client_compress", self._handle, settings,
+                             layers, stream)
+
+    def close(self) -> None:
+        """Closes the connection and its lease."""
+        if self._handle:
+            self._lib.kvtrim_client_free(self._handle)
+            self._handle = ctypes.c_void_p()

@@ -1,0 +1,236 @@
+#include "libkvtrim/native_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+#if KVTRIM_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime.h>
+#endif
+
+namespace kvtrim::inprocess {
+
+namespace {
+
+#if KVTRIM_HAVE_CUDA
+/// INTERNAL "<what>: <CUDA error>" for a failed runtime call.
+absl::Status CudaError(const char* what, cudaError_t error) {
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+}
+
+/// The 16-byte UUID of CUDA device `device`.
+absl::StatusOr<std::string> DeviceUuid(int device) {
+  cudaDeviceProp properties{};
+  if (cudaError_t e = cudaGetDeviceProperties(&properties, device); e != cudaSuccess) {
+    return CudaError("cudaGetDeviceProperties", e);
+  }
+  return std::string(properties.uuid.bytes, sizeof(properties.uuid.bytes));
+}
+
+/// Makes `device` current for this thread until destroyed.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+#endif
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NativeClient>> NativeClient::Connect(const std::string& target,
+                                                                    double timeout_seconds,
+                                                                    int max_message_bytes) {
+  ClientOptions options;
+  if (timeout_seconds > 0) options.default_deadline = absl::Seconds(timeout_seconds);
+  if (max_message_bytes > 0) options.max_message_bytes = max_message_bytes;
+  auto client = Client::Connect(target, options);
+  if (!client.ok()) return client.status();
+  std::unique_ptr<NativeClient> native(new NativeClient());
+  native->client_ = *std::move(client);
+  return native;
+}
+
+NativeClient::~NativeClient() {
+  if (lease_ != nullptr) lease_->Close().IgnoreError();
+#if KVTRIM_HAVE_CUDA
+  for (auto& [device, entry] : events_) cudaEventDestroy(static_cast<cudaEvent_t>(entry.event));
+#endif
+}
+
+absl::StatusOr<RegionLease*> NativeClient::Lease() {
+  if (lease_ == nullptr) {
+    auto lease = client_->OpenRegionLease();
+    if (!lease.ok()) return lease.status();
+    lease_ = *std::move(lease);
+    client_->SetClientId(lease_->client_id());
+  }
+  return lease_.get();
+}
+
+absl::StatusOr<std::string> NativeClient::RegionOf(const void* pointer, int device,
+                                                   uint64_t* offset) {
+#if KVTRIM_HAVE_CUDA
+  DeviceScope scope(device);
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (CUresult r = cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(pointer));
+      r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a CUDA device pointer (cuMemGetAddressRange: error ", r, ")"));
+  }
+  cudaIpcMemHandle_t handle;
+  if (cudaError_t e = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
+      e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudaIpcGetMemHandle refuses this memory (", cudaGetErrorName(e),
+                     "): VMM / expandable-segments allocations cannot be shared by CUDA IPC"));
+  }
+  *offset = reinterpret_cast<CUdeviceptr>(pointer) - base;
+  const std::string key(handle.reserved, sizeof(handle.reserved));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = regions_.find(key); it != regions_.end()) {
+    region_order_.remove(key);
+    region_order_.push_back(key);
+    return it->second;
+  }
+  auto lease = Lease();
+  if (!lease.ok()) return lease.status();
+  // Room for the new region, the device events and a spare: release the oldest first.
+  const size_t limit = static_cast<size_t>(std::max(1, (*lease)->max_regions() - 4));
+  while (regions_.size() >= limit && !region_order_.empty()) {
+    (*lease)->Unregister(regions_[region_order_.front()]).IgnoreError();
+    regions_.erase(region_order_.front());
+    region_order_.pop_front();
+  }
+  auto uuid = DeviceUuid(device);
+  if (!uuid.ok()) return uuid.status();
+  auto region = (*lease)->RegisterCudaIpc(key, device, *uuid, size);
+  if (!region.ok()) return region.status();
+  regions_[key] = *region;
+  region_order_.push_back(key);
+  return *region;
+#else
+  (void)pointer;
+  (void)device;
+  (void)offset;
+  return absl::UnimplementedError("this libkvtrim was built without CUDA");
+#endif
+}
+
+absl::StatusOr<std::string> NativeClient::ReadyEvent(int device, void* stream) {
+#if KVTRIM_HAVE_CUDA
+  DeviceScope scope(device);
+  cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  if (cudaStreamQuery(cuda_stream) == cudaSuccess) return std::string();  // nothing pending
+  cudaGetLastError();  // cudaErrorNotReady is not an error here
+  std::lock_guard<std::mutex> lock(mu_);
+  DeviceEvent& entry = events_[device];
+  if (entry.event == nullptr) {
+    cudaEvent_t event = nullptr;
+    if (cudaError_t e =
+            cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess);
+        e != cudaSuccess) {
+      events_.erase(device);
+      return CudaError("cudaEventCreateWithFlags", e);
+    }
+    entry.event = event;
+  }
+  cudaEvent_t event = static_cast<cudaEvent_t>(entry.event);
+  if (cudaError_t e = cudaEventRecord(event, cuda_stream); e != cudaSuccess) {
+    return CudaError("cudaEventRecord", e);
+  }
+  if (entry.id.empty()) {
+    cudaIpcEventHandle_t handle;
+    if (cudaError_t e = cudaIpcGetEventHandle(&handle, event); e != cudaSuccess) {
+      return CudaError("cudaIpcGetEventHandle", e);
+    }
+    auto lease = Lease();
+    if (!lease.ok()) return lease.status();
+    auto uuid = DeviceUuid(device);
+    if (!uuid.ok()) return uuid.status();
+    auto id = (*lease)->RegisterCudaIpcEvent(std::string(handle.reserved, sizeof(handle.reserved)),
+                                             *uuid);
+    if (!id.ok()) return id.status();
+    entry.id = *id;
+  }
+  return entry.id;
+#else
+  (void)device;
+  (void)stream;
+  return std::string();
+#endif
+}
+
+absl::Status NativeClient::FillTensor(const CallerTensor& tensor, const std::string& field,
+                                      v1::Tensor* out) {
+  out->set_dtype(tensor.dtype);
+  for (int64_t extent : tensor.shape) out->add_shape(extent);
+  const int64_t element = tensor.dtype == v1::DTYPE_F32 ? 4 : 2;
+  if (tensor.device < 0) {
+    if (!tensor.dense()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".strides: host tensors must be dense row-major"));
+    }
+    const int64_t bytes = tensor.shape[0] * tensor.shape[1] * tensor.shape[2] * element;
+    out->set_inline_data(tensor.data, static_cast<size_t>(std::max<int64_t>(bytes, 0)));
+    return absl::OkStatus();
+  }
+  uint64_t offset = 0;
+  auto region = RegionOf(tensor.data, tensor.device, &offset);
+  if (!region.ok()) {
+    return absl::Status(region.status().code(),
+                        absl::StrCat(field, ".device: ", region.status().message()));
+  }
+  v1::RegionSlice* slice = out->mutable_cuda_ipc();
+  slice->set_region_id(*region);
+  slice->set_offset_bytes(offset);
+  if (!tensor.dense()) {
+    for (int64_t stride : tensor.strides) slice->add_strides_elements(stride);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CompressResponse> NativeClient::Compress(const v1::CompressionSettings& settings,
+                                                            const std::vector<CallerLayer>& layers,
+                                                            void* cuda_stream) {
+  v1::CompressRequest request;
+  *request.mutable_settings() = settings;
+  int device = -1;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const CallerLayer& layer = layers[i];
+    const std::string field = absl::StrCat("layers[", i, "]");
+    v1::LayerInput* input = request.add_layers();
+    input->set_layer_id(layer.layer_id);
+    input->set_softmax_scale(layer.softmax_scale);
+    const std::pair<const CallerTensor*, const char*> tensors[] = {
+        {&layer.keys, "keys"}, {&layer.values, "values"}, {&layer.queries, "queries"}};
+    for (const auto& [tensor, name] : tensors) {
+      if (tensor->data == nullptr) continue;
+      v1::Tensor* out = name[0] == 'k'   ? input->mutable_keys()
+                        : name[0] == 'v' ? input->mutable_values()
+                                         : input->mutable_queries();
+      if (auto st = FillTensor(*tensor, absl::StrCat(field, ".", name), out); !st.ok()) return st;
+      if (tensor->device >= 0) device = tensor->device;
+    }
+  }
+  if (device >= 0) {
+    auto ready = ReadyEvent(device, cuda_stream);
+    if (!ready.ok()) return ready.status();
+    if (!ready->empty()) {
+      for (v1::LayerInput& input : *request.mutable_layers()) input.set_ready_event_id(*ready);
+    }
+  }
+  return client_->Compress(request);
+}
+
+}  // namespace kvtrim::inprocess
