@@ -27,10 +27,12 @@ struct CallerTensor {
 /// One layer.
 struct CallerLayer {
   int32_t layer_id = 0;
-  float softmax_scale = 0;  // 0 = 1/sqrt(d)
-  CallerTensor keys;        // [H_kv, n, d]
-  CallerTensor values;      // [H_kv, n, d] or absent
-  CallerTensor queries;     // [H_q, w, d] or absent
+  float softmax_scale = 0;       // 0 = 1/sqrt(d)
+  CallerTensor keys;             // [H_kv, n, d]
+  CallerTensor values;           // [H_kv, n, d] or absent
+  CallerTensor queries;          // [H_q, w, d] or absent
+  void* output = nullptr;        // device memory for the kept lists (LayerInput.output), or null
+  uint64_t output_capacity = 0;  // its bytes
 };
 
 }  // namespace kvtrim::inprocess

@@ -172,6 +172,11 @@ absl::StatusOr<LayerRequest> InprocessEngine::ToRequest(
   request.keys = *keys;
   request.values = *values;
   request.queries = *queries;
+  if (layer.output != nullptr) {
+    request.output.present = true;
+    request.output.device = layer.output;
+    request.output.capacity = layer.output_capacity;
+  }
   return request;
 }
 
@@ -227,6 +232,8 @@ absl::StatusOr<v1::CompressResponse> InprocessEngine::Compress(
 
   std::vector<LayerDecision> decisions;
   if (policy->model_wide()) {
+    // Model-wide policies answer every layer's lists at the end: no output regions.
+    for (LayerRequest& request : requests) request.output = OutputTarget{};
     std::vector<LayerScores> scores;
     std::vector<double> scoring;
     for (size_t i = 0; i < requests.size(); ++i) {

@@ -92,6 +92,8 @@ absl::Status CompressWith(const void* settings, size_t settings_size, const kvtr
     caller[i].keys = ToCaller(layers[i].keys);
     caller[i].values = ToCaller(layers[i].values);
     caller[i].queries = ToCaller(layers[i].queries);
+    caller[i].output = layers[i].output;
+    caller[i].output_capacity = layers[i].output_capacity;
   }
   absl::StatusOr<kvtrim::v1::CompressResponse> response = compress(parsed, caller);
   if (!response.ok()) return response.status();

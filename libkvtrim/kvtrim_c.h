@@ -26,7 +26,7 @@ extern "C" {
 #define KVTRIM_C_EXPORT __attribute__((visibility("default")))
 
 /* The ABI version this header describes (kvtrim_abi_version() returns the library's). */
-#define KVTRIM_ABI_VERSION 2
+#define KVTRIM_ABI_VERSION 3
 
 /* An engine: backend, policy registry and registered models. */
 typedef struct kvtrim_engine kvtrim_engine;
@@ -44,13 +44,21 @@ typedef struct kvtrim_tensor {
 } kvtrim_tensor;
 
 /* One layer: keys [H_kv, n, d], values [H_kv, n, d], queries [H_q, w, d] (post-RoPE, the
- * last w prompt positions), as LayerInput of the proto. softmax_scale 0 = 1/sqrt(d). */
+ * last w prompt positions), as LayerInput of the proto. softmax_scale 0 = 1/sqrt(d).
+ * output (optional, per-layer policies, CUDA layers on the GPU): device memory of the keys'
+ * device, 8-byte aligned, of output_capacity bytes >= 8 (L + 1) + 4 L n (L lists: H_kv, or 1
+ * for shared / block-aligned answers), where kvtrim writes the kept lists (int64 offsets
+ * [L + 1], then int32 indices) instead of answering them, as LayerInput.output does: the
+ * answer's LayerResult then has output_written set. Model-wide policies ignore it (they
+ * answer the lists). NULL = the lists in the answer. */
 typedef struct kvtrim_layer {
   int32_t layer_id;
   float softmax_scale;
   kvtrim_tensor keys;
   kvtrim_tensor values;
   kvtrim_tensor queries;
+  void* output;
+  uint64_t output_capacity;
 } kvtrim_layer;
 
 /* The library's ABI version (KVTRIM_ABI_VERSION of the header it was built with). */

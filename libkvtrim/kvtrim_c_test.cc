@@ -149,6 +149,14 @@ TEST_F(KvtrimCTest, MisuseIsAStatusNamingTheArgument) {
   EXPECT_EQ(Compress(Settings("knorm", 0.5), bad, &response), kInvalidArgument);
   EXPECT_EQ(std::string(error_).rfind("layers[0].keys.device:", 0), 0u) << error_;
 
+  // A device output region on the CPU backend: refused naming it.
+  bad = layer;
+  std::vector<char> output(1 << 16);
+  bad.output = output.data();
+  bad.output_capacity = output.size();
+  EXPECT_EQ(Compress(Settings("knorm", 0.5), bad, &response), kFailedPrecondition);
+  EXPECT_EQ(std::string(error_).rfind("layers[0].output:", 0), 0u) << error_;
+
   // Arguments.
   void* answer = nullptr;
   size_t size = 0;

@@ -222,6 +222,17 @@ absl::StatusOr<v1::CompressResponse> NativeClient::Compress(const v1::Compressio
       if (auto st = FillTensor(*tensor, absl::StrCat(field, ".", name), out); !st.ok()) return st;
       if (tensor->device >= 0) device = tensor->device;
     }
+    if (layer.output != nullptr) {
+      uint64_t offset = 0;
+      auto region = RegionOf(layer.output, layer.keys.device, &offset);
+      if (!region.ok()) {
+        return absl::Status(region.status().code(),
+                            absl::StrCat(field, ".output: ", region.status().message()));
+      }
+      v1::RegionSlice* slice = input->mutable_output()->mutable_cuda_ipc();
+      slice->set_region_id(*region);
+      slice->set_offset_bytes(offset);
+    }
   }
   if (device >= 0) {
     auto ready = ReadyEvent(device, cuda_stream);

@@ -15,11 +15,11 @@ import numpy as np
 
 from .errors import KvtrimError
 from .layers import Layer
-from .results import CompressResult, decision_of
+from .results import CompressResult, decision_of, output_bytes
 from .tensors import TensorView
 from .v1 import kvtrim_pb2 as pb
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 ERROR_BYTES = 4096
 
 
@@ -34,7 +34,8 @@ class LayerStruct(ctypes.Structure):
     """kvtrim_layer."""
 
     _fields_ = [("layer_id", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
-                ("keys", Tensor), ("values", Tensor), ("queries", Tensor)]
+                ("keys", Tensor), ("values", Tensor), ("queries", Tensor),
+                ("output", ctypes.c_void_p), ("output_capacity", ctypes.c_uint64)]
 
 
 def default_library() -> str:
@@ -123,10 +124,21 @@ def tensor_struct(view: Optional[TensorView], keep: List[Any]) -> Tensor:
     return out
 
 
-def layer_array(layers: Sequence[Layer], keep: List[Any]):
-    """(kvtrim_layer array, torch device of the first CUDA keys or None) of `layers`."""
+def output_buffer(keys: TensorView):
+    """A uint8 device buffer for one layer's kept lists (LayerInput.output): H_kv lists over
+    n tokens, on the keys' device."""
+    import torch
+
+    return torch.empty(output_bytes(keys.shape[0], keys.shape[1]), dtype=torch.uint8,
+                       device=keys.source.device)
+
+
+def layer_array(layers: Sequence[Layer], keep: List[Any], with_outputs: bool = False):
+    """(kvtrim_layer array, torch device of the first CUDA keys or None, output buffers) of
+    `layers`; `with_outputs`: a device output buffer for every CUDA layer (else None)."""
     array = (LayerStruct * len(layers))()
     device = None
+    outputs: List[Any] = []
     for i, layer in enumerate(layers):
         views = layer.views(f"layers[{i}]")
         array[i].layer_id = int(layer.layer_id)
@@ -135,7 +147,12 @@ def layer_array(layers: Sequence[Layer], keep: List[Any]):
             setattr(array[i], name, tensor_struct(views.get(name), keep))
         if views["keys"].on_cuda and device is None:
             device = views["keys"].source.device
-    return array, device
+        buffer = output_buffer(views["keys"]) if with_outputs and views["keys"].on_cuda else None
+        if buffer is not None:
+            array[i].output = buffer.data_ptr()
+            array[i].output_capacity = buffer.numel()
+        outputs.append(buffer)
+    return array, device, outputs
 
 
 def stream_handle(stream: Any, device) -> Optional[int]:
@@ -151,11 +168,13 @@ def stream_handle(stream: Any, device) -> Optional[int]:
 
 
 def call_compress(lib: ctypes.CDLL, function: str, handle, settings: bytes,
-                  layers: Sequence[Layer], stream: Any = None) -> CompressResult:
+                  layers: Sequence[Layer], stream: Any = None,
+                  with_outputs: bool = False) -> CompressResult:
     """lib.kvtrim_compress or lib.kvtrim_client_compress (`function`) on `handle`: the answer
-    as a CompressResult, lists on the keys' device for CUDA inputs."""
+    as a CompressResult, lists on the keys' device for CUDA inputs (written by kvtrim into
+    device buffers of ours when `with_outputs`: per-head answers of per-layer policies)."""
     keep: List[Any] = []
-    array, device = layer_array(layers, keep)
+    array, device, outputs = layer_array(layers, keep, with_outputs)
     cuda_stream = stream_handle(stream, device)
     answer, size = ctypes.c_void_p(), ctypes.c_size_t()
     error = ctypes.create_string_buffer(ERROR_BYTES)
@@ -166,7 +185,8 @@ def call_compress(lib: ctypes.CDLL, function: str, handle, settings: bytes,
         response = pb.CompressResponse.FromString(ctypes.string_at(answer, size.value))
     finally:
         lib.kvtrim_buffer_free(answer)
-    return CompressResult([decision_of(r, device) for r in response.layers], response.backend)
+    return CompressResult([decision_of(r, device, out) for r, out in
+                           zip(response.layers, outputs)], response.backend)
 
 
 class NativeClient:
@@ -182,11 +202,12 @@ class NativeClient:
                                               ctypes.byref(handle), error, ERROR_BYTES), error)
         self._handle = handle
 
-    def compress(self, settings: bytes, layers: Sequence[Layer], stream: Any = None
-                 ) -> CompressResult:
-        """The Compress RPC through the C++ client."""
+    def compress(self, settings: bytes, layers: Sequence[Layer], stream: Any = None,
+                 with_outputs: bool = False) -> CompressResult:
+        """The Compress RPC through the C++ client (`with_outputs`: CUDA layers' lists
+        written by kvtrimd into device buffers of ours, see call_compress)."""
         return call_compress(self._lib, "kvtrim_client_compress", self._handle, settings,
-                             layers, stream)
+                             layers, stream, with_outputs)
 
     def close(self) -> None:
         """Closes the connection and its lease."""

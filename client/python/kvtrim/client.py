@@ -159,6 +159,7 @@ class Client:
         self.native = native
         self._library = library
         self._native_client = None
+        self._scopes: Optional[Dict[str, int]] = None
 
     # --- plumbing -------------------------------------------------------------------------
 
@@ -278,9 +279,10 @@ class Client:
             self._local and sum(v.nbytes for v in views) >= self.region_min_bytes)
         return "regions" if wants and self._local and self._regions_usable() else "inline"
 
-    def _encode_regions(self, layer: Layer, prefix: str) -> EncodedLayer:
+    def _encode_regions(self, layer: Layer, prefix: str, output=None) -> EncodedLayer:
         """A layer as region slices: CUDA tensors by CUDA IPC, host arrays in a shared
-        segment in place, other host arrays staged (copied) into the staging segment."""
+        segment in place, other host arrays staged (copied) into the staging segment.
+        `output`: a uint8 device buffer kvtrim writes the kept lists into."""
         views = layer.views(prefix)
         staged = [v for v in views.values() if not v.on_cuda and self._shared.find(v) is None]
         placed = dict(zip(map(id, staged), self._shared.stage(staged))) if staged else {}
@@ -302,7 +304,10 @@ class Client:
             region_id, offset = placed[id(view)]
             return "host_shm", region_slice(region_id, offset)
 
-        return encode_regions(layer, views, slice_for, ready)
+        output_slice = None
+        if output is not None:
+            output_slice = self._cuda.slice_at(output.data_ptr(), output.device.index or 0)
+        return encode_regions(layer, views, slice_for, ready, output_slice)
 
     # --- compression ----------------------------------------------------------------------
 
@@ -355,7 +360,8 @@ class Client:
         native = self._native_for(layers, transport)
         if native is not None:
             try:
-                return native.compress(settings.SerializeToString(), layers)
+                return native.compress(settings.SerializeToString(), layers,
+                                       with_outputs=self._outputs_allowed(settings))
             except KvtrimError as error:
                 if self.native is True or error.field != "regions":
                     raise
@@ -363,10 +369,11 @@ class Client:
         device = _device_of(layers)
         if self._choose(layers, transport) == "regions":
             self.lease()
+            outputs = self._output_buffers(layers, settings)
             with self._shared.lock:
-                encoded = [self._encode_regions(layer, f"layers[{i}]")
-                           for i, layer in enumerate(layers)]
-                return self._unary_compress(settings, encoded, True, device, timeout)
+                encoded = [self._encode_regions(layer, f"layers[{i}]", out)
+                           for i, (layer, out) in enumerate(zip(layers, outputs))]
+                return self._unary_compress(settings, encoded, True, device, timeout, outputs)
         views = [layer.views(f"layers[{i}]") for i, layer in enumerate(layers)]
         total = sum(v.nbytes for layer_views in views for v in layer_views.values())
         if total + (1 << 20) > self.max_message_bytes:
@@ -375,14 +382,39 @@ class Client:
         return self._unary_compress(settings, encoded, False, device, timeout)
 
     def _unary_compress(self, settings, encoded: List[EncodedLayer], uses_regions: bool, device,
-                        timeout) -> CompressResult:
-        """The Compress RPC on encoded layers."""
+                        timeout, outputs: Optional[List[Any]] = None) -> CompressResult:
+        """The Compress RPC on encoded layers (`outputs`: each layer's output buffer)."""
         request = _wire.compress_request(settings, [e.parts for e in encoded])
         response = self._unary("/kvtrim.v1.Kvtrim/Compress", request,
                                pb.CompressResponse.FromString, self._metadata(uses_regions),
                                timeout)
-        return CompressResult([decision_of(r, device) for r in response.layers],
-                              response.backend)
+        outputs = outputs or [None] * len(response.layers)
+        return CompressResult([decision_of(r, device, out)
+                               for r, out in zip(response.layers, outputs)], response.backend)
+
+    def _model_wide(self, policy: str) -> bool:
+        """Whether `policy` decides over every layer (ListPolicies' scope, fetched once)."""
+        if self._scopes is None:
+            self._scopes = {p.name: p.scope for p in self.list_policies().policies}
+        return self._scopes.get(policy) == pb.DECISION_SCOPE_MODEL
+
+    def _outputs_allowed(self, settings: pb.CompressionSettings) -> bool:
+        """Whether kvtrimd may write this call's kept lists into our device buffers: per-head
+        answers (offsets follow from the counts) of per-layer policies."""
+        return (settings.output_shape in (pb.OUTPUT_SHAPE_UNSPECIFIED, pb.PER_HEAD,
+                                          pb.EQUAL_COUNT)
+                and not self._model_wide(settings.policy.name))
+
+    def _output_buffers(self, layers: Sequence[Layer], settings: pb.CompressionSettings
+                        ) -> List[Any]:
+        """A device output buffer per CUDA layer when the answer may go there, else None."""
+        if not any(_device_of([layer]) is not None for layer in layers) or \
+                not self._outputs_allowed(settings):
+            return [None] * len(layers)
+        from ._libkvtrim import output_buffer
+
+        return [output_buffer(layer.views(f"layers[{i}]")["keys"])
+                if _device_of([layer]) is not None else None for i, layer in enumerate(layers)]
 
     def _compress_chunked(self, layers: List[Layer], settings, timeout) -> CompressResult:
         """Layers too large for one message: a session with chunked tensors, answered in the

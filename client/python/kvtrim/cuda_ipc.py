@@ -74,11 +74,15 @@ class CudaRegions:
 
     def slice_of(self, view: TensorView) -> pb.RegionSlice:
         """The RegionSlice of a CUDA torch tensor (its allocation registered if new)."""
-        import torch
-
         tensor = view.source
         device = tensor.device.index if tensor.device.index is not None else 0
-        pointer = tensor.data_ptr()
+        return self.slice_at(tensor.data_ptr(), device, view.strides)
+
+    def slice_at(self, pointer: int, device: int, strides=()) -> pb.RegionSlice:
+        """The RegionSlice of device memory at `pointer` on `device` (strides in elements;
+        empty = dense), its allocation registered if new."""
+        import torch
+
         if torch.cuda.current_device() == device:
             base, size = allocation_of(pointer)
             handle = ipc_handle(base)
@@ -93,7 +97,7 @@ class CudaRegions:
             else:
                 self._regions.move_to_end(handle)
         return pb.RegionSlice(region_id=region_id, offset_bytes=pointer - base,
-                              strides_elements=list(view.strides))
+                              strides_elements=list(strides))
 
     def _register(self, handle: bytes, device: int, size: int) -> str:
         """Registers one allocation, first releasing the oldest when at the limit."""

@@ -672,7 +672,7 @@ def _kept_tensor(decisions: List[LayerDecision], num_kv_heads: int, device,
         raise ValueError(f"kvtrim.hf: layer {index}: the batch rows kept different counts "
                          f"{counts}; the cache must stay rectangular: compress one row at a "
                          "time or use a per-layer policy")
-    return torch.stack(rows)                                           # [B, H_kv, k]
+    return torch.stack(rows).long()                                    # [B, H_kv, k]
 
 
 def compress(model, client, *, policy: str = "dropkv", keep: Optional[float] = 0.2,

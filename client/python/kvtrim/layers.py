@@ -85,8 +85,10 @@ SliceFn = Callable[[str, TensorView], Tuple[str, pb.RegionSlice]]
 
 
 def encode_regions(layer: Layer, views: Dict[str, TensorView], slice_for: SliceFn,
-                   ready_event_id: Optional[str] = None) -> EncodedLayer:
-    """Every tensor as a RegionSlice (host_shm or cuda_ipc) given by `slice_for`."""
+                   ready_event_id: Optional[str] = None,
+                   output: Optional[pb.RegionSlice] = None) -> EncodedLayer:
+    """Every tensor as a RegionSlice (host_shm or cuda_ipc) given by `slice_for`; `output`:
+    a cuda_ipc slice kvtrim writes the kept lists into (LayerInput.output)."""
     base = _base(layer)
     for name, v in views.items():
         tensor = getattr(base, name)
@@ -96,4 +98,6 @@ def encode_regions(layer: Layer, views: Dict[str, TensorView], slice_for: SliceF
         getattr(tensor, kind).CopyFrom(region_slice)
     if ready_event_id:
         base.ready_event_id = ready_event_id
+    if output is not None:
+        base.output.cuda_ipc.CopyFrom(output)
     return EncodedLayer([base.SerializeToString()], nbytes=0)

@@ -22,7 +22,7 @@ from .client import as_layers
 from .layers import Layer
 from .models import ModelBundle, registration_messages
 from .results import CompressResult
-from .settings import build_settings
+from .settings import build_settings, per_head_answer
 
 __all__ = ["Engine", "default_library"]
 
@@ -48,13 +48,14 @@ class Engine:
             backend.encode(), device, workers, numerics.encode(), ctypes.byref(handle), error,
             _libkvtrim.ERROR_BYTES), error)
         self._handle = handle
+        self._backend = self._lib.kvtrim_engine_backend(handle).decode()
         self._bundles: Dict[str, ModelBundle] = {}
         self._settings_cache: Dict[Any, bytes] = {}
 
     @property
     def backend(self) -> str:
         """"cpu" or "gpu"."""
-        return self._lib.kvtrim_engine_backend(self._handle).decode()
+        return self._backend
 
     def register_model(self, bundle: Union[str, ModelBundle]) -> str:
         """Registers a model (bundle path or ModelBundle); returns the same digest the
@@ -94,9 +95,12 @@ class Engine:
         """As kvtrim.Client.compress, computed in this process. `stream`: a torch.cuda.Stream
         or a cudaStream_t as int (default: torch's current stream of the keys' device)."""
         call_layers = as_layers(keys, values, queries, layers, layer_id, softmax_scale)
+        # CUDA layers' lists are written straight into device buffers (per-head answers; the
+        # engine answers model-wide policies' lists itself).
+        with_outputs = per_head_answer(settings) and self.backend == "gpu"
         return _libkvtrim.call_compress(self._lib, "kvtrim_compress", self._handle,
                                         self._settings_bytes(policy, settings), call_layers,
-                                        stream)
+                                        stream, with_outputs)
 
     def close(self) -> None:
         """Frees the engine."""

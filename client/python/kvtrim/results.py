@@ -33,9 +33,10 @@ class LayerDecision:
       layer_id: the layer.
       num_tokens: n, the cached tokens the layer had.
       output_shape: "per_head", "shared", "block_aligned" or "equal_count".
-      kept: one ascending int64 index array per list: [H_kv] lists for per_head /
-        equal_count, one for shared / block_aligned; empty when output_written. NumPy arrays,
-        or torch tensors on the inputs' device when the inputs were torch tensors.
+      kept: one ascending index array per list: [H_kv] lists for per_head / equal_count, one
+        for shared / block_aligned. NumPy int64 arrays, or for CUDA inputs int32 torch
+        tensors on their device (views of the buffer kvtrim wrote them into on the region
+        and in-process paths).
       heads: [H_kv] HeadStats.
       numerics: "fast" or "exact", the mode that computed the scores.
       compute_seconds: server time scoring and selecting this layer.
@@ -129,15 +130,30 @@ def _profile(result: pb.LayerResult) -> Optional[Dict[str, float]]:
     return {f.name: value for f, value in result.profile.ListFields()}
 
 
-def decision_of(result: pb.LayerResult, device: Any = None) -> LayerDecision:
-    """The LayerDecision of a LayerResult; lists moved to torch `device` when given (one copy
-    of all of them, then views)."""
+def output_bytes(num_lists: int, num_tokens: int) -> int:
+    """Bytes of an output region for `num_lists` lists over n tokens: 8 (L + 1) + 4 L n."""
+    return 8 * (num_lists + 1) + 4 * num_lists * num_tokens
+
+
+def decision_of(result: pb.LayerResult, device: Any = None, output: Any = None
+                ) -> LayerDecision:
+    """The LayerDecision of a LayerResult. CUDA inputs (`device`): int32 torch tensors on
+    it: views of `output` (the uint8 device buffer kvtrim wrote the lists into, when the
+    answer says output_written), else one copy of all the answered lists, then views."""
     indices, lengths = _flat_lists(result)
     kept: List[Any] = []
-    if indices is not None and device is not None:
+    if result.output_written and output is not None:
         import torch
 
-        kept = list(torch.from_numpy(indices).to(device).split(lengths))
+        counts = [h.kept for h in result.heads]
+        start = 8 * (len(counts) + 1)
+        written = output[start:start + 4 * sum(counts)].view(torch.int32)
+        kept = list(written.split(counts))                  # views: no copy, no kernel
+    elif indices is not None and device is not None:
+        import torch
+
+        on_device = torch.from_numpy(indices.astype(np.int32)).to(device)
+        kept = list(on_device.split(lengths))
     elif indices is not None:
         bounds = np.cumsum([0] + lengths)
         kept = [indices[bounds[i]:bounds[i + 1]] for i in range(len(lengths))]

@@ -39,6 +39,14 @@ def param_value(value: ParamValue, field: str) -> pb.ParamValue:
     raise invalid_argument(field, f"expected bool, number or str, got {type(value).__name__}")
 
 
+def per_head_answer(settings: Mapping[str, Any]) -> bool:
+    """Whether compress keywords ask for one list per head (per_head / equal_count): the
+    answers an output region takes without reading its offsets back."""
+    shape = settings.get("output_shape")
+    return shape is None or shape in ("per_head", "equal_count", pb.PER_HEAD, pb.EQUAL_COUNT,
+                                      pb.OUTPUT_SHAPE_UNSPECIFIED)
+
+
 def build_settings(
     policy: str,
     *,

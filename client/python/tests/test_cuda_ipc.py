@@ -37,6 +37,8 @@ def test_cuda_ipc_equals_inline(gpu_server, layers, dtype_name, native):
             assert ipc.backend == "gpu"
             for a, b in zip(ipc.layers, host.layers):
                 assert all(k.device.type == "cuda" for k in a.kept)
+                # Per-head answers of per-layer policies: written into our device buffer.
+                assert a.output_written and not b.output_written
                 assert lists(a) == lists(b), (policy, a.layer_id)
 
 

@@ -97,9 +97,16 @@ def test_gpu_engine_on_cuda_tensors(gpu_server, layers):
             for policy in ("dropkv", "snapkv+adakv"):
                 local = gpu.compress(layers=strided, policy=policy, keep=0.2)
                 assert all(k.device.type == "cuda" for k in local.layers[0].kept)
+                assert local.layers[0].output_written  # into our own device buffer
                 same(local, client.compress(layers=on_gpu, policy=policy, keep=0.2,
                                             transport="regions"))
                 # Host tensors on the GPU engine too.
                 host = [tuple(t.cpu() for t in layer) for layer in on_gpu]
                 same(gpu.compress(layers=host, policy=policy, keep=0.2),
                      client.compress(layers=host, policy=policy, keep=0.2, transport="inline"))
+            # One list for all heads: answered, then copied to the device.
+            shared = gpu.compress(layers=on_gpu, policy="dropkv", keep=0.2,
+                                  output_shape="shared")
+            assert not shared.layers[0].output_written
+            same(shared, client.compress(layers=on_gpu, policy="dropkv", keep=0.2,
+                                         output_shape="shared", transport="inline"))
