@@ -31,6 +31,25 @@ absl::StatusOr<std::string> DeviceUuid(int device) {
   return std::string(properties.uuid.bytes, sizeof(properties.uuid.bytes));
 }
 
+/// cuMemGetAddressRange (v2) from the driver through the runtime's entry-point query, so that
+/// libkvtrim does not link libcuda: it loads on machines without the NVIDIA driver.
+using MemGetAddressRange = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+/// The driver's cuMemGetAddressRange, or null when the driver lacks it.
+MemGetAddressRange AddressRangeFunction() {
+  static const MemGetAddressRange function = [] {
+    void* pointer = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &pointer, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return MemGetAddressRange{nullptr};
+    }
+    return reinterpret_cast<MemGetAddressRange>(pointer);
+  }();
+  return function;
+}
+
 /// Makes `device` current for this thread until destroyed.
 class DeviceScope {
  public:
@@ -81,9 +100,13 @@ absl::StatusOr<std::string> NativeClient::RegionOf(const void* pointer, int devi
                                                    uint64_t* offset) {
 #if KVTRIM_HAVE_CUDA
   DeviceScope scope(device);
+  const MemGetAddressRange address_range = AddressRangeFunction();
+  if (address_range == nullptr) {
+    return absl::FailedPreconditionError("the CUDA driver has no cuMemGetAddressRange");
+  }
   CUdeviceptr base = 0;
   size_t size = 0;
-  if (CUresult r = cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(pointer));
+  if (CUresult r = address_range(&base, &size, reinterpret_cast<CUdeviceptr>(pointer));
       r != CUDA_SUCCESS) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a CUDA device pointer (cuMemGetAddressRange: error ", r, ")"));
