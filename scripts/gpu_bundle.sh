@@ -34,6 +34,10 @@ for t in "${TARGETS[@]}"; do
   done
 done
 cp -r samples gpu_bundle/ 2>/dev/null || true
+# The trained stories260K checkpoint (the Python tests convert it to a transformers model).
+if [ -f ../shared/models/stories260K.bin ]; then
+  mkdir -p gpu_bundle/models && cp ../shared/models/stories260K.bin gpu_bundle/models/
+fi
 du -sh gpu_bundle
 # What a GPU call carries: the working tree (tracked and untracked files git does not ignore),
 # gpu_bundle and, for the benchmark references, .whl (scripts/fetch_gpu_wheels.sh) and .ext

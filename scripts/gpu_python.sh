@@ -3,9 +3,9 @@
 # from torch tensors against kvtrimd --backend=gpu, kvtrim.local on CUDA tensors, kvtrim.hf on
 # real and random models) and tools/python_client_bench.py beside the C++ load generator, in
 # one call.
-# Prepare here: bash scripts/gpu_bundle.sh kvtrimd kvtrim kvtrim-loadgen kvtrim_c; then
+# Prepare here: bash scripts/gpu_bundle.sh kvtrimd kvtrim kvtrim-loadgen kvtrim_c (it also
+# copies ../shared/models/stories260K.bin into gpu_bundle/models), then
 #   .venv/bin/python -m pip wheel -q --no-deps client/python -w .whl
-#   mkdir -p gpu_bundle/models && cp ../shared/models/stories260K.bin gpu_bundle/models/
 # and carry gpu_bundle and .whl. Run there: bash scripts/gpu_python.sh (or SECTIONS=python
 # bash scripts/gpu_run.sh). Output under $OUT: python_tests.xml, python_tests.log,
 # python.json, python.md, python_breakdown.json (tools/python_latency_breakdown.py), the load

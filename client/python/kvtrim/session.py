@@ -31,14 +31,12 @@ class Session:
 
     def __init__(self, channel: grpc.Channel, settings: pb.CompressionSettings, *,
                  encode: Callable[[Layer], EncodedLayer], metadata, timeout: Optional[float],
-                 reregister: Callable[[str], bool] = lambda digest: False,
-                 on_close: Callable[[], None] = lambda: None):
+                 reregister: Callable[[str], bool] = lambda digest: False):
         self._channel = channel
         self._encode = encode
         self._metadata = list(metadata)
         self._timeout = timeout
         self._reregister = reregister
-        self._on_close = on_close
         self._settings = settings
         self._cond = threading.Condition()
         self._answers: Dict[int, LayerDecision] = {}
@@ -114,7 +112,6 @@ class Session:
             with self._cond:
                 self._queue.put(None)
         self._reader.join(timeout)
-        self._on_close()
         with self._cond:
             if self._error is not None:
                 raise self._error
@@ -129,7 +126,6 @@ class Session:
         with self._cond:
             self._queue.put(None)
         self._reader.join(5)
-        self._on_close()
 
     def _raise_if_failed(self) -> None:
         """Raises the session's error, if any."""
