@@ -45,10 +45,16 @@ class TlsConfig:
 
 def is_local_target(target: str) -> bool:
     """Whether `target` is on this node (a unix socket or a loopback address)."""
-    host = target.split("://")[-1]
-    if host.startswith("unix:") or host.startswith("unix-abstract:"):
+    if target.startswith(("unix:", "unix-abstract:")):
         return True
-    host = host.rsplit(":", 1)[0].strip("[]") if ":" in host else host
+    host = target.split("://")[-1].lstrip("/")           # dns:///localhost:50051
+    for scheme in ("ipv4:", "ipv6:"):
+        if host.startswith(scheme):
+            host = host[len(scheme):]
+    if host.startswith("["):                                # [::1]:50051
+        host = host[1:host.find("]")]
+    elif host.count(":") == 1:                              # 127.0.0.1:50051
+        host = host.split(":")[0]
     return host in ("localhost", "::1") or host.startswith("127.")
 
 

@@ -76,3 +76,13 @@ def test_session_refusals(server, layers):
         e = refused(session.finish)
         assert e.code == grpc.StatusCode.INVALID_ARGUMENT
         assert "layer_id" in e.message
+
+
+@pytest.mark.parametrize("target,local", [
+    ("127.0.0.1:50051", True), ("localhost:1", True), ("[::1]:50051", True),
+    ("unix:/tmp/kvtrim.sock", True), ("dns:///localhost:50051", True),
+    ("ipv4:127.0.0.1:50051", True), ("kvtrim.svc:50051", False), ("10.0.0.3:50051", False),
+    ("[2001:db8::1]:50051", False)])
+def test_local_targets(target, local):
+    """Which targets count as this node (regions and the native transport are tried)."""
+    assert kvtrim.client.is_local_target(target) is local
