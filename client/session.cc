@@ -320,6 +320,16 @@ absl::Status Session::WaitForAnswer(int32_t layer_id) {
   }
 }
 
+absl::StatusOr<v1::LayerResult> Session::Answer(int32_t layer_id) {
+  if (absl::Status st = WaitForAnswer(layer_id); !st.ok()) return st;
+  absl::MutexLock lock(&mu_);
+  for (auto it = result_.layers.rbegin(); it != result_.layers.rend(); ++it) {
+    if (it->layer_id() == layer_id) return *it;
+  }
+  return absl::InternalError(absl::StrCat("CompressSession: layer ", layer_id,
+                                          " was answered but its result is missing"));
+}
+
 absl::StatusOr<SessionResult> Session::Finish() {
   if (finished_) return absl::FailedPreconditionError("Finish: the session is finished");
   auto finish_stream = [this] {

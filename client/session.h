@@ -125,6 +125,10 @@ class Session {
   /// without that answer); FAILED_PRECONDITION after Finish.
   absl::Status WaitForAnswer(int32_t layer_id);
 
+  /// WaitForAnswer, then that layer's result (per-layer policies: model-wide ones answer at
+  /// Finish). The result stays in the session's answers (Finish returns it too).
+  absl::StatusOr<v1::LayerResult> Answer(int32_t layer_id);
+
   /// Sends `finish`, waits for the remaining results and the summary, and returns them.
   /// Returns the stream's error status when it failed, INTERNAL when the server closed a
   /// successful stream without a summary, FAILED_PRECONDITION when called twice.

@@ -22,6 +22,10 @@ struct kvtrim_client {
   std::unique_ptr<kvtrim::inprocess::NativeClient> client;
 };
 
+struct kvtrim_session {
+  std::unique_ptr<kvtrim::inprocess::NativeSession> session;
+};
+
 namespace {
 
 using kvtrim::inprocess::CallerLayer;
@@ -69,6 +73,30 @@ CallerTensor ToCaller(const kvtrim_tensor& t) {
   return out;
 }
 
+/// `message` serialized into a malloc'd buffer (*out, *size).
+absl::Status SerializeTo(const google::protobuf::MessageLite& message, void** out, size_t* size) {
+  const size_t bytes = message.ByteSizeLong();
+  void* buffer = std::malloc(bytes == 0 ? 1 : bytes);
+  if (buffer == nullptr) return absl::ResourceExhaustedError("answer: out of host memory");
+  message.SerializeWithCachedSizesToArray(static_cast<uint8_t*>(buffer));
+  *out = buffer;
+  *size = bytes;
+  return absl::OkStatus();
+}
+
+/// The CallerLayer of an ABI layer.
+CallerLayer ToCallerLayer(const kvtrim_layer& layer) {
+  CallerLayer out;
+  out.layer_id = layer.layer_id;
+  out.softmax_scale = layer.softmax_scale;
+  out.keys = ToCaller(layer.keys);
+  out.values = ToCaller(layer.values);
+  out.queries = ToCaller(layer.queries);
+  out.output = layer.output;
+  out.output_capacity = layer.output_capacity;
+  return out;
+}
+
 /// The body both compress functions share: checks the arguments, parses the settings,
 /// converts the layers, runs `compress` and returns its answer as a malloc'd buffer.
 template <typename Compress>
@@ -86,24 +114,10 @@ absl::Status CompressWith(const void* settings, size_t settings_size, const kvtr
     return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
   }
   std::vector<CallerLayer> caller(count);
-  for (size_t i = 0; i < count; ++i) {
-    caller[i].layer_id = layers[i].layer_id;
-    caller[i].softmax_scale = layers[i].softmax_scale;
-    caller[i].keys = ToCaller(layers[i].keys);
-    caller[i].values = ToCaller(layers[i].values);
-    caller[i].queries = ToCaller(layers[i].queries);
-    caller[i].output = layers[i].output;
-    caller[i].output_capacity = layers[i].output_capacity;
-  }
+  for (size_t i = 0; i < count; ++i) caller[i] = ToCallerLayer(layers[i]);
   absl::StatusOr<kvtrim::v1::CompressResponse> response = compress(parsed, caller);
   if (!response.ok()) return response.status();
-  const size_t size = response->ByteSizeLong();
-  void* buffer = std::malloc(size == 0 ? 1 : size);
-  if (buffer == nullptr) return absl::ResourceExhaustedError("answer: out of host memory");
-  response->SerializeWithCachedSizesToArray(static_cast<uint8_t*>(buffer));
-  *answer = buffer;
-  *answer_size = size;
-  return absl::OkStatus();
+  return SerializeTo(*response, answer, answer_size);
 }
 
 }  // namespace
@@ -217,6 +231,79 @@ int32_t kvtrim_client_compress(kvtrim_client* client, const void* settings, size
         });
   });
 }
+
+int32_t kvtrim_session_open(kvtrim_client* client, const void* settings, size_t settings_size,
+                            int32_t open_lease, int32_t* regions, kvtrim_session** session,
+                            char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (client == nullptr) return absl::InvalidArgumentError("client: NULL");
+    if (session == nullptr) return absl::InvalidArgumentError("session: NULL out-pointer");
+    *session = nullptr;
+    kvtrim::v1::CompressionSettings parsed;
+    if (settings_size > static_cast<size_t>(INT32_MAX) ||
+        !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
+      return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
+    }
+    bool granted = false;
+    auto opened = client->client->OpenSession(parsed, open_lease != 0, &granted);
+    if (!opened.ok()) return opened.status();
+    if (regions != nullptr) *regions = granted ? 1 : 0;
+    *session = new kvtrim_session{*std::move(opened)};
+    return absl::OkStatus();
+  });
+}
+
+int32_t kvtrim_session_send(kvtrim_session* session, const kvtrim_layer* layer, void* cuda_stream,
+                            char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (session == nullptr) return absl::InvalidArgumentError("session: NULL");
+    if (layer == nullptr) return absl::InvalidArgumentError("layer: NULL");
+    return session->session->Send(ToCallerLayer(*layer), cuda_stream);
+  });
+}
+
+int32_t kvtrim_session_answer(kvtrim_session* session, int32_t layer_id, void** answer,
+                              size_t* answer_size, char* error, size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (session == nullptr) return absl::InvalidArgumentError("session: NULL");
+    if (answer == nullptr || answer_size == nullptr) {
+      return absl::InvalidArgumentError("answer: NULL out-pointer");
+    }
+    *answer = nullptr;
+    *answer_size = 0;
+    auto result = session->session->Answer(layer_id);
+    if (!result.ok()) return result.status();
+    return SerializeTo(*result, answer, answer_size);
+  });
+}
+
+int32_t kvtrim_session_finish(kvtrim_session* session, void** layers, size_t* layers_size,
+                              void** summary, size_t* summary_size, char* error,
+                              size_t error_size) {
+  return Guarded(error, error_size, [&]() -> absl::Status {
+    if (session == nullptr) return absl::InvalidArgumentError("session: NULL");
+    if (layers == nullptr || layers_size == nullptr || summary == nullptr ||
+        summary_size == nullptr) {
+      return absl::InvalidArgumentError("layers, summary: NULL out-pointer");
+    }
+    *layers = *summary = nullptr;
+    *layers_size = *summary_size = 0;
+    auto result = session->session->Finish();
+    if (!result.ok()) return result.status();
+    kvtrim::v1::CompressResponse response;
+    response.set_backend(result->summary.backend());
+    for (kvtrim::v1::LayerResult& layer : result->layers) *response.add_layers() = std::move(layer);
+    if (auto st = SerializeTo(response, layers, layers_size); !st.ok()) return st;
+    if (auto st = SerializeTo(result->summary, summary, summary_size); !st.ok()) {
+      std::free(*layers);
+      *layers = nullptr;
+      return st;
+    }
+    return absl::OkStatus();
+  });
+}
+
+void kvtrim_session_free(kvtrim_session* session) { delete session; }
 
 void kvtrim_buffer_free(void* buffer) { std::free(buffer); }
 

@@ -26,7 +26,7 @@ extern "C" {
 #define KVTRIM_C_EXPORT __attribute__((visibility("default")))
 
 /* The ABI version this header describes (kvtrim_abi_version() returns the library's). */
-#define KVTRIM_ABI_VERSION 3
+#define KVTRIM_ABI_VERSION 4
 
 /* An engine: backend, policy registry and registered models. */
 typedef struct kvtrim_engine kvtrim_engine;
@@ -117,6 +117,40 @@ KVTRIM_C_EXPORT int32_t kvtrim_client_compress(kvtrim_client* client, const void
                                                size_t settings_size, const kvtrim_layer* layers,
                                                size_t count, void* cuda_stream, void** answer,
                                                size_t* answer_size, char* error, size_t error_size);
+
+/* A CompressSession through the native client: layers sent as they come (host tensors framed
+ * in chunks from the caller's memory, copied once; CUDA tensors as region slices, with an
+ * optional output buffer as in kvtrim_layer), answers read by the session's own thread. */
+typedef struct kvtrim_session kvtrim_session;
+
+/* Opens a session with `settings` (serialized kvtrim.v1.CompressionSettings). open_lease != 0
+ * opens the client's Regions lease first (needed for CUDA tensors); *regions (may be NULL)
+ * is then 1 when kvtrimd granted it, 0 when it refused (host tensors only). */
+KVTRIM_C_EXPORT int32_t kvtrim_session_open(kvtrim_client* client, const void* settings,
+                                            size_t settings_size, int32_t open_lease,
+                                            int32_t* regions, kvtrim_session** session, char* error,
+                                            size_t error_size);
+
+/* Sends one layer; returns once it is written (kvtrimd may still read CUDA tensors: keep
+ * them until the layer is answered). */
+KVTRIM_C_EXPORT int32_t kvtrim_session_send(kvtrim_session* session, const kvtrim_layer* layer,
+                                            void* cuda_stream, char* error, size_t error_size);
+
+/* Waits for one layer's answer (per-layer policies): a serialized kvtrim.v1.LayerResult to
+ * free with kvtrim_buffer_free. */
+KVTRIM_C_EXPORT int32_t kvtrim_session_answer(kvtrim_session* session, int32_t layer_id,
+                                              void** answer, size_t* answer_size, char* error,
+                                              size_t error_size);
+
+/* Finishes the session: every answer as a serialized kvtrim.v1.CompressResponse (layers in
+ * the order answered, backend) and the serialized kvtrim.v1.SessionSummary, both to free with
+ * kvtrim_buffer_free. The session can then only be freed. */
+KVTRIM_C_EXPORT int32_t kvtrim_session_finish(kvtrim_session* session, void** layers,
+                                              size_t* layers_size, void** summary,
+                                              size_t* summary_size, char* error, size_t error_size);
+
+/* Frees a session (an unfinished one is cancelled; NULL is a no-op). */
+KVTRIM_C_EXPORT void kvtrim_session_free(kvtrim_session* session);
 
 /* Frees a buffer kvtrim_compress or kvtrim_client_compress returned (NULL is a no-op). */
 KVTRIM_C_EXPORT void kvtrim_buffer_free(void* buffer);

@@ -325,6 +325,58 @@ TEST_F(KvtrimNativeClientTest, AnswersEqualTheEngineAndErrorsAreTheServers) {
   EXPECT_NE(code, 0);
   EXPECT_EQ(std::string(error_).rfind("layers[0].keys.device:", 0), 0u) << error_;
 
+  // A session: per-layer answers before finish, then every answer and the summary.
+  kvtrim_session* session = nullptr;
+  const std::string dropkv = KvtrimCTest::Settings("dropkv", 0.25).SerializeAsString();
+  int32_t regions = -1;
+  ASSERT_EQ(kvtrim_session_open(client_, dropkv.data(), dropkv.size(), 0, &regions, &session,
+                                error_, sizeof(error_)),
+            0)
+      << error_;
+  EXPECT_EQ(regions, 0);  // no lease asked for
+  for (int32_t id : {0, 1}) {
+    kvtrim_layer sent = layer;
+    sent.layer_id = id;
+    ASSERT_EQ(kvtrim_session_send(session, &sent, nullptr, error_, sizeof(error_)), 0) << error_;
+  }
+  ASSERT_EQ(kvtrim_session_answer(session, 1, &answer, &size, error_, sizeof(error_)), 0) << error_;
+  v1::LayerResult one;
+  ASSERT_TRUE(one.ParseFromArray(answer, static_cast<int>(size)));
+  kvtrim_buffer_free(answer);
+  EXPECT_EQ(one.layer_id(), 1);
+  void* summary = nullptr;
+  size_t summary_size = 0;
+  ASSERT_EQ(kvtrim_session_finish(session, &answer, &size, &summary, &summary_size, error_,
+                                  sizeof(error_)),
+            0)
+      << error_;
+  v1::CompressResponse all;
+  v1::SessionSummary totals;
+  ASSERT_TRUE(all.ParseFromArray(answer, static_cast<int>(size)));
+  ASSERT_TRUE(totals.ParseFromArray(summary, static_cast<int>(summary_size)));
+  kvtrim_buffer_free(answer);
+  kvtrim_buffer_free(summary);
+  EXPECT_EQ(all.layers_size(), 2);
+  EXPECT_EQ(totals.layers(), 2);
+  EXPECT_EQ(totals.tokens_in(), 2 * 4 * 300);
+  for (const v1::LayerResult& result : all.layers()) {
+    if (result.layer_id() == 1) EXPECT_EQ(result.SerializeAsString(), one.SerializeAsString());
+  }
+  kvtrim_session_free(session);
+  // A refused layer fails the session at its end, with the server's field.
+  ASSERT_EQ(kvtrim_session_open(client_, dropkv.data(), dropkv.size(), 0, nullptr, &session, error_,
+                                sizeof(error_)),
+            0);
+  kvtrim_layer short_values = layer;
+  short_values.values.shape[1] = 10;
+  ASSERT_EQ(kvtrim_session_send(session, &short_values, nullptr, error_, sizeof(error_)), 0);
+  EXPECT_EQ(kvtrim_session_finish(session, &answer, &size, &summary, &summary_size, error_,
+                                  sizeof(error_)),
+            kInvalidArgument);
+  EXPECT_NE(std::string(error_).find("values.shape"), std::string::npos) << error_;
+  kvtrim_session_free(session);
+  kvtrim_session_free(nullptr);
+
   kvtrim_client* other = nullptr;
   EXPECT_EQ(kvtrim_client_connect("", 30, 0, &other, error_, sizeof(error_)), kInvalidArgument);
   EXPECT_EQ(std::string(error_).rfind("target:", 0), 0u) << error_;

@@ -195,7 +195,7 @@ absl::StatusOr<std::string> NativeClient::ReadyEvent(int device, void* stream) {
 }
 
 absl::Status NativeClient::FillTensor(const CallerTensor& tensor, const std::string& field,
-                                      v1::Tensor* out) {
+                                      v1::Tensor* out, absl::Span<const char>* host_bytes) {
   out->set_dtype(tensor.dtype);
   for (int64_t extent : tensor.shape) out->add_shape(extent);
   const int64_t element = tensor.dtype == v1::DTYPE_F32 ? 4 : 2;
@@ -205,7 +205,12 @@ absl::Status NativeClient::FillTensor(const CallerTensor& tensor, const std::str
           absl::StrCat(field, ".strides: host tensors must be dense row-major"));
     }
     const int64_t bytes = tensor.shape[0] * tensor.shape[1] * tensor.shape[2] * element;
-    out->set_inline_data(tensor.data, static_cast<size_t>(std::max<int64_t>(bytes, 0)));
+    const size_t size = static_cast<size_t>(std::max<int64_t>(bytes, 0));
+    if (host_bytes != nullptr) {
+      *host_bytes = absl::Span<const char>(static_cast<const char*>(tensor.data), size);
+    } else {
+      out->set_inline_data(tensor.data, size);
+    }
     return absl::OkStatus();
   }
   uint64_t offset = 0;
@@ -223,6 +228,44 @@ absl::Status NativeClient::FillTensor(const CallerTensor& tensor, const std::str
   return absl::OkStatus();
 }
 
+absl::Status NativeClient::BuildLayer(const CallerLayer& layer, const std::string& field,
+                                      v1::LayerInput* input, LayerTensorBytes* bytes, int* device) {
+  input->set_layer_id(layer.layer_id);
+  input->set_softmax_scale(layer.softmax_scale);
+  struct Slot {
+    const CallerTensor* tensor;
+    const char* name;
+    v1::Tensor* (v1::LayerInput::*mutable_tensor)();
+    absl::Span<const char>* bytes;
+  };
+  const Slot slots[3] = {
+      {&layer.keys, "keys", &v1::LayerInput::mutable_keys, bytes ? &bytes->keys : nullptr},
+      {&layer.values, "values", &v1::LayerInput::mutable_values, bytes ? &bytes->values : nullptr},
+      {&layer.queries, "queries", &v1::LayerInput::mutable_queries,
+       bytes ? &bytes->queries : nullptr}};
+  for (const Slot& slot : slots) {
+    if (slot.tensor->data == nullptr) continue;
+    if (auto st = FillTensor(*slot.tensor, absl::StrCat(field, ".", slot.name),
+                             (input->*slot.mutable_tensor)(), slot.bytes);
+        !st.ok()) {
+      return st;
+    }
+    if (slot.tensor->device >= 0) *device = slot.tensor->device;
+  }
+  if (layer.output != nullptr) {
+    uint64_t offset = 0;
+    auto region = RegionOf(layer.output, layer.keys.device, &offset);
+    if (!region.ok()) {
+      return absl::Status(region.status().code(),
+                          absl::StrCat(field, ".output: ", region.status().message()));
+    }
+    v1::RegionSlice* slice = input->mutable_output()->mutable_cuda_ipc();
+    slice->set_region_id(*region);
+    slice->set_offset_bytes(offset);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::CompressResponse> NativeClient::Compress(const v1::CompressionSettings& settings,
                                                             const std::vector<CallerLayer>& layers,
                                                             void* cuda_stream) {
@@ -230,31 +273,10 @@ absl::StatusOr<v1::CompressResponse> NativeClient::Compress(const v1::Compressio
   *request.mutable_settings() = settings;
   int device = -1;
   for (size_t i = 0; i < layers.size(); ++i) {
-    const CallerLayer& layer = layers[i];
-    const std::string field = absl::StrCat("layers[", i, "]");
-    v1::LayerInput* input = request.add_layers();
-    input->set_layer_id(layer.layer_id);
-    input->set_softmax_scale(layer.softmax_scale);
-    const std::pair<const CallerTensor*, const char*> tensors[] = {
-        {&layer.keys, "keys"}, {&layer.values, "values"}, {&layer.queries, "queries"}};
-    for (const auto& [tensor, name] : tensors) {
-      if (tensor->data == nullptr) continue;
-      v1::Tensor* out = name[0] == 'k'   ? input->mutable_keys()
-                        : name[0] == 'v' ? input->mutable_values()
-                                         : input->mutable_queries();
-      if (auto st = FillTensor(*tensor, absl::StrCat(field, ".", name), out); !st.ok()) return st;
-      if (tensor->device >= 0) device = tensor->device;
-    }
-    if (layer.output != nullptr) {
-      uint64_t offset = 0;
-      auto region = RegionOf(layer.output, layer.keys.device, &offset);
-      if (!region.ok()) {
-        return absl::Status(region.status().code(),
-                            absl::StrCat(field, ".output: ", region.status().message()));
-      }
-      v1::RegionSlice* slice = input->mutable_output()->mutable_cuda_ipc();
-      slice->set_region_id(*region);
-      slice->set_offset_bytes(offset);
+    if (auto st = BuildLayer(layers[i], absl::StrCat("layers[", i, "]"), request.add_layers(),
+                             nullptr, &device);
+        !st.ok()) {
+      return st;
     }
   }
   if (device >= 0) {
@@ -265,6 +287,34 @@ absl::StatusOr<v1::CompressResponse> NativeClient::Compress(const v1::Compressio
     }
   }
   return client_->Compress(request);
+}
+
+absl::StatusOr<std::unique_ptr<NativeSession>> NativeClient::OpenSession(
+    const v1::CompressionSettings& settings, bool open_lease, bool* regions) {
+  *regions = false;
+  if (open_lease) {
+    // Region tensors need the lease's client id on the stream's metadata, fixed at open.
+    std::lock_guard<std::mutex> lock(mu_);
+    *regions = Lease().ok();
+  }
+  auto session = client_->OpenSession(settings);
+  if (!session.ok()) return session.status();
+  return std::unique_ptr<NativeSession>(new NativeSession(this, *std::move(session)));
+}
+
+absl::Status NativeSession::Send(const CallerLayer& layer, void* cuda_stream) {
+  v1::LayerInput input;
+  LayerTensorBytes bytes;
+  int device = -1;
+  if (auto st = client_->BuildLayer(layer, "layer", &input, &bytes, &device); !st.ok()) {
+    return st;
+  }
+  if (device >= 0) {
+    auto ready = client_->ReadyEvent(device, cuda_stream);
+    if (!ready.ok()) return ready.status();
+    if (!ready->empty()) input.set_ready_event_id(*ready);
+  }
+  return session_->SendLayer(std::move(input), bytes);
 }
 
 }  // namespace kvtrim::inprocess

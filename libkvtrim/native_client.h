@@ -12,12 +12,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "client/kvtrim_client.h"
 #include "client/regions.h"
+#include "client/session.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 #include "libkvtrim/caller_layer.h"
 
 namespace kvtrim::inprocess {
+
+class NativeSession;
 
 /// One connection to kvtrimd with its own Regions lease (opened at the first CUDA tensor).
 /// Host tensors travel inline (one copy into the request); CUDA tensors as cuda_ipc slices
@@ -39,11 +43,25 @@ class NativeClient {
                                                 const std::vector<CallerLayer>& layers,
                                                 void* cuda_stream);
 
+  /// A CompressSession on this connection. With `open_lease` the Regions lease is opened
+  /// first (its client id goes on the stream, for CUDA tensors); `*regions` says whether it
+  /// is (kvtrimd may refuse it: host tensors only then).
+  absl::StatusOr<std::unique_ptr<NativeSession>> OpenSession(
+      const v1::CompressionSettings& settings, bool open_lease, bool* regions);
+
  private:
+  friend class NativeSession;
+
+  /// The LayerInput of a caller layer: CUDA tensors as cuda_ipc slices, host tensors inline
+  /// or, with `bytes`, as spans of the caller's memory (sent in chunks, copied once); the
+  /// output region when given. `*device` receives the CUDA ordinal of device tensors.
+  absl::Status BuildLayer(const CallerLayer& layer, const std::string& field, v1::LayerInput* input,
+                          LayerTensorBytes* bytes, int* device);
   NativeClient() = default;
 
   /// The proto tensor of a caller tensor (inline bytes, or a cuda_ipc slice).
-  absl::Status FillTensor(const CallerTensor& tensor, const std::string& field, v1::Tensor* out);
+  absl::Status FillTensor(const CallerTensor& tensor, const std::string& field, v1::Tensor* out,
+                          absl::Span<const char>* host_bytes);
   /// The lease, opened on first use; the client then sends its id with every call.
   absl::StatusOr<RegionLease*> Lease();
   /// The region id of the allocation holding device `pointer` and the pointer's offset in it.
@@ -62,6 +80,27 @@ class NativeClient {
     std::string id;         // its region id on the lease
   };
   std::map<int, DeviceEvent> events_;
+};
+
+/// One CompressSession through the C++ client (kvtrim_session_*): layers sent as they come
+/// (host tensors framed from the caller's memory, CUDA tensors as region slices), answers
+/// read by the session's own thread. Use from one thread.
+class NativeSession {
+ public:
+  /// Sends one layer (returns once written; the server may still read CUDA tensors).
+  absl::Status Send(const CallerLayer& layer, void* cuda_stream);
+  /// Waits for and returns one layer's answer (per-layer policies).
+  absl::StatusOr<v1::LayerResult> Answer(int32_t layer_id) { return session_->Answer(layer_id); }
+  /// Ends the session: every answer and the summary.
+  absl::StatusOr<SessionResult> Finish() { return session_->Finish(); }
+
+ private:
+  friend class NativeClient;
+  NativeSession(NativeClient* client, std::unique_ptr<Session> session)
+      : client_(client), session_(std::move(session)) {}
+
+  NativeClient* client_;
+  std::unique_ptr<Session> session_;
 };
 
 }  // namespace kvtrim::inprocess

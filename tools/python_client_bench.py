@@ -5,14 +5,15 @@ Against a running kvtrimd (GPU backend, --allow_client_shm), for a Llama-3.1-8B-
 (H_kv 8, H_q 32, d 128, w 32, bf16, DropKV keep 20 %, perturbation off, profile off) at
 n = 4K and 32K tokens, each a session of L layers:
   - layer latency, serial (send one layer, wait for its answer), from torch CUDA tensors over
-    CUDA IPC: the Python client's compress() (its default: the native transport, libkvtrim's
-    C++ client), the same through grpcio (native=False), and a grpcio session (send + result),
-    vs `kvtrim-loadgen --transport=cuda_ipc --serial` (the C++ client's session); Python
-    inline (session) vs `kvtrim-loadgen --transport=inline --serial`. Latency = from the
+    CUDA IPC: the Python client's session (its default on this node: the native transport,
+    libkvtrim's C++ client), its compress() per layer, and both through grpcio
+    (native=False), vs `kvtrim-loadgen --transport=cuda_ipc --serial` (the C++ client's
+    session); Python inline sessions (native and grpcio) vs `kvtrim-loadgen
+    --transport=inline --serial`. Latency = from the
     start of building the layer's message to its decoded answer (the load generator's
     definition).
   - inline throughput, pipelined (every layer sent, then finish): wire bytes / wall, Python
-    vs `kvtrim-loadgen --transport=inline`.
+    (native and grpcio sessions) vs `kvtrim-loadgen --transport=inline`.
   - in-process (kvtrim.local on libkvtrim, torch CUDA tensors read in place): per-layer wall
     time of Engine.compress beside the backend's own time for the layer (compute_seconds:
     the kernels and their device waits), and their difference, the in-process overhead.
@@ -153,27 +154,35 @@ def main():
             args.loadgen, args.target, n, args.layers, transport, serial, args.prefills,
             args.warmup, f"{stem}_loadgen_{transport}_{'serial' if serial else 'pipe'}_{n}.json")
         cpp_ipc = lg("cuda_ipc", True)["layer_latency_s"]
+        py_ipc_session = summary(python_serial(native, gpu, "regions", args.prefills,
+                                               args.warmup))
         py_ipc = summary(python_unary(native, gpu, args.prefills, args.warmup))
         py_ipc_grpcio = summary(python_unary(client, gpu, args.prefills, args.warmup))
-        py_ipc_session = summary(python_serial(client, gpu, "regions", args.prefills,
-                                               args.warmup))
+        py_ipc_grpcio_session = summary(python_serial(client, gpu, "regions", args.prefills,
+                                                      args.warmup))
         cpp_inline = lg("inline", True)["layer_latency_s"]
-        py_inline = summary(python_serial(client, host, "inline", args.prefills, args.warmup))
+        py_inline = summary(python_serial(native, host, "inline", args.prefills, args.warmup))
+        py_inline_grpcio = summary(python_serial(client, host, "inline", args.prefills,
+                                                 args.warmup))
         cpp_pipe = lg("inline", False)["aggregate"]["throughput_bytes_per_s"]
-        py_pipe = python_pipelined(client, host, args.prefills, args.warmup)
+        py_pipe = python_pipelined(native, host, args.prefills, args.warmup)
+        py_pipe_grpcio = python_pipelined(client, host, args.prefills, args.warmup)
         walls, computes = inprocess(engine, gpu, args.prefills, args.warmup)
         overheads = [w - c for w, c in zip(walls, computes)]
         rows.append({
             "tokens": n, "layer_bytes": layer_bytes,
             "cuda_ipc_serial_latency_s": {
-                "python": py_ipc, "python_grpcio": py_ipc_grpcio,
-                "python_grpcio_session": py_ipc_session, "cpp": cpp_ipc,
-                "python_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["p50"],
+                "python": py_ipc_session, "python_unary": py_ipc,
+                "python_grpcio": py_ipc_grpcio, "python_grpcio_session": py_ipc_grpcio_session,
+                "cpp": cpp_ipc,
+                "python_minus_cpp_p50_s": py_ipc_session["p50"] - cpp_ipc["p50"],
+                "python_unary_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["p50"],
                 "python_grpcio_minus_cpp_p50_s": py_ipc_grpcio["p50"] - cpp_ipc["p50"]},
             "inline_serial_latency_s": {
-                "python": py_inline, "cpp": cpp_inline,
+                "python": py_inline, "python_grpcio": py_inline_grpcio, "cpp": cpp_inline,
                 "python_over_cpp_p50": py_inline["p50"] / cpp_inline["p50"]},
-            "inline_pipelined_bytes_per_s": {"python": py_pipe, "cpp": cpp_pipe,
+            "inline_pipelined_bytes_per_s": {"python": py_pipe, "python_grpcio": py_pipe_grpcio,
+                                             "cpp": cpp_pipe,
                                              "python_over_cpp": py_pipe / cpp_pipe},
             "inprocess_latency_s": {"wall": summary(walls), "compute": summary(computes),
                                     "overhead": summary(overheads)},
@@ -191,21 +200,22 @@ def main():
     lines = [f"Device: {result['device']}; bf16, H_kv 8, H_q 32, d 128, w 32, DropKV keep 0.2, "
              "perturbation off; per-layer p50 over "
              f"{args.prefills} sessions of {args.layers} layers.", "",
-             "| n | CUDA IPC serial: Python | C++ | Python − C++ | Python (grpcio) "
-             "| grpcio session | inline serial: Python | C++ "
-             "| inline pipelined: Python GB/s | C++ GB/s | Python / C++ "
-             "| in-process wall | its kernels | overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| n | CUDA IPC serial: Python session | C++ | Python − C++ | Python unary "
+             "| grpcio unary | grpcio session | inline serial: Python | grpcio | C++ "
+             "| inline pipelined GB/s: Python | grpcio | C++ | Python / C++ "
+             "| in-process wall | its engine | overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ipc, inl, pipe = (r["cuda_ipc_serial_latency_s"], r["inline_serial_latency_s"],
                           r["inline_pipelined_bytes_per_s"])
         ms = lambda seconds: f"{seconds * 1e3:.3f} ms"  # noqa: E731
         lines.append(
             f"| {r['tokens']} | {ms(ipc['python']['p50'])} | {ms(ipc['cpp']['p50'])} "
-            f"| {ipc['python_minus_cpp_p50_s'] * 1e6:+.0f} µs "
+            f"| {ipc['python_minus_cpp_p50_s'] * 1e6:+.0f} µs | {ms(ipc['python_unary']['p50'])} "
             f"| {ms(ipc['python_grpcio']['p50'])} | {ms(ipc['python_grpcio_session']['p50'])} "
-            f"| {ms(inl['python']['p50'])} "
-            f"| {ms(inl['cpp']['p50'])} | {pipe['python'] / 1e9:.2f} | {pipe['cpp'] / 1e9:.2f} "
+            f"| {ms(inl['python']['p50'])} | {ms(inl['python_grpcio']['p50'])} "
+            f"| {ms(inl['cpp']['p50'])} | {pipe['python'] / 1e9:.2f} "
+            f"| {pipe['python_grpcio'] / 1e9:.2f} | {pipe['cpp'] / 1e9:.2f} "
             f"| {pipe['python_over_cpp']:.2f} "
             f"| {ms(r['inprocess_latency_s']['wall']['p50'])} "
             f"| {ms(r['inprocess_latency_s']['compute']['p50'])} "

@@ -15,11 +15,12 @@ import numpy as np
 
 from .errors import KvtrimError
 from .layers import Layer
-from .results import CompressResult, decision_of, output_bytes
+from .results import (CompressResult, SessionResult, decision_of, output_bytes,
+                      summary_of)
 from .tensors import TensorView
 from .v1 import kvtrim_pb2 as pb
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 ERROR_BYTES = 4096
 
 
@@ -82,6 +83,18 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
     lib.kvtrim_client_free.argtypes = [p]
     lib.kvtrim_client_compress.argtypes = compress_args
     lib.kvtrim_client_compress.restype = i32
+    lib.kvtrim_session_open.argtypes = [p, c_char_p, size, i32, ctypes.POINTER(i32),
+                                        ctypes.POINTER(p), c_char_p, size]
+    lib.kvtrim_session_open.restype = i32
+    lib.kvtrim_session_send.argtypes = [p, ctypes.POINTER(LayerStruct), p, c_char_p, size]
+    lib.kvtrim_session_send.restype = i32
+    lib.kvtrim_session_answer.argtypes = [p, i32, ctypes.POINTER(p), ctypes.POINTER(size),
+                                          c_char_p, size]
+    lib.kvtrim_session_answer.restype = i32
+    lib.kvtrim_session_finish.argtypes = [p, ctypes.POINTER(p), ctypes.POINTER(size),
+                                          ctypes.POINTER(p), ctypes.POINTER(size), c_char_p, size]
+    lib.kvtrim_session_finish.restype = i32
+    lib.kvtrim_session_free.argtypes = [p]
     lib.kvtrim_buffer_free.argtypes = [p]
     version = lib.kvtrim_abi_version()
     if version != ABI_VERSION:
@@ -209,8 +222,135 @@ class NativeClient:
         return call_compress(self._lib, "kvtrim_client_compress", self._handle, settings,
                              layers, stream, with_outputs)
 
+    def session(self, settings: bytes, open_lease: bool, with_outputs: bool
+                ) -> "NativeSession":
+        """A CompressSession through the C++ client (see NativeSession)."""
+        return NativeSession(self, settings, open_lease, with_outputs)
+
     def close(self) -> None:
         """Closes the connection and its lease."""
         if self._handle:
             self._lib.kvtrim_client_free(self._handle)
             self._handle = ctypes.c_void_p()
+
+
+def _take(lib: ctypes.CDLL, pointer: ctypes.c_void_p, size: ctypes.c_size_t) -> bytes:
+    """The bytes of a buffer libkvtrim returned, freed."""
+    try:
+        return ctypes.string_at(pointer, size.value)
+    finally:
+        lib.kvtrim_buffer_free(pointer)
+
+
+class NativeSession:
+    """A CompressSession through libkvtrim's C++ client (kvtrim_session_*), with
+    kvtrim.Session's interface: send / result / finish / cancel, a context manager. Host
+    tensors are framed in chunks from their own memory (one copy); CUDA tensors go as region
+    slices when kvtrimd granted the lease (else as host copies), and with `with_outputs`
+    their per-head lists come back through device buffers. Use from one thread."""
+
+    def __init__(self, client: "NativeClient", settings: bytes, open_lease: bool,
+                 with_outputs: bool):
+        self._lib = client._lib
+        handle, regions = ctypes.c_void_p(), ctypes.c_int32(0)
+        error = ctypes.create_string_buffer(ERROR_BYTES)
+        check(self._lib.kvtrim_session_open(client._handle, settings, len(settings),
+                                            int(open_lease), ctypes.byref(regions),
+                                            ctypes.byref(handle), error, ERROR_BYTES), error)
+        self._handle = handle
+        self.regions = bool(regions.value)
+        self._with_outputs = with_outputs and self.regions
+        self._alive: List[Any] = []            # tensors and buffers kvtrimd may still read
+        self._devices: dict = {}
+        self._outputs: dict = {}
+        self._answers: dict = {}
+        self._finished = False
+        self._result: Optional[SessionResult] = None
+        self._error: Optional[KvtrimError] = None
+
+    def send(self, keys, values=None, queries=None, *, layer_id: int,
+             softmax_scale: float = 0.0, stream: Any = None) -> None:
+        """Sends one layer ([H_kv, n, d] keys, values, [H_q, w, d] queries)."""
+        if self._finished:
+            raise KvtrimError(grpc.StatusCode.FAILED_PRECONDITION, "session already finished")
+        device = getattr(keys, "device", None)
+        on_cuda = device is not None and getattr(device, "type", "cpu") == "cuda"
+        if on_cuda and not self.regions:        # no lease: the tensors go as host copies
+            keys, values, queries = (None if t is None else t.cpu()
+                                     for t in (keys, values, queries))
+        layer = Layer(keys, values, queries, layer_id, softmax_scale)
+        keep: List[Any] = []
+        array, _, outputs = layer_array([layer], keep, self._with_outputs and on_cuda)
+        error = ctypes.create_string_buffer(ERROR_BYTES)
+        check(self._lib.kvtrim_session_send(self._handle, array,
+                                            stream_handle(stream, device if on_cuda else None),
+                                            error, ERROR_BYTES), error)
+        self._alive.append((keep, outputs))
+        if on_cuda:
+            self._devices[int(layer_id)] = device
+            self._outputs[int(layer_id)] = outputs[0]
+
+    def result(self, layer_id: int, timeout: Optional[float] = None):
+        """Waits for the answer of `layer_id` (per-layer policies); `timeout` is the
+        session's own deadline here."""
+        if layer_id in self._answers:
+            return self._answers[layer_id]
+        answer, size = ctypes.c_void_p(), ctypes.c_size_t()
+        error = ctypes.create_string_buffer(ERROR_BYTES)
+        check(self._lib.kvtrim_session_answer(self._handle, int(layer_id), ctypes.byref(answer),
+                                              ctypes.byref(size), error, ERROR_BYTES), error)
+        decision = decision_of(pb.LayerResult.FromString(_take(self._lib, answer, size)),
+                               self._devices.get(layer_id), self._outputs.get(layer_id))
+        self._answers[layer_id] = decision
+        return decision
+
+    def finish(self, timeout: Optional[float] = None) -> SessionResult:
+        """Sends finish; every answer and the summary (again on a second call)."""
+        if self._result is not None:
+            return self._result
+        if self._error is not None:
+            raise self._error
+        if self._finished:
+            raise KvtrimError(grpc.StatusCode.CANCELLED, "the session was cancelled")
+        layers, layers_size = ctypes.c_void_p(), ctypes.c_size_t()
+        summary, summary_size = ctypes.c_void_p(), ctypes.c_size_t()
+        error = ctypes.create_string_buffer(ERROR_BYTES)
+        self._finished = True
+        try:
+            check(self._lib.kvtrim_session_finish(
+                self._handle, ctypes.byref(layers), ctypes.byref(layers_size),
+                ctypes.byref(summary), ctypes.byref(summary_size), error, ERROR_BYTES), error)
+            response = pb.CompressResponse.FromString(_take(self._lib, layers, layers_size))
+            result = SessionResult(summary=summary_of(
+                pb.SessionSummary.FromString(_take(self._lib, summary, summary_size))))
+            for r in response.layers:
+                result.layers[r.layer_id] = self._answers.get(r.layer_id) or decision_of(
+                    r, self._devices.get(r.layer_id), self._outputs.get(r.layer_id))
+            self._result = result
+            return result
+        except KvtrimError as error:
+            self._error = error
+            raise
+        finally:
+            self._close()
+
+    def cancel(self) -> None:
+        """Cancels the stream."""
+        self._finished = True
+        self._close()
+
+    def _close(self) -> None:
+        """Frees the session (cancelling it when unfinished)."""
+        if self._handle:
+            self._lib.kvtrim_session_free(self._handle)
+            self._handle = ctypes.c_void_p()
+        self._alive.clear()
+
+    def __enter__(self) -> "NativeSession":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.cancel()
+        elif not self._finished:
+            self.finish()

@@ -127,10 +127,12 @@ class Client:
         target is on this node and kvtrimd allows them, else inline), "inline" or "regions".
       max_message_bytes: the channel's message cap; larger inline requests go over a
         session in chunks of chunk_bytes.
-      native: compress() through libkvtrim's C++ client (kvtrim_client_*): "auto" (default)
-        for calls whose tensors are all CUDA tensors, on this node, when libkvtrim loads (the
-        C++ stack's round trip is about a quarter of a millisecond shorter than grpcio's);
-        True for every compress() call; False never. Sessions always use grpcio.
+      native: libkvtrim's C++ client (kvtrim_client_*, kvtrim_session_*) instead of grpcio:
+        "auto" (default), when libkvtrim loads and the target is on this node, for compress()
+        calls whose tensors are all CUDA tensors and for sessions that name no registered
+        model (the C++ stack's round trip is about a quarter of a millisecond shorter than
+        grpcio's, and it frames host tensors with one copy); True for every compress() call
+        and session; False never.
       library: libkvtrim.so for the native transport (default: $KVTRIM_LIBRARY, else the
         repository's build tree).
     """
@@ -347,6 +349,11 @@ class Client:
                 not all(v.on_cuda for i, layer in enumerate(layers)
                         for v in layer.views(f"layers[{i}]").values()))):
             return None
+        return self._ensure_native()
+
+    def _ensure_native(self):
+        """The native client, connected on first use; None (and native off from then on)
+        when libkvtrim cannot be loaded and native is "auto"."""
         if self._native_client is None:
             from ._libkvtrim import NativeClient
 
@@ -453,6 +460,16 @@ class Client:
         mode = transport or self.transport
         if mode not in TRANSPORTS:
             raise invalid_argument("transport", f"expected one of {TRANSPORTS}, got {mode!r}")
+        # The native session (C++ client): on this node unless a registered model is named
+        # (the grpcio session replays a stream after re-registering it), or always with
+        # native=True. It frames host tensors from their own memory (one copy).
+        if self.native is True or (self.native == "auto" and self._local and
+                                   not request_settings.model_digest):
+            native = self._ensure_native()
+            if native is not None:
+                return native.session(request_settings.SerializeToString(),
+                                      open_lease=mode != "inline",
+                                      with_outputs=self._outputs_allowed(request_settings))
         use_regions = mode == "regions" or (mode == "auto" and self._local and
                                             self._regions_usable())
         if use_regions:

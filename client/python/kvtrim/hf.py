@@ -653,8 +653,9 @@ def _kept_tensor(decisions: List[LayerDecision], num_kv_heads: int, device,
     list is used by every head. ValueError when the cache would not stay rectangular."""
     rows = []
     for decision in decisions:
-        if decision.output_written:
-            raise ValueError(f"kvtrim.hf: layer {index}: the answer went to an output region")
+        if decision.output_written and not decision.kept:
+            raise ValueError(f"kvtrim.hf: layer {index}: the answer went to an output region "
+                             "the client does not hold")
         if len(set(decision.kept_counts)) > 1 or len({len(k) for k in decision.kept}) > 1:
             raise ValueError(
                 f"kvtrim.hf: layer {index}: kvtrim kept {decision.kept_counts} tokens per KV "

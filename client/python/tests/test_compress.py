@@ -6,6 +6,8 @@ import pytest
 
 import kvtrim
 
+from conftest import LIBKVTRIM
+
 POLICIES = [("dropkv", {}), ("snapkv+adakv", {}), ("knorm", {}), ("tova", {}),
             ("keydiff", {}), ("h2o", {})]
 
@@ -47,8 +49,10 @@ def test_strided_shared_array_is_read_in_place(server, layers):
     assert lists(strided) == lists(dense)
 
 
-def test_layers_sessions_and_chunks_agree(server, layers):
-    with kvtrim.Client(server.address) as client:
+@pytest.mark.parametrize("native", [False, True])
+def test_layers_sessions_and_chunks_agree(server, layers, native):
+    """Sessions through grpcio (native=False) and through libkvtrim's C++ client."""
+    with kvtrim.Client(server.address, native=native, library=LIBKVTRIM) as client:
         unary = client.compress(layers=layers, policy="snapkv", keep=0.1, num_layers=5)
         with client.session(policy="snapkv", keep=0.1, num_layers=5, transport="inline") as s:
             for i, (k, v, q) in enumerate(layers):

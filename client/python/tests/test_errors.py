@@ -6,6 +6,8 @@ import pytest
 
 import kvtrim
 
+from conftest import LIBKVTRIM
+
 
 def refused(call, *args, **kwargs):
     """The KvtrimError `call` raises."""
@@ -61,9 +63,11 @@ def test_server_refusals_name_the_field(server, layers, transport):
             == [51] * 4
 
 
-def test_session_refusals(server, layers):
+@pytest.mark.parametrize("native", [False, True])
+def test_session_refusals(server, layers, native):
     k, v, q = layers[0]
-    with kvtrim.Client(server.address, transport="inline") as client:
+    with kvtrim.Client(server.address, transport="inline", native=native,
+                       library=LIBKVTRIM) as client:
         session = client.session(policy="dropkv", keep=0.2)
         session.send(k, v, q, layer_id=0)
         session.send(k, v[:, :10], q, layer_id=1)

@@ -9,11 +9,13 @@ import pytest
 
 import kvtrim
 
-from conftest import BUNDLE, KVTRIM_CLI, SAMPLE
+from conftest import BUNDLE, KVTRIM_CLI, LIBKVTRIM, SAMPLE
 
 
-def test_per_layer_answers_arrive_before_finish(server, layers):
-    with kvtrim.Client(server.address, transport="inline") as client:
+@pytest.mark.parametrize("native", [False, True])
+def test_per_layer_answers_arrive_before_finish(server, layers, native):
+    with kvtrim.Client(server.address, transport="inline", native=native,
+                       library=LIBKVTRIM) as client:
         with client.session(policy="dropkv", keep=0.2) as session:
             for i, (k, v, q) in enumerate(layers):
                 session.send(k, v, q, layer_id=i)
