@@ -449,8 +449,9 @@ class Client:
         return CompressResult(decisions, result.summary.backend)
 
     def session(self, *, policy: str, transport: Optional[str] = None,
-                timeout: Optional[float] = None, **settings) -> Session:
-        """A CompressSession for a whole prefill: `send` each layer as it is produced,
+                timeout: Optional[float] = None, **settings):
+        """A CompressSession for a whole prefill (a Session, or through the native transport a
+        NativeSession with the same interface): `send` each layer as it is produced,
         `result(layer_id)` for per-layer answers, `finish()` for all of them and the
         summary. Model-wide policies (laprox, lukv, ...) answer at finish. Settings as
         compress. Inline tensors above chunk_bytes go in chunks; with transport "regions" (or
