@@ -9,6 +9,7 @@
 #include "service/backend_factory.h"
 #include "service/model_codec.h"
 #include "service/response_codec.h"
+#include "service/service_core.h"
 #include "service/settings_codec.h"
 #include "service/tensor_codec.h"
 
@@ -217,18 +218,8 @@ absl::StatusOr<v1::CompressResponse> InprocessEngine::Compress(
   if (settings->num_layers == 0) settings->num_layers = max_layer_id + 1;
 
   // The policy, and its registered model when the settings name one.
-  auto policy = engine_->Prepare(*settings, "settings");
+  auto policy = service::PreparePolicyWithModel(*engine_, *models_, *settings, "settings");
   if (!policy.ok()) return policy.status();
-  std::shared_ptr<const RegisteredModel> model;
-  if (!settings->model_digest.empty()) {
-    model = models_->Find(settings->model_digest);
-    if (model == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("settings.model_digest: unknown model digest '", settings->model_digest,
-                       "'; register the model (RegisterModel) and retry"));
-    }
-  }
-  if (auto st = engine_->AttachModel(&*policy, std::move(model), "settings"); !st.ok()) return st;
 
   std::vector<LayerDecision> decisions;
   if (policy->model_wide()) {

@@ -97,6 +97,18 @@ CallerLayer ToCallerLayer(const kvtrim_layer& layer) {
   return out;
 }
 
+/// The serialized kvtrim.v1.CompressionSettings the caller passed; INVALID_ARGUMENT
+/// "settings: ..." when the bytes are not one.
+absl::StatusOr<kvtrim::v1::CompressionSettings> ParseSettings(const void* settings,
+                                                              size_t settings_size) {
+  kvtrim::v1::CompressionSettings parsed;
+  if (settings_size > static_cast<size_t>(INT32_MAX) ||
+      !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
+    return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
+  }
+  return parsed;
+}
+
 /// The body both compress functions share: checks the arguments, parses the settings,
 /// converts the layers, runs `compress` and returns its answer as a malloc'd buffer.
 template <typename Compress>
@@ -108,14 +120,11 @@ absl::Status CompressWith(const void* settings, size_t settings_size, const kvtr
   *answer = nullptr;
   *answer_size = 0;
   if (count > 0 && layers == nullptr) return absl::InvalidArgumentError("layers: NULL");
-  kvtrim::v1::CompressionSettings parsed;
-  if (settings_size > static_cast<size_t>(INT32_MAX) ||
-      !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
-    return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
-  }
+  auto parsed = ParseSettings(settings, settings_size);
+  if (!parsed.ok()) return parsed.status();
   std::vector<CallerLayer> caller(count);
   for (size_t i = 0; i < count; ++i) caller[i] = ToCallerLayer(layers[i]);
-  absl::StatusOr<kvtrim::v1::CompressResponse> response = compress(parsed, caller);
+  absl::StatusOr<kvtrim::v1::CompressResponse> response = compress(*parsed, caller);
   if (!response.ok()) return response.status();
   return SerializeTo(*response, answer, answer_size);
 }
@@ -239,13 +248,10 @@ int32_t kvtrim_session_open(kvtrim_client* client, const void* settings, size_t 
     if (client == nullptr) return absl::InvalidArgumentError("client: NULL");
     if (session == nullptr) return absl::InvalidArgumentError("session: NULL out-pointer");
     *session = nullptr;
-    kvtrim::v1::CompressionSettings parsed;
-    if (settings_size > static_cast<size_t>(INT32_MAX) ||
-        !parsed.ParseFromArray(settings, static_cast<int>(settings_size))) {
-      return absl::InvalidArgumentError("settings: not a serialized kvtrim.v1.CompressionSettings");
-    }
+    auto parsed = ParseSettings(settings, settings_size);
+    if (!parsed.ok()) return parsed.status();
     bool granted = false;
-    auto opened = client->client->OpenSession(parsed, open_lease != 0, &granted);
+    auto opened = client->client->OpenSession(*parsed, open_lease != 0, &granted);
     if (!opened.ok()) return opened.status();
     if (regions != nullptr) *regions = granted ? 1 : 0;
     *session = new kvtrim_session{*std::move(opened)};

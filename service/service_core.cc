@@ -76,22 +76,29 @@ void ServiceCore::ReportBackendFailure(const absl::Status& status) {
   }
 }
 
-absl::StatusOr<ResolvedPolicy> ServiceCore::PreparePolicy(const CompressionSettings& settings,
-                                                          const std::string& field) {
+absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine,
+                                                      const ModelStore& models,
+                                                      const CompressionSettings& settings,
+                                                      const std::string& field) {
   const std::string& model_digest = settings.model_digest;
-  auto policy = engine_.Prepare(settings, field);
+  auto policy = engine.Prepare(settings, field);
   if (!policy.ok()) return policy.status();
   std::shared_ptr<const RegisteredModel> model;
   if (!model_digest.empty()) {
-    model = models_.Find(model_digest);
+    model = models.Find(model_digest);
     if (model == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ".model_digest: unknown model digest '", model_digest,
-          "'; register the model (RegisterModel) and retry"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ".model_digest: unknown model digest '", model_digest,
+                       "'; register the model (RegisterModel) and retry"));
     }
   }
-  if (auto st = engine_.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
+  if (auto st = engine.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
   return policy;
+}
+
+absl::StatusOr<ResolvedPolicy> ServiceCore::PreparePolicy(const CompressionSettings& settings,
+                                                          const std::string& field) {
+  return PreparePolicyWithModel(engine_, models_, settings, field);
 }
 
 DecodeContext ServiceCore::MakeDecodeContext(const grpc::ServerContextBase& context) const {

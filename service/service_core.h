@@ -26,6 +26,14 @@
 
 namespace kvtrim::service {
 
+/// Resolves the policy of `settings` on `engine`, looks up settings.model_digest in `models`
+/// (unknown -> FAILED_PRECONDITION "<field>.model_digest") and attaches the model
+/// (PolicyEngine::AttachModel). Shared by the RPCs and libkvtrim's in-process engine.
+absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine,
+                                                      const ModelStore& models,
+                                                      const CompressionSettings& settings,
+                                                      const std::string& field);
+
 /// Request-handling settings (kvtrimd flags).
 struct ServiceOptions {
   /// --max_inflight (>= 1; lower values are raised to 1): the most Compress +

@@ -421,13 +421,13 @@ class Client:
     def _output_buffers(self, layers: Sequence[Layer], settings: pb.CompressionSettings
                         ) -> List[Any]:
         """A device output buffer per CUDA layer when the answer may go there, else None."""
-        if not any(_device_of([layer]) is not None for layer in layers) or \
-                not self._outputs_allowed(settings):
+        on_cuda = [_device_of([layer]) is not None for layer in layers]
+        if not any(on_cuda) or not self._outputs_allowed(settings):
             return [None] * len(layers)
         from ._libkvtrim import output_buffer
 
-        return [output_buffer(layer.views(f"layers[{i}]")["keys"])
-                if _device_of([layer]) is not None else None for i, layer in enumerate(layers)]
+        return [output_buffer(layer.views(f"layers[{i}]")["keys"]) if cuda else None
+                for i, (layer, cuda) in enumerate(zip(layers, on_cuda))]
 
     def _compress_chunked(self, layers: List[Layer], settings, timeout) -> CompressResult:
         """Layers too large for one message: a session with chunked tensors, answered in the
