@@ -13,10 +13,6 @@
 #include "service/settings_codec.h"
 #include "service/tensor_codec.h"
 
-#if KVTRIM_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace kvtrim::inprocess {
 
 namespace {
@@ -27,50 +23,6 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-/// A ready event recorded on the caller's stream (GPU backend, device tensors), destroyed
-/// with this object.
-class ReadyEvent {
- public:
-  ReadyEvent() = default;
-  ReadyEvent(const ReadyEvent&) = delete;
-  ReadyEvent& operator=(const ReadyEvent&) = delete;
-  ~ReadyEvent() {
-#if KVTRIM_HAVE_CUDA
-    if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
-#endif
-  }
-
-  /// Records the event on `stream` of `device`; INTERNAL naming the CUDA error otherwise.
-  absl::Status Record(int device, void* stream) {
-#if KVTRIM_HAVE_CUDA
-    int previous = 0;
-    cudaGetDevice(&previous);
-    cudaError_t error = cudaSetDevice(device);
-    cudaEvent_t event = nullptr;
-    if (error == cudaSuccess) error = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-    if (error == cudaSuccess) {
-      event_ = event;
-      error = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
-    }
-    cudaSetDevice(previous);
-    if (error != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("cuda_stream: recording the ready event failed: ",
-                                              cudaGetErrorString(error)));
-    }
-    return absl::OkStatus();
-#else
-    (void)device;
-    (void)stream;
-    return absl::OkStatus();
-#endif
-  }
-
-  void* get() const { return event_; }
-
- private:
-  void* event_ = nullptr;
-};
 
 }  // namespace
 
@@ -96,6 +48,7 @@ absl::StatusOr<std::unique_ptr<InprocessEngine>> InprocessEngine::Create(
   store.max_models = options.max_models;
   store.max_model_bytes = options.max_model_bytes;
   engine->models_ = std::make_unique<service::ModelStore>(store, engine->quiet_log_);
+  engine->ready_events_ = std::make_unique<ReadyEventPool>(options.device);
   return engine;
 }
 
@@ -212,14 +165,19 @@ absl::StatusOr<v1::CompressResponse> InprocessEngine::Compress(
   }
   ReadyEvent ready;
   if (any_device) {
-    if (auto st = ready.Record(options_.device, cuda_stream); !st.ok()) return st;
+    auto recorded = ready_events_->Record(cuda_stream);
+    if (!recorded.ok()) return recorded.status();
+    ready = *std::move(recorded);
     for (LayerRequest& request : requests) request.ready_event = ready.get();
   }
   if (settings->num_layers == 0) settings->num_layers = max_layer_id + 1;
+  const double decode_seconds = SecondsSince(call_start);
 
   // The policy, and its registered model when the settings name one.
+  const auto policy_start = Clock::now();
   auto policy = service::PreparePolicyWithModel(*engine_, *models_, *settings, "settings");
   if (!policy.ok()) return policy.status();
+  const double policy_seconds = SecondsSince(policy_start);
 
   std::vector<LayerDecision> decisions;
   if (policy->model_wide()) {
@@ -253,8 +211,14 @@ absl::StatusOr<v1::CompressResponse> InprocessEngine::Compress(
   response.set_backend(backend_->name());
   for (LayerDecision& decision : decisions) {
     v1::LayerResult* out = response.add_layers();
+    const auto encode_start = Clock::now();
     service::EncodeLayerResult(decision, out, policy->settings.packed_answer);
     if (policy->settings.profile) {
+      // In process: decode = the settings and the caller's tensors (and the ready event),
+      // validate = the policy resolved, encode = this LayerResult built.
+      decision.profile.decode = decode_seconds;
+      decision.profile.validate = policy_seconds;
+      decision.profile.encode = SecondsSince(encode_start);
       decision.profile.server = SecondsSince(call_start);
       service::EncodeLayerProfile(decision.profile, out->mutable_profile());
     }

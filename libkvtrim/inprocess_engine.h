@@ -17,6 +17,7 @@
 #include "kernels/registry.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 #include "libkvtrim/caller_layer.h"
+#include "libkvtrim/ready_events.h"
 #include "service/config.h"
 #include "service/model_store.h"
 
@@ -70,6 +71,7 @@ class InprocessEngine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<PolicyEngine> engine_;
   std::unique_ptr<service::ModelStore> models_;
+  std::unique_ptr<ReadyEventPool> ready_events_;  // of options_.device
 };
 
 }  // namespace kvtrim::inprocess

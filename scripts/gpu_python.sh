@@ -8,8 +8,9 @@
 #   .venv/bin/python -m pip wheel -q --no-deps client/python -w .whl
 # and carry gpu_bundle and .whl. Run there: bash scripts/gpu_python.sh (or SECTIONS=python
 # bash scripts/gpu_run.sh). Output under $OUT: python_tests.xml, python_tests.log,
-# python.json, python.md, python_breakdown.json (tools/python_latency_breakdown.py), the load
-# generator's JSON and kvtrimd_python.log.
+# python.json, python.md, python_breakdown.json (tools/python_latency_breakdown.py),
+# python_probe.json and .log (tools/python_overhead_probe.py), the load generator's JSON and
+# kvtrimd_python.log.
 # Environment: OUT (default out), BUNDLE (gpu_bundle), PYTEST_ARGS (extra pytest arguments).
 set -uo pipefail
 # shellcheck source=scripts/gpu_env.sh
@@ -44,6 +45,10 @@ timeout 240 python3 tools/python_client_bench.py --target "$address" \
 echo "== tools/python_latency_breakdown.py"
 timeout 120 python3 tools/python_latency_breakdown.py --target "$address" \
   --library "$KVTRIM_LIBRARY" --out "$OUT/python_breakdown.json" || RC=1
+echo "== tools/python_overhead_probe.py"
+timeout 120 python3 tools/python_overhead_probe.py --library "$KVTRIM_LIBRARY" \
+  --out "$OUT/python_probe.json" >"$OUT/python_probe.log" 2>&1 || RC=1
+grep -E "compress\(\)|_seconds|inline" "$OUT/python_probe.log"
 kill -TERM "$pid"
 wait "$pid" || RC=1
 exit "$RC"

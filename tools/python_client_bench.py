@@ -8,7 +8,15 @@ n = 4K and 32K tokens, each a session of L layers:
     CUDA IPC: the Python client's session (its default on this node: the native transport,
     libkvtrim's C++ client), its compress() per layer, and both through grpcio
     (native=False), vs `kvtrim-loadgen --transport=cuda_ipc --serial` (the C++ client's
-    session); Python inline sessions (native and grpcio) vs `kvtrim-loadgen
+    session); the Python session with device_outputs=False (lists in the answer) vs the load
+    generator as is, and with device outputs (kvtrimd writes the lists into the caller's
+    device buffers) vs `--output_region`. The CUDA IPC sessions alternate, --rounds times,
+    so that both clients see the same host; C++ figures are the median of the rounds' p50s
+    (the in-process rows below run in the same rounds). The C++ session latency is taken as
+    the Python one is, from the start of the layer to WaitForAnswer's return in the caller's
+    thread (`serial_wait_latency_s`); its `layer_latency_s` stops earlier, when the session's
+    reader thread receives the answer, and is kept in the JSON as "p50".
+    Python inline sessions (native and grpcio) vs `kvtrim-loadgen
     --transport=inline --serial`. Latency = from the
     start of building the layer's message to its decoded answer (the load generator's
     definition).
@@ -112,7 +120,18 @@ def inprocess(engine, layers, prefills, warmup):
     return walls, computes
 
 
-def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_json):
+def rounds_p50(runs):
+    """{p50, round_p50s} of load generator runs' layer_latency_s (answer received by the
+    session's reader thread), and the same of serial_wait_latency_s (WaitForAnswer returned
+    in the caller's thread: the interval the Python figures measure) as "caller"."""
+    arrival = [run["layer_latency_s"]["p50"] for run in runs]
+    caller = [run["serial_wait_latency_s"]["p50"] for run in runs]
+    return {"p50": statistics.median(arrival), "round_p50s": arrival,
+            "caller": {"p50": statistics.median(caller), "round_p50s": caller}}
+
+
+def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_json,
+            output_region=False):
     """One kvtrim-loadgen run; its JSON."""
     args = [binary, f"--target={target}", "--policy=dropkv", "--keep_fraction=0.2",
             f"--layers={layers}", f"--tokens={n}", f"--kv_heads={SHAPE['kv_heads']}",
@@ -122,6 +141,8 @@ def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_
             f"--warmup_prefills={warmup}", f"--json_out={out_json}"]
     if serial:
         args.append("--serial")
+    if output_region:
+        args.append("--output_region")
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL, timeout=300)
     with open(out_json) as f:
         return json.load(f)
@@ -139,23 +160,39 @@ def main():
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prefills", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3, help="alternations of the CUDA IPC "
+                        "sessions (Python and C++)")
     args = parser.parse_args()
     rows = []
     client = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=False)
     native = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=True,
                            library=args.library)
+    native_lists = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=True,
+                                 library=args.library, device_outputs=False)
     engine = kvtrim.local.Engine("gpu", library=args.library)
     for n in (int(x) for x in args.tokens.split(",")):
         gpu = make_layers(n, args.layers, "cuda")
         host = [tuple(t.cpu() for t in layer) for layer in gpu]
         layer_bytes = sum(t.numel() * t.element_size() for t in host[0])
         stem = args.out.rsplit(".", 1)[0]
-        lg = lambda transport, serial: loadgen(  # noqa: E731
+        lg = lambda transport, serial, output=False: loadgen(  # noqa: E731
             args.loadgen, args.target, n, args.layers, transport, serial, args.prefills,
-            args.warmup, f"{stem}_loadgen_{transport}_{'serial' if serial else 'pipe'}_{n}.json")
-        cpp_ipc = lg("cuda_ipc", True)["layer_latency_s"]
-        py_ipc_session = summary(python_serial(native, gpu, "regions", args.prefills,
-                                               args.warmup))
+            args.warmup, f"{stem}_loadgen_{transport}{'_output' if output else ''}_"
+            f"{'serial' if serial else 'pipe'}_{n}.json", output)
+        cpp_rounds, cpp_output_rounds, py_samples, py_lists_samples = [], [], [], []
+        walls, computes = [], []
+        for _ in range(args.rounds):
+            round_walls, round_computes = inprocess(engine, gpu, args.prefills, args.warmup)
+            walls += round_walls
+            computes += round_computes
+            cpp_rounds.append(lg("cuda_ipc", True))
+            py_lists_samples += python_serial(native_lists, gpu, "regions", args.prefills,
+                                              args.warmup)
+            cpp_output_rounds.append(lg("cuda_ipc", True, True))
+            py_samples += python_serial(native, gpu, "regions", args.prefills, args.warmup)
+        cpp_ipc, cpp_ipc_output = rounds_p50(cpp_rounds), rounds_p50(cpp_output_rounds)
+        py_ipc_session = summary(py_samples)
+        py_ipc_lists = summary(py_lists_samples)
         py_ipc = summary(python_unary(native, gpu, args.prefills, args.warmup))
         py_ipc_grpcio = summary(python_unary(client, gpu, args.prefills, args.warmup))
         py_ipc_grpcio_session = summary(python_serial(client, gpu, "regions", args.prefills,
@@ -167,17 +204,20 @@ def main():
         cpp_pipe = lg("inline", False)["aggregate"]["throughput_bytes_per_s"]
         py_pipe = python_pipelined(native, host, args.prefills, args.warmup)
         py_pipe_grpcio = python_pipelined(client, host, args.prefills, args.warmup)
-        walls, computes = inprocess(engine, gpu, args.prefills, args.warmup)
         overheads = [w - c for w, c in zip(walls, computes)]
         rows.append({
             "tokens": n, "layer_bytes": layer_bytes,
             "cuda_ipc_serial_latency_s": {
-                "python": py_ipc_session, "python_unary": py_ipc,
+                "python": py_ipc_session, "python_lists_in_answer": py_ipc_lists,
+                "python_unary": py_ipc,
                 "python_grpcio": py_ipc_grpcio, "python_grpcio_session": py_ipc_grpcio_session,
-                "cpp": cpp_ipc,
-                "python_minus_cpp_p50_s": py_ipc_session["p50"] - cpp_ipc["p50"],
-                "python_unary_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["p50"],
-                "python_grpcio_minus_cpp_p50_s": py_ipc_grpcio["p50"] - cpp_ipc["p50"]},
+                "cpp": cpp_ipc, "cpp_output_region": cpp_ipc_output,
+                "python_minus_cpp_output_region_p50_s":
+                    py_ipc_session["p50"] - cpp_ipc_output["caller"]["p50"],
+                "python_lists_minus_cpp_p50_s": py_ipc_lists["p50"] - cpp_ipc["caller"]["p50"],
+                "python_minus_cpp_p50_s": py_ipc_session["p50"] - cpp_ipc["caller"]["p50"],
+                "python_unary_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["caller"]["p50"],
+                "python_grpcio_minus_cpp_p50_s": py_ipc_grpcio["p50"] - cpp_ipc["caller"]["p50"]},
             "inline_serial_latency_s": {
                 "python": py_inline, "python_grpcio": py_inline_grpcio, "cpp": cpp_inline,
                 "python_over_cpp_p50": py_inline["p50"] / cpp_inline["p50"]},
@@ -190,6 +230,7 @@ def main():
         print(json.dumps(rows[-1]), flush=True)
     client.close()
     native.close()
+    native_lists.close()
     engine.close()
     result = {"generated_by": "tools/python_client_bench.py", "shape": SHAPE,
               "settings": SETTINGS, "layers": args.layers, "prefills": args.prefills,
@@ -200,18 +241,24 @@ def main():
     lines = [f"Device: {result['device']}; bf16, H_kv 8, H_q 32, d 128, w 32, DropKV keep 0.2, "
              "perturbation off; per-layer p50 over "
              f"{args.prefills} sessions of {args.layers} layers.", "",
-             "| n | CUDA IPC serial: Python session | C++ | Python − C++ | Python unary "
+             "| n | CUDA IPC serial, lists into device buffers: Python session "
+             "| C++ (--output_region) | Python − C++ | lists in the answer: Python | C++ "
+             "| Python − C++ | Python unary "
              "| grpcio unary | grpcio session | inline serial: Python | grpcio | C++ "
              "| inline pipelined GB/s: Python | grpcio | C++ | Python / C++ "
              "| in-process wall | its engine | overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ipc, inl, pipe = (r["cuda_ipc_serial_latency_s"], r["inline_serial_latency_s"],
                           r["inline_pipelined_bytes_per_s"])
         ms = lambda seconds: f"{seconds * 1e3:.3f} ms"  # noqa: E731
         lines.append(
-            f"| {r['tokens']} | {ms(ipc['python']['p50'])} | {ms(ipc['cpp']['p50'])} "
-            f"| {ipc['python_minus_cpp_p50_s'] * 1e6:+.0f} µs | {ms(ipc['python_unary']['p50'])} "
+            f"| {r['tokens']} | {ms(ipc['python']['p50'])} "
+            f"| {ms(ipc['cpp_output_region']['caller']['p50'])} "
+            f"| {ipc['python_minus_cpp_output_region_p50_s'] * 1e6:+.0f} µs "
+            f"| {ms(ipc['python_lists_in_answer']['p50'])} | {ms(ipc['cpp']['caller']['p50'])} "
+            f"| {ipc['python_lists_minus_cpp_p50_s'] * 1e6:+.0f} µs "
+            f"| {ms(ipc['python_unary']['p50'])} "
             f"| {ms(ipc['python_grpcio']['p50'])} | {ms(ipc['python_grpcio_session']['p50'])} "
             f"| {ms(inl['python']['p50'])} | {ms(inl['python_grpcio']['p50'])} "
             f"| {ms(inl['cpp']['p50'])} | {pipe['python'] / 1e9:.2f} "

@@ -31,6 +31,8 @@ from kvtrim.results import decision_of
 from kvtrim.settings import build_settings
 from kvtrim.v1 import kvtrim_pb2 as pb
 
+from gpu_layer import llama_layer, write_rows
+
 SETTINGS = dict(policy="dropkv", keep=0.2, perturbation="off", profile=True)
 
 
@@ -186,9 +188,7 @@ def main():
     engine = kvtrim.local.Engine("gpu", library=args.library)
     rows = []
     for n in (int(x) for x in args.tokens.split(",")):
-        g = torch.Generator(device="cpu").manual_seed(n)
-        k, v = (torch.randn(8, n, 128, generator=g).to("cuda", torch.bfloat16) for _ in "kv")
-        q = torch.randn(32, 32, 128, generator=g).to("cuda", torch.bfloat16)
+        k, v, q = llama_layer(n)
         layer = Layer(k, v, q)
         for warm in range(3):
             client.compress(k, v, q, transport="regions", **SETTINGS)
@@ -204,9 +204,7 @@ def main():
     client.close()
     native.close()
     engine.close()
-    with open(args.out, "w") as f:
-        json.dump({"generated_by": "tools/python_latency_breakdown.py",
-                   "device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+    write_rows(args.out, "tools/python_latency_breakdown.py", rows)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
       if (absl::Status answered = (*session)->WaitForAnswer(id); !answered.ok()) {
         return absl::Status(answered.code(), absl::StrCat("layer ", id, ": ", answered.message()));
       }
+      sample.serial_wait_latency_s.push_back(absl::ToDoubleSeconds(absl::Now() - prepare));
     }
   }
   absl::StatusOr<SessionResult> result = (*session)->Finish();

@@ -22,6 +22,9 @@ struct PrefillSample {
   int64_t wire_bytes = 0;               // tensor bytes on the wire (inline data)
   std::vector<double> layer_latency_s;  // [L] start of preparing layer l -> its answer
   std::vector<double> layer_prepare_s;  // [L] building layer l's message (copy, event record)
+  // --serial: [L] start of preparing layer l -> WaitForAnswer returned in the caller's thread
+  // (layer_latency_s stops when the session's reader thread receives the answer).
+  std::vector<double> serial_wait_latency_s;
   std::vector<double> compute_s;        // [L] server-reported LayerResult.compute_seconds
   int64_t tokens_in = 0;                // SessionSummary.tokens_in
   int64_t tokens_kept = 0;              // SessionSummary.tokens_kept

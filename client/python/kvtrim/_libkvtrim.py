@@ -8,6 +8,9 @@ from __future__ import annotations
 import ctypes
 import os
 import pathlib
+import struct
+import sys
+import threading
 from typing import Any, List, Optional, Sequence
 
 import grpc
@@ -37,6 +40,24 @@ class LayerStruct(ctypes.Structure):
     _fields_ = [("layer_id", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
                 ("keys", Tensor), ("values", Tensor), ("queries", Tensor),
                 ("output", ctypes.c_void_p), ("output_capacity", ctypes.c_uint64)]
+
+
+# kvtrim_layer packed field by field (layer_id, softmax_scale, then per tensor: data, dtype,
+# device, shape[3], strides[3], then output, output_capacity): one pack_into per layer on the
+# torch CUDA path instead of a ctypes assignment per field.
+_LAYER_PACKING = struct.Struct("=if" + "Qii3q3q" * 3 + "QQ")
+_ABSENT_TENSOR = (0, 0, 0, 0, 0, 0, 0, 0, 0)
+_PACKABLE = _LAYER_PACKING.size == ctypes.sizeof(LayerStruct)  # else the checked path only
+_TORCH_DTYPES: dict = {}          # torch dtype -> proto DType, filled on first torch layer
+_THREAD = threading.local()        # per-thread error buffer of the C calls
+
+
+def error_buffer() -> ctypes.Array:
+    """This thread's ERROR_BYTES buffer for the C calls' messages."""
+    buffer = getattr(_THREAD, "error", None)
+    if buffer is None:
+        buffer = _THREAD.error = ctypes.create_string_buffer(ERROR_BYTES)
+    return buffer
 
 
 def default_library() -> str:
@@ -146,13 +167,61 @@ def output_buffer(keys: TensorView):
                        device=keys.source.device)
 
 
+def _cuda_fields(tensor: Any, device_index: int) -> Optional[tuple]:
+    """The kvtrim_tensor fields (data, dtype, device, shape, strides) of a rank-3 torch
+    tensor of f32 / f16 / bf16 on CUDA device `device_index`; None for anything else (absent
+    tensors: the absent fields), which the checked path then handles or refuses."""
+    if tensor is None:
+        return _ABSENT_TENSOR
+    dtype = _TORCH_DTYPES.get(getattr(tensor, "dtype", None))
+    if dtype is None or tensor.get_device() != device_index:
+        return None
+    shape = tensor.shape
+    if len(shape) != 3:
+        return None
+    return (tensor.data_ptr(), dtype, device_index, *shape, *tensor.stride())
+
+
+def _pack_cuda_layer(target: LayerStruct, layer: Layer, with_output: bool):
+    """Packs a layer whose present tensors are torch tensors on the keys' CUDA device into
+    `target` (one struct.pack_into); (device, output buffer or None), or None when the layer
+    is anything else (then nothing was written)."""
+    keys = layer.keys
+    torch = sys.modules.get("torch")
+    if not _PACKABLE or torch is None or not isinstance(keys, torch.Tensor) or not keys.is_cuda:
+        return None
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: pb.DTYPE_F32, torch.float16: pb.DTYPE_F16,
+                              torch.bfloat16: pb.DTYPE_BF16})
+    index = keys.get_device()
+    fields = [_cuda_fields(t, index) for t in (keys, layer.values, layer.queries)]
+    if None in fields:
+        return None
+    device = keys.device
+    output, pointer, capacity = None, 0, 0
+    if with_output:
+        shape = keys.shape
+        output = torch.empty(output_bytes(shape[0], shape[1]), dtype=torch.uint8, device=device)
+        pointer, capacity = output.data_ptr(), output.numel()
+    _LAYER_PACKING.pack_into(target, 0, int(layer.layer_id), float(layer.softmax_scale),
+                             *fields[0], *fields[1], *fields[2], pointer, capacity)
+    return device, output
+
+
 def layer_array(layers: Sequence[Layer], keep: List[Any], with_outputs: bool = False):
     """(kvtrim_layer array, torch device of the first CUDA keys or None, output buffers) of
-    `layers`; `with_outputs`: a device output buffer for every CUDA layer (else None)."""
+    `layers`; `with_outputs`: a device output buffer for every CUDA layer (else None).
+    Layers of torch CUDA tensors are packed in one step; others are checked and converted
+    tensor by tensor (host tensors made dense)."""
     array = (LayerStruct * len(layers))()
     device = None
     outputs: List[Any] = []
     for i, layer in enumerate(layers):
+        packed = _pack_cuda_layer(array[i], layer, with_outputs)
+        if packed is not None:
+            device = device if device is not None else packed[0]
+            outputs.append(packed[1])
+            continue
         views = layer.views(f"layers[{i}]")
         array[i].layer_id = int(layer.layer_id)
         array[i].softmax_scale = float(layer.softmax_scale)
@@ -177,6 +246,9 @@ def stream_handle(stream: Any, device) -> Optional[int]:
         return None
     import torch
 
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's own fast accessor
+    if raw is not None:
+        return int(raw(device.index if device.index is not None else 0))
     return int(torch.cuda.current_stream(device).cuda_stream)
 
 
@@ -190,7 +262,7 @@ def call_compress(lib: ctypes.CDLL, function: str, handle, settings: bytes,
     array, device, outputs = layer_array(layers, keep, with_outputs)
     cuda_stream = stream_handle(stream, device)
     answer, size = ctypes.c_void_p(), ctypes.c_size_t()
-    error = ctypes.create_string_buffer(ERROR_BYTES)
+    error = error_buffer()
     code = getattr(lib, function)(handle, settings, len(settings), array, len(layers), cuda_stream,
                     ctypes.byref(answer), ctypes.byref(size), error, ERROR_BYTES)
     check(code, error)
@@ -281,7 +353,7 @@ class NativeSession:
         layer = Layer(keys, values, queries, layer_id, softmax_scale)
         keep: List[Any] = []
         array, _, outputs = layer_array([layer], keep, self._with_outputs and on_cuda)
-        error = ctypes.create_string_buffer(ERROR_BYTES)
+        error = error_buffer()
         check(self._lib.kvtrim_session_send(self._handle, array,
                                             stream_handle(stream, device if on_cuda else None),
                                             error, ERROR_BYTES), error)
@@ -296,7 +368,7 @@ class NativeSession:
         if layer_id in self._answers:
             return self._answers[layer_id]
         answer, size = ctypes.c_void_p(), ctypes.c_size_t()
-        error = ctypes.create_string_buffer(ERROR_BYTES)
+        error = error_buffer()
         check(self._lib.kvtrim_session_answer(self._handle, int(layer_id), ctypes.byref(answer),
                                               ctypes.byref(size), error, ERROR_BYTES), error)
         decision = decision_of(pb.LayerResult.FromString(_take(self._lib, answer, size)),

@@ -135,6 +135,9 @@ class Client:
         and session; False never.
       library: libkvtrim.so for the native transport (default: $KVTRIM_LIBRARY, else the
         repository's build tree).
+      device_outputs: kvtrimd writes CUDA layers' per-head kept lists straight into device
+        buffers of this client (LayerInput.output; default); False: the lists come back in
+        the answer and are copied to the device when first read.
     """
 
     def __init__(self, target: str, *, client_id: Optional[str] = None, tls=None,
@@ -142,6 +145,7 @@ class Client:
                  transport: str = "auto", max_message_bytes: int = 64 << 20,
                  chunk_bytes: int = 4 << 20, region_min_bytes: int = 1 << 20,
                  native: Union[bool, str] = "auto", library: Optional[str] = None,
+                 device_outputs: bool = True,
                  channel_options: Sequence[Tuple[str, Any]] = ()):
         if transport not in TRANSPORTS:
             raise invalid_argument("transport", f"expected one of {TRANSPORTS}, got {transport!r}")
@@ -166,6 +170,7 @@ class Client:
             raise invalid_argument("native", f"expected True, False or 'auto', got {native!r}")
         self.native = native
         self._library = library
+        self.device_outputs = bool(device_outputs)
         self._native_client = None
         self._scopes: Optional[Dict[str, int]] = None
 
@@ -413,9 +418,11 @@ class Client:
 
     def _outputs_allowed(self, settings: pb.CompressionSettings) -> bool:
         """Whether kvtrimd may write this call's kept lists into our device buffers: per-head
-        answers (offsets follow from the counts) of per-layer policies."""
-        return (settings.output_shape in (pb.OUTPUT_SHAPE_UNSPECIFIED, pb.PER_HEAD,
-                                          pb.EQUAL_COUNT)
+        answers (offsets follow from the counts) of per-layer policies, unless the client was
+        made with device_outputs=False."""
+        return (self.device_outputs
+                and settings.output_shape in (pb.OUTPUT_SHAPE_UNSPECIFIED, pb.PER_HEAD,
+                                              pb.EQUAL_COUNT)
                 and not self._model_wide(settings.policy.name))
 
     def _output_buffers(self, layers: Sequence[Layer], settings: pb.CompressionSettings

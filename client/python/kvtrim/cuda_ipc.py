@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 
 from .errors import KvtrimError
 from .regions import RegionLease
-from .tensors import TensorView, itemsize
+from .tensors import TensorView
 from .v1 import kvtrim_pb2 as pb
 
 import grpc

@@ -25,9 +25,9 @@ class HeadStats:
     perturbation: Optional[float]
 
 
-@dataclass
 class LayerDecision:
-    """The decision for one layer.
+    """The decision for one layer, read from kvtrim's LayerResult when first asked for (a
+    decision nobody reads costs no tensor views and no per-head objects).
 
     Attributes:
       layer_id: the layer.
@@ -45,21 +45,68 @@ class LayerDecision:
       profile: per-stage seconds (CompressionSettings.profile), else None.
     """
 
-    layer_id: int
-    num_tokens: int
-    output_shape: str
-    kept: List[Any]
-    heads: List[HeadStats]
-    numerics: str
-    compute_seconds: float
-    perturbation_rows: int
-    output_written: bool
-    profile: Optional[Dict[str, float]] = None
+    __slots__ = ("_result", "_device", "_output", "_kept", "_heads")
+
+    def __init__(self, result: pb.LayerResult, device: Any = None, output: Any = None):
+        """`result`: the LayerResult; `device`: the torch device of CUDA inputs (lists as
+        int32 tensors there), else None (NumPy); `output`: the uint8 device buffer kvtrim
+        wrote the lists into when the answer says output_written."""
+        self._result = result
+        self._device = device
+        self._output = output
+        self._kept: Optional[List[Any]] = None
+        self._heads: Optional[List[HeadStats]] = None
+
+    @property
+    def layer_id(self) -> int:
+        return self._result.layer_id
+
+    @property
+    def num_tokens(self) -> int:
+        return self._result.num_tokens
+
+    @property
+    def output_shape(self) -> str:
+        shape = self._result.output_shape
+        return _SHAPE_NAMES.get(shape, str(shape))
+
+    @property
+    def numerics(self) -> str:
+        return _NUMERICS_NAMES.get(self._result.numerics, "?")
+
+    @property
+    def compute_seconds(self) -> float:
+        return self._result.compute_seconds
+
+    @property
+    def perturbation_rows(self) -> int:
+        return self._result.perturbation_rows
+
+    @property
+    def output_written(self) -> bool:
+        return self._result.output_written
+
+    @property
+    def profile(self) -> Optional[Dict[str, float]]:
+        return _profile(self._result)
+
+    @property
+    def heads(self) -> List[HeadStats]:
+        if self._heads is None:
+            self._heads = [HeadStats(h.kept, h.perturbation if h.HasField("perturbation")
+                                     else None) for h in self._result.heads]
+        return self._heads
+
+    @property
+    def kept(self) -> List[Any]:
+        if self._kept is None:
+            self._kept = _kept_lists(self._result, self._device, self._output)
+        return self._kept
 
     @property
     def kept_counts(self) -> List[int]:
         """Kept tokens per KV head."""
-        return [h.kept for h in self.heads]
+        return [h.kept for h in self._result.heads]
 
     def kept_matrix(self):
         """The per-head lists stacked to [H_kv, k]; ValueError when the heads keep different
@@ -73,6 +120,11 @@ class LayerDecision:
 
             return torch.stack(self.kept)
         return np.stack(self.kept)
+
+    def __repr__(self) -> str:
+        return (f"LayerDecision(layer_id={self.layer_id}, num_tokens={self.num_tokens}, "
+                f"output_shape={self.output_shape!r}, kept_counts={self.kept_counts}, "
+                f"numerics={self.numerics!r}, compute_seconds={self.compute_seconds:.6g})")
 
 
 @dataclass
@@ -135,36 +187,34 @@ def output_bytes(num_lists: int, num_tokens: int) -> int:
     return 8 * (num_lists + 1) + 4 * num_lists * num_tokens
 
 
-def decision_of(result: pb.LayerResult, device: Any = None, output: Any = None
-                ) -> LayerDecision:
-    """The LayerDecision of a LayerResult. CUDA inputs (`device`): int32 torch tensors on
-    it: views of `output` (the uint8 device buffer kvtrim wrote the lists into, when the
-    answer says output_written), else one copy of all the answered lists, then views."""
-    indices, lengths = _flat_lists(result)
-    kept: List[Any] = []
+def _kept_lists(result: pb.LayerResult, device: Any, output: Any) -> List[Any]:
+    """The kept lists of a LayerResult. CUDA inputs (`device`): int32 torch tensors on it:
+    views of `output` (the uint8 device buffer kvtrim wrote the lists into, when the answer
+    says output_written), else one copy of all the answered lists, then views."""
     if result.output_written and output is not None:
         import torch
 
         counts = [h.kept for h in result.heads]
         start = 8 * (len(counts) + 1)
         written = output[start:start + 4 * sum(counts)].view(torch.int32)
-        kept = list(written.split(counts))                  # views: no copy, no kernel
-    elif indices is not None and device is not None:
+        return list(written.split(counts))                  # views: no copy, no kernel
+    indices, lengths = _flat_lists(result)
+    if indices is not None and device is not None:
         import torch
 
         on_device = torch.from_numpy(indices.astype(np.int32)).to(device)
-        kept = list(on_device.split(lengths))
-    elif indices is not None:
+        return list(on_device.split(lengths))
+    if indices is not None:
         bounds = np.cumsum([0] + lengths)
-        kept = [indices[bounds[i]:bounds[i + 1]] for i in range(len(lengths))]
-    heads = [HeadStats(h.kept, h.perturbation if h.HasField("perturbation") else None)
-             for h in result.heads]
-    return LayerDecision(
-        layer_id=result.layer_id, num_tokens=result.num_tokens,
-        output_shape=_SHAPE_NAMES.get(result.output_shape, str(result.output_shape)),
-        kept=kept, heads=heads, numerics=_NUMERICS_NAMES.get(result.numerics, "?"),
-        compute_seconds=result.compute_seconds, perturbation_rows=result.perturbation_rows,
-        output_written=result.output_written, profile=_profile(result))
+        return [indices[bounds[i]:bounds[i + 1]] for i in range(len(lengths))]
+    return []
+
+
+def decision_of(result: pb.LayerResult, device: Any = None, output: Any = None
+                ) -> LayerDecision:
+    """The LayerDecision of a LayerResult (see LayerDecision: lists on `device` for CUDA
+    inputs, views of `output` when kvtrim wrote them there)."""
+    return LayerDecision(result, device, output)
 
 
 def summary_of(summary: pb.SessionSummary) -> SessionSummary:

@@ -110,3 +110,42 @@ def test_gpu_engine_on_cuda_tensors(gpu_server, layers):
             assert not shared.layers[0].output_written
             same(shared, client.compress(layers=on_gpu, policy="dropkv", keep=0.2,
                                          output_shape="shared", transport="inline"))
+
+
+def test_gpu_layers_the_packing_does_not_take(layers):
+    """CUDA layers the one-step packing does not take go the checked way: another dtype or
+    rank is refused naming the field; host values beside CUDA keys answer as CUDA ones."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    k, v, q = (torch.from_numpy(t.copy()).to("cuda") for t in layers[0])
+    with kvtrim.local.Engine("gpu", library=LIBKVTRIM) as gpu:
+        for keys, field in ((k.double(), "layers[0].keys.dtype"),
+                            (k[0], "layers[0].keys.shape")):
+            with pytest.raises(kvtrim.KvtrimError) as error:
+                gpu.compress(keys, v, q, policy="dropkv", keep=0.2)
+            assert (error.value.code, error.value.field) == (
+                grpc.StatusCode.INVALID_ARGUMENT, field)
+        same(gpu.compress(k, v.cpu(), q, policy="dropkv", keep=0.2),
+             gpu.compress(k, v, q, policy="dropkv", keep=0.2))
+
+
+def test_layer_packing_matches_the_struct():
+    """The one-step packing of kvtrim_layer writes what field-by-field assignment writes."""
+    from kvtrim import _libkvtrim
+
+    assert _libkvtrim._PACKABLE
+    values = [7, 0.125, 0x7f0000001000, 3, 0, 8, 4096, 128, 128, 1, 1024,
+              0x7f0000002000, 3, 0, 8, 4096, 128, 524288, 128, 1,
+              0, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f0000003000, 131144]
+    packed = _libkvtrim.LayerStruct()
+    _libkvtrim._LAYER_PACKING.pack_into(packed, 0, *values)
+    expected = _libkvtrim.LayerStruct()
+    expected.layer_id, expected.softmax_scale = 7, 0.125
+    for tensor, base in ((expected.keys, 2), (expected.values, 11)):
+        tensor.data, tensor.dtype, tensor.device = values[base:base + 3]
+        tensor.shape[:] = values[base + 3:base + 6]
+        tensor.strides[:] = values[base + 6:base + 9]
+    expected.output, expected.output_capacity = 0x7f0000003000, 131144
+    assert bytes(packed) == bytes(expected)
