@@ -47,8 +47,8 @@ timeout 120 python3 tools/python_latency_breakdown.py --target "$address" \
   --library "$KVTRIM_LIBRARY" --out "$OUT/python_breakdown.json" || RC=1
 echo "== tools/python_overhead_probe.py"
 timeout 120 python3 tools/python_overhead_probe.py --library "$KVTRIM_LIBRARY" \
-  --out "$OUT/python_probe.json" >"$OUT/python_probe.log" 2>&1 || RC=1
-grep -E "compress\(\)|_seconds|inline" "$OUT/python_probe.log"
+  --target "$address" --out "$OUT/python_probe.json" >"$OUT/python_probe.log" 2>&1 || RC=1
+grep -E "compress\(\)|_seconds|inline|session" "$OUT/python_probe.log"
 kill -TERM "$pid"
 wait "$pid" || RC=1
 exit "$RC"

@@ -158,9 +158,9 @@ def main():
     parser.add_argument("--library", default=None, help="libkvtrim.so (kvtrim.local)")
     parser.add_argument("--tokens", default="4096,32768")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--prefills", type=int, default=5)
+    parser.add_argument("--prefills", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=3, help="alternations of the CUDA IPC "
+    parser.add_argument("--rounds", type=int, default=5, help="alternations of the CUDA IPC "
                         "sessions (Python and C++)")
     args = parser.parse_args()
     rows = []
@@ -234,13 +234,16 @@ def main():
     engine.close()
     result = {"generated_by": "tools/python_client_bench.py", "shape": SHAPE,
               "settings": SETTINGS, "layers": args.layers, "prefills": args.prefills,
+              "rounds": args.rounds,
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "rows": rows}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     lines = [f"Device: {result['device']}; bf16, H_kv 8, H_q 32, d 128, w 32, DropKV keep 0.2, "
              "perturbation off; per-layer p50 over "
-             f"{args.prefills} sessions of {args.layers} layers.", "",
+             f"{args.prefills} sessions of {args.layers} layers (CUDA IPC sessions and "
+             f"in-process: {args.rounds} alternating rounds of them; C++ = the median of the "
+             "rounds' p50s, to WaitForAnswer's return).", "",
              "| n | CUDA IPC serial, lists into device buffers: Python session "
              "| C++ (--output_region) | Python − C++ | lists in the answer: Python | C++ "
              "| Python − C++ | Python unary "

@@ -181,6 +181,53 @@ def engine_profile(engine, k, v, q, loops):
     return out
 
 
+def native_session(target, library, k, v, q, sessions, with_outputs):
+    """Medians of one serial native session layer's stages (Python prepare, the C send, the
+    C wait for the answer, the answer's decoding) over `sessions` sessions of 8 layers,
+    beside the wall of kvtrim.Session's own send + result."""
+    client = kvtrim.Client(target, native=True, library=library,
+                           device_outputs=with_outputs)
+    stages = {"prepare": [], "send": [], "answer": [], "decode": [], "send+result": []}
+    for s in range(sessions):
+        with client.session(policy="dropkv", keep=0.2, perturbation="off",
+                            transport="regions") as session:
+            lib = session._lib
+            for i in range(8):
+                t0 = time.perf_counter()
+                keep = []
+                array, device, outputs = _libkvtrim.layer_array(
+                    [Layer(k, v, q, layer_id=i)], keep, session._with_outputs)
+                stream = _libkvtrim.stream_handle(None, device)
+                error = _libkvtrim.error_buffer()
+                t1 = time.perf_counter()
+                code = lib.kvtrim_session_send(session._handle, array, stream, error, 4096)
+                t2 = time.perf_counter()
+                assert code == 0, error.value
+                answer, size = ctypes.c_void_p(), ctypes.c_size_t()
+                code = lib.kvtrim_session_answer(session._handle, i, ctypes.byref(answer),
+                                                 ctypes.byref(size), error, 4096)
+                t3 = time.perf_counter()
+                assert code == 0, error.value
+                decision_of(pb.LayerResult.FromString(_libkvtrim._take(lib, answer, size)),
+                            device, outputs[0])
+                t4 = time.perf_counter()
+                session._alive.append((keep, outputs))
+                if s > 0:
+                    for name, value in (("prepare", t1 - t0), ("send", t2 - t1),
+                                        ("answer", t3 - t2), ("decode", t4 - t3)):
+                        stages[name].append(value)
+        with client.session(policy="dropkv", keep=0.2, perturbation="off",
+                            transport="regions") as session:
+            for i in range(8):
+                t0 = time.perf_counter()
+                session.send(k, v, q, layer_id=i)
+                session.result(i)
+                stages["send+result"].append(time.perf_counter() - t0)
+    client.close()
+    label = "native session" + (" (device outputs)" if with_outputs else " (lists)")
+    return {f"{label} {name} p50": statistics.median(values) for name, values in stages.items()}
+
+
 def profile(engine, k, v, q, calls):
     """cProfile of `calls` compress() calls: the top functions by own time, as text."""
     profiler = cProfile.Profile()
@@ -201,6 +248,9 @@ def main():
     parser.add_argument("--tokens", default="4096,32768")
     parser.add_argument("--loops", type=int, default=500)
     parser.add_argument("--profile_calls", type=int, default=300)
+    parser.add_argument("--target", default=None, help="a kvtrimd --backend=gpu "
+                        "--allow_client_shm: also time native CUDA IPC sessions")
+    parser.add_argument("--sessions", type=int, default=30)
     args = parser.parse_args()
     engine = kvtrim.local.Engine("gpu", library=args.library)
     rows = []
@@ -208,6 +258,10 @@ def main():
         k, v, q = llama_layer(n)
         row = {"tokens": n, "seconds": primitives(engine, k, v, q, args.loops),
                "profile": profile(engine, k, v, q, args.profile_calls)}
+        if args.target:
+            for with_outputs in (True, False):
+                row["seconds"].update(native_session(args.target, args.library, k, v, q,
+                                                     args.sessions, with_outputs))
         for name, value in row["seconds"].items():
             print(f"{n:6d} {name:40s} {value * 1e6 if value < 1 else value:10.2f}")
         print(row["profile"], flush=True)
