@@ -12,7 +12,7 @@ n = 4K and 32K tokens, each a session of L layers:
     generator as is, and with device outputs (kvtrimd writes the lists into the caller's
     device buffers) vs `--output_region`. The CUDA IPC sessions alternate, --rounds times,
     so that both clients see the same host; C++ figures are the median of the rounds' p50s
-    (the in-process rows below run in the same rounds). The C++ session latency is taken as
+    The C++ session latency is taken as
     the Python one is, from the start of the layer to WaitForAnswer's return in the caller's
     thread (`serial_wait_latency_s`); its `layer_latency_s` stops earlier, when the session's
     reader thread receives the answer, and is kept in the JSON as "p50".
@@ -24,7 +24,8 @@ n = 4K and 32K tokens, each a session of L layers:
     (native and grpcio sessions) vs `kvtrim-loadgen --transport=inline`.
   - in-process (kvtrim.local on libkvtrim, torch CUDA tensors read in place): per-layer wall
     time of Engine.compress beside the backend's own time for the layer (compute_seconds:
-    the kernels and their device waits), and their difference, the in-process overhead.
+    the kernels and their device waits), and their difference, the in-process overhead;
+    measured first, before the process opens any gRPC channel.
 The load generator writes its own JSON (loadgen_*.json beside the output); this tool writes
 one JSON with both clients' figures and their ratios, and a Markdown table.
 
@@ -163,13 +164,22 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="alternations of the CUDA IPC "
                         "sessions (Python and C++)")
     args = parser.parse_args()
+    # In-process first, in a process with no gRPC channel yet (a worker using kvtrim.local
+    # has none; grpcio's threads would contend for the GIL on every call's return).
+    engine = kvtrim.local.Engine("gpu", library=args.library)
+    in_process = {}
+    for n in (int(x) for x in args.tokens.split(",")):
+        walls, computes = inprocess(engine, make_layers(n, args.layers, "cuda"),
+                                    args.prefills * args.rounds, args.warmup)
+        in_process[n] = {"wall": summary(walls), "compute": summary(computes),
+                         "overhead": summary([w - c for w, c in zip(walls, computes)])}
+    engine.close()
     rows = []
     client = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=False)
     native = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=True,
                            library=args.library)
     native_lists = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=True,
                                  library=args.library, device_outputs=False)
-    engine = kvtrim.local.Engine("gpu", library=args.library)
     for n in (int(x) for x in args.tokens.split(",")):
         gpu = make_layers(n, args.layers, "cuda")
         host = [tuple(t.cpu() for t in layer) for layer in gpu]
@@ -180,11 +190,7 @@ def main():
             args.warmup, f"{stem}_loadgen_{transport}{'_output' if output else ''}_"
             f"{'serial' if serial else 'pipe'}_{n}.json", output)
         cpp_rounds, cpp_output_rounds, py_samples, py_lists_samples = [], [], [], []
-        walls, computes = [], []
         for _ in range(args.rounds):
-            round_walls, round_computes = inprocess(engine, gpu, args.prefills, args.warmup)
-            walls += round_walls
-            computes += round_computes
             cpp_rounds.append(lg("cuda_ipc", True))
             py_lists_samples += python_serial(native_lists, gpu, "regions", args.prefills,
                                               args.warmup)
@@ -204,7 +210,6 @@ def main():
         cpp_pipe = lg("inline", False)["aggregate"]["throughput_bytes_per_s"]
         py_pipe = python_pipelined(native, host, args.prefills, args.warmup)
         py_pipe_grpcio = python_pipelined(client, host, args.prefills, args.warmup)
-        overheads = [w - c for w, c in zip(walls, computes)]
         rows.append({
             "tokens": n, "layer_bytes": layer_bytes,
             "cuda_ipc_serial_latency_s": {
@@ -224,14 +229,12 @@ def main():
             "inline_pipelined_bytes_per_s": {"python": py_pipe, "python_grpcio": py_pipe_grpcio,
                                              "cpp": cpp_pipe,
                                              "python_over_cpp": py_pipe / cpp_pipe},
-            "inprocess_latency_s": {"wall": summary(walls), "compute": summary(computes),
-                                    "overhead": summary(overheads)},
+            "inprocess_latency_s": in_process[n],
         })
         print(json.dumps(rows[-1]), flush=True)
     client.close()
     native.close()
     native_lists.close()
-    engine.close()
     result = {"generated_by": "tools/python_client_bench.py", "shape": SHAPE,
               "settings": SETTINGS, "layers": args.layers, "prefills": args.prefills,
               "rounds": args.rounds,
@@ -241,9 +244,11 @@ def main():
         json.dump(result, f, indent=1)
     lines = [f"Device: {result['device']}; bf16, H_kv 8, H_q 32, d 128, w 32, DropKV keep 0.2, "
              "perturbation off; per-layer p50 over "
-             f"{args.prefills} sessions of {args.layers} layers (CUDA IPC sessions and "
-             f"in-process: {args.rounds} alternating rounds of them; C++ = the median of the "
-             "rounds' p50s, to WaitForAnswer's return).", "",
+             f"{args.prefills} sessions of {args.layers} layers (CUDA IPC sessions"
+             f": {args.rounds} alternating rounds of them; C++ = the median of the rounds' "
+             "p50s, to WaitForAnswer's return; in-process: "
+             f"{args.prefills * args.rounds} passes, measured first, before any gRPC "
+             "channel).", "",
              "| n | CUDA IPC serial, lists into device buffers: Python session "
              "| C++ (--output_region) | Python − C++ | lists in the answer: Python | C++ "
              "| Python − C++ | Python unary "

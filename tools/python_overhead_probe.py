@@ -104,6 +104,7 @@ def primitives(engine, k, v, q, loops):
         lambda: engine.compress(k, v, q, **SETTINGS).layers[0].kept, loops)
     out.update(per_call(engine, k, v, q, loops))
     out.update(engine_profile(engine, k, v, q, loops))
+    out.update(distinct_layers(engine, k.shape[1], loops))
     samples = [engine.compress(k, v, q, **SETTINGS).layers[0].compute_seconds
                for _ in range(50)]
     out["engine compute_seconds (median)"] = statistics.median(samples)
@@ -159,6 +160,25 @@ def per_call(engine, k, v, q, loops):
     for name, samples in stages.items():
         out[f"inline {name} p50"] = statistics.median(samples)
     return out
+
+
+def distinct_layers(engine, n, loops, label="8 layers"):
+    """compress() over 8 distinct layers in turn (as a prefill sends them), with the engine
+    profile on: medians of wall, server and compute, and of wall - compute."""
+    layers = [llama_layer(n + i) for i in range(8)]
+    walls, servers, computes = [], [], []
+    for i in range(loops):
+        k, v, q = layers[i % 8]
+        t0 = time.perf_counter()
+        layer = engine.compress(k, v, q, layer_id=i % 8, profile=True, **SETTINGS).layers[0]
+        walls.append(time.perf_counter() - t0)
+        servers.append(layer.profile["server_seconds"])
+        computes.append(layer.compute_seconds)
+    return {f"{label}: compress() p50": statistics.median(walls),
+            f"{label}: engine server_seconds p50": statistics.median(servers),
+            f"{label}: engine compute_seconds p50": statistics.median(computes),
+            f"{label}: wall - compute p50": statistics.median(
+                w - c for w, c in zip(walls, computes))}
 
 
 def engine_profile(engine, k, v, q, loops):
@@ -259,6 +279,11 @@ def main():
         row = {"tokens": n, "seconds": primitives(engine, k, v, q, args.loops),
                "profile": profile(engine, k, v, q, args.profile_calls)}
         if args.target:
+            # The same with a grpcio channel open in the process (its threads take the GIL).
+            with kvtrim.Client(args.target, native=False) as client:
+                client.health()
+                row["seconds"].update(distinct_layers(engine, n, args.loops,
+                                                      "8 layers, grpcio channel open"))
             for with_outputs in (True, False):
                 row["seconds"].update(native_session(args.target, args.library, k, v, q,
                                                      args.sessions, with_outputs))
