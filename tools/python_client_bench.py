@@ -149,11 +149,35 @@ def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_
         return json.load(f)
 
 
+def write_inprocess_only(args, in_process) -> None:
+    """The in-process rows alone: JSON to --out, a Markdown table to --md."""
+    with open(args.out, "w") as f:
+        json.dump({"generated_by": "tools/python_client_bench.py --inprocess_only",
+                   "shape": SHAPE, "settings": SETTINGS, "layers": args.layers,
+                   "passes": args.prefills * args.rounds,
+                   "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                   "rows": [{"tokens": n, "inprocess_latency_s": row}
+                            for n, row in in_process.items()]}, f, indent=1)
+    lines = ["| n | in-process wall p50 | its engine p50 | overhead min | p50 | max |",
+             "|---|---|---|---|---|---|"]
+    for n, row in in_process.items():
+        lines.append(f"| {n} | {row['wall']['p50'] * 1e3:.3f} ms "
+                     f"| {row['compute']['p50'] * 1e3:.3f} ms "
+                     f"| {row['overhead']['min'] * 1e6:.0f} µs "
+                     f"| {row['overhead']['p50'] * 1e6:.0f} µs "
+                     f"| {row['overhead']['max'] * 1e6:.0f} µs |")
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     """Runs every row and writes the JSON and the Markdown table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--loadgen", required=True)
+    parser.add_argument("--target", help="kvtrimd address (not with --inprocess_only)")
+    parser.add_argument("--loadgen", help="kvtrim-loadgen (not with --inprocess_only)")
+    parser.add_argument("--inprocess_only", action="store_true",
+                        help="only the in-process rows, in a process with no kvtrimd beside it")
     parser.add_argument("--out", required=True)
     parser.add_argument("--md", required=True)
     parser.add_argument("--library", default=None, help="libkvtrim.so (kvtrim.local)")
@@ -164,6 +188,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="alternations of the CUDA IPC "
                         "sessions (Python and C++)")
     args = parser.parse_args()
+    if not args.inprocess_only and not (args.target and args.loadgen):
+        parser.error("--target and --loadgen are required (or --inprocess_only)")
     # In-process first, in a process with no gRPC channel yet (a worker using kvtrim.local
     # has none; grpcio's threads would contend for the GIL on every call's return).
     engine = kvtrim.local.Engine("gpu", library=args.library)
@@ -174,6 +200,9 @@ def main():
         in_process[n] = {"wall": summary(walls), "compute": summary(computes),
                          "overhead": summary([w - c for w, c in zip(walls, computes)])}
     engine.close()
+    if args.inprocess_only:
+        write_inprocess_only(args, in_process)
+        return
     rows = []
     client = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=False)
     native = kvtrim.Client(args.target, max_message_bytes=256 << 20, native=True,
