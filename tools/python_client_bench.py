@@ -149,6 +149,13 @@ def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_
         return json.load(f)
 
 
+def write_table(path: str, lines) -> None:
+    """Writes the Markdown table `lines` to `path` and prints it."""
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def write_inprocess_only(args, in_process) -> None:
     """The in-process rows alone: JSON to --out, a Markdown table to --md."""
     with open(args.out, "w") as f:
@@ -166,9 +173,7 @@ def write_inprocess_only(args, in_process) -> None:
                      f"| {row['overhead']['min'] * 1e6:.0f} µs "
                      f"| {row['overhead']['p50'] * 1e6:.0f} µs "
                      f"| {row['overhead']['max'] * 1e6:.0f} µs |")
-    with open(args.md, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(args.md, lines)
 
 
 def main():
@@ -304,9 +309,7 @@ def main():
             f"| {ms(r['inprocess_latency_s']['wall']['p50'])} "
             f"| {ms(r['inprocess_latency_s']['compute']['p50'])} "
             f"| {r['inprocess_latency_s']['overhead']['p50'] * 1e6:.0f} µs |")
-    with open(args.md, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table(args.md, lines)
 
 
 if __name__ == "__main__":
