@@ -49,7 +49,7 @@ absl::StatusOr<std::map<std::string, ParamValue>> KernelParams(const std::string
     switch (value.value_case()) {
       case v1::ParamValue::kNumber: out[name] = ParamValue::Number(value.number()); break;
       case v1::ParamValue::kText: out[name] = ParamValue::Text(value.text()); break;
-      case v1::ParamValue::kFlag: out[name] = ParamValue::Number(value.flag() ? 1 : 0); break;
+      case v1::ParamValue::kFlag: out[name] = ParamValue::Flag(value.flag()); break;
       default: break;
     }
   }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/client_text.h"
 #include "kernels/finite_scan.h"
 
 namespace kvtrim {
@@ -43,7 +44,7 @@ absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& 
     if (!(b.keep_fraction > 0.0 && b.keep_fraction <= 1.0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field_prefix, ".budget.keep_fraction: must be in (0, 1], got ",
-                       b.keep_fraction));
+                       ExactNumber(b.keep_fraction)));
     }
   } else if (b.keep_tokens < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -57,8 +58,9 @@ absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& 
     return absl::InvalidArgumentError(absl::StrCat(
         field_prefix, ".recent_tokens: must be >= 0, got ", *settings.recent_tokens));
   }
-  if (settings.num_layers < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field_prefix, ".num_layers: must be >= 0, got ",
+  if (settings.num_layers < 0 || settings.num_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(field_prefix, ".num_layers: must be in [0, ",
+                                                   kMaxLayers, "] (0 = unknown), got ",
                                                    settings.num_layers));
   }
   if (settings.output_shape == OutputShape::kBlockAligned && settings.block_size < 1) {
@@ -117,15 +119,20 @@ absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
   return absl::OkStatus();
 }
 
+absl::Status CheckLayerId(int64_t layer_id, const std::string& field) {
+  if (layer_id < 0 || layer_id >= kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".layer_id: must be in [0, ",
+                                                   kMaxLayers - 1, "], got ", layer_id));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& policy,
                                                       const LayerRequest& layer,
                                                       const std::string& field) const {
   const ScorerSpec& scorer = *policy.scorer;
   ValidatedLayer v;
-  if (layer.layer_id < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".layer_id: must be >= 0, got ", layer.layer_id));
-  }
+  if (auto st = CheckLayerId(layer.layer_id, field); !st.ok()) return st;
   if (policy.settings.num_layers > 0 && layer.layer_id >= policy.settings.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".layer_id: ", layer.layer_id,
                                                    " is not below num_layers=",

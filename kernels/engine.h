@@ -11,6 +11,13 @@
 namespace kvtrim {
 
 /// Limits on request sizes checked during validation.
+/// Most layers a model may have: layer ids are in [0, kMaxLayers), num_layers <= kMaxLayers
+/// (far above any model's; it keeps num_layers = max layer_id + 1 from overflowing).
+inline constexpr int32_t kMaxLayers = 1 << 20;
+
+/// OK when `layer_id` is in [0, kMaxLayers); else INVALID_ARGUMENT "<field>.layer_id: ...".
+absl::Status CheckLayerId(int64_t layer_id, const std::string& field);
+
 struct EngineLimits {
   int64_t max_tokens = int64_t{1} << 22;       // n per layer
   int64_t max_heads = 1024;                    // H_q and H_kv

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/client_text.h"
 #include "nlohmann/json.hpp"
 
 namespace kvtrim {
@@ -129,14 +130,22 @@ absl::StatusOr<RopeConfig> ParseRopeScaling(double theta, const std::string& jso
   RopeConfig rope;
   if (!(theta > 0) || !std::isfinite(theta)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".rope_theta: must be finite and > 0, got ", theta));
+        absl::StrCat(field, ".rope_theta: must be finite and > 0, got ", ExactNumber(theta)));
   }
   rope.theta = theta;
   if (json.empty() || json == "null") return rope;
-  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json);
+  } catch (const nlohmann::json::exception& error) {
+    // e.g. "number overflow" for 1e999: the parser's own reason, bounded like the text.
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".rope_scaling_json: not valid JSON (", ClientTextInField(error.what(), 160),
+        "): ", QuoteClientText(json)));
+  }
+  if (!j.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".rope_scaling_json: not a JSON object: ", json));
+        absl::StrCat(field, ".rope_scaling_json: not a JSON object: ", QuoteClientText(json)));
   }
   std::string type;
   if (j.contains("rope_type") && j["rope_type"].is_string()) {
@@ -150,8 +159,8 @@ absl::StatusOr<RopeConfig> ParseRopeScaling(double theta, const std::string& jso
   if (type == "default" || type.empty()) return rope;
   if (type != "linear" && type != "llama3") {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".rope_scaling_json: rope_type '", type,
-        "' is not supported (supported: default, linear, llama3)"));
+        field, ".rope_scaling_json: rope_type ", QuoteClientText(type),
+        " is not supported (supported: default, linear, llama3)"));
   }
   rope.scaling_type = type;
   rope.factor = number("factor", 1.0);
@@ -208,7 +217,8 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModelFrom(const ModelInput
     model->rope.interleaved = true;
   } else if (!input.rope_layout.empty() && input.rope_layout != "rotate_half") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "header.rope_layout: '", input.rope_layout, "' is not rotate_half or interleaved"));
+        "header.rope_layout: ", QuoteClientText(input.rope_layout),
+        " is not rotate_half or interleaved"));
   }
   model->rope_scaling_json = input.rope_scaling_json;
 
@@ -224,7 +234,7 @@ absl::StatusOr<std::shared_ptr<RegisteredModel>> BuildModelFrom(const ModelInput
     }
     if (!known) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "weights[", name, "].name: unknown weight; expected layers.{l}.w_o, "
+          "weights[", ClientTextInField(name), "].name: unknown weight; expected layers.{l}.w_o, "
           "layers.{l}.query_mean, layers.{l}.query_cov with l < ", L, ", or profile.{name}"));
     }
   }

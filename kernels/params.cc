@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/client_text.h"
 
 namespace kvtrim {
 
@@ -48,34 +49,43 @@ namespace {
 absl::Status CheckValue(const ParamSpec& spec, const ParamValue& value, const std::string& field) {
   if (spec.kind == ParamSpec::Kind::kEnum) {
     if (!value.is_text) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": expects one of {",
-                                                     absl::StrJoin(spec.choices, ", "),
-                                                     "}, got a number"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": expects one of {", absl::StrJoin(spec.choices, ", "), "}, got ",
+          value.is_flag ? "a flag" : "a number"));
     }
     for (const auto& c : spec.choices) {
       if (c == value.text) return absl::OkStatus();
     }
-    return absl::InvalidArgumentError(absl::StrCat(field, ": '", value.text, "' is not one of {",
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", QuoteClientText(value.text),
+                                                   " is not one of {",
                                                    absl::StrJoin(spec.choices, ", "), "}"));
   }
   if (value.is_text) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": expects a number, got text '",
-                                                   value.text, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": expects a number, got text ",
+                                                   QuoteClientText(value.text)));
+  }
+  if (value.is_flag && spec.kind != ParamSpec::Kind::kBool) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": expects ", spec.kind == ParamSpec::Kind::kInt ? "an integer" : "a number",
+        ", got the flag ", value.number != 0 ? "true" : "false"));
   }
   const double v = value.number;
   if (std::isnan(v)) return absl::InvalidArgumentError(absl::StrCat(field, ": is NaN"));
   if (spec.kind == ParamSpec::Kind::kBool) {
     if (v != 0 && v != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ": expects a boolean (0 or 1), got ", v));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": expects a boolean (0 or 1), got ", ExactNumber(v)));
     }
     return absl::OkStatus();
   }
   if (spec.kind == ParamSpec::Kind::kInt && v != std::floor(v)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": expects an integer, got ", v));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": expects an integer, got ", ExactNumber(v)));
   }
   if (v < spec.min || v > spec.max) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", v, " is out of range [", spec.min,
-                                                   ", ", spec.max, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", ExactNumber(v),
+                                                   " is out of range [", ExactNumber(spec.min),
+                                                   ", ", ExactNumber(spec.max), "]"));
   }
   return absl::OkStatus();
 }
@@ -92,7 +102,7 @@ absl::StatusOr<ResolvedParams> ResolvedParams::Resolve(
                                  : ParamValue::Number(spec.default_number);
   }
   for (const auto& [name, value] : overrides) {
-    const std::string field = absl::StrCat(field_prefix, ".", name);
+    const std::string field = absl::StrCat(field_prefix, ".", ClientTextInField(name));
     const ParamSpec* spec = nullptr;
     for (const auto& s : specs) {
       if (s.name == name) spec = &s;

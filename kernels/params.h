@@ -28,14 +28,18 @@ struct ParamSpec {
                         std::string doc);
 };
 
-/// A parameter value as a client sends it: a number (ints, floats, bools) or a text (enums).
+/// A parameter value as a client sends it: a number (ints, floats, bools), a text (enums) or
+/// a flag (bools only).
 struct ParamValue {
   bool is_text = false;
   double number = 0;
   std::string text;
 
-  static ParamValue Number(double v) { return ParamValue{false, v, {}}; }
-  static ParamValue Text(std::string v) { return ParamValue{true, 0, std::move(v)}; }
+  bool is_flag = false;  // given as a boolean (ParamValue.flag): taken by boolean parameters only
+
+  static ParamValue Number(double v) { return ParamValue{false, v, {}, false}; }
+  static ParamValue Text(std::string v) { return ParamValue{true, 0, std::move(v), false}; }
+  static ParamValue Flag(bool v) { return ParamValue{false, v ? 1.0 : 0.0, {}, true}; }
 };
 
 /// The full set of parameter values of one policy after defaults and overrides are merged

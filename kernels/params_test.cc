@@ -40,5 +40,17 @@ TEST(Params, RejectsBadValuesNamingTheField) {
   ExpectError({{"window", ParamValue::Text("x")}}, "window: expects a number");
 }
 
+TEST(Params, AFlagIsTakenByBooleanParametersOnly) {
+  auto r = ResolvedParams::Resolve(Specs(), {{"flag", ParamValue::Flag(true)}},
+                                   "settings.policy.params");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->Bool("flag"));
+  ExpectError({{"window", ParamValue::Flag(true)}},
+              "settings.policy.params.window: expects an integer, got the flag true");
+  ExpectError({{"eps", ParamValue::Flag(false)}},
+              "settings.policy.params.eps: expects a number, got the flag false");
+  ExpectError({{"pooling", ParamValue::Flag(true)}}, "pooling: expects one of {max, avg}, got a flag");
+}
+
 }  // namespace
 }  // namespace kvtrim

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/client_text.h"
 
 namespace kvtrim {
 
@@ -112,7 +113,7 @@ absl::StatusOr<ResolvedPolicy> PolicyRegistry::Resolve(const CompressionSettings
                                                      absl::StrJoin(names, ", ")));
     }
     return absl::InvalidArgumentError(absl::StrCat(
-        name_field, ": unknown policy '", settings.policy, "'; known policies: ",
+        name_field, ": unknown policy ", QuoteClientText(settings.policy), "; known policies: ",
         absl::StrJoin(names, ", "), "; or SCORER+ALLOCATOR with allocator one of ",
         absl::StrJoin(parts, ", ")));
   }

@@ -71,6 +71,7 @@ absl::StatusOr<std::string> InprocessEngine::RegisterModel(
 absl::StatusOr<LayerRequest> InprocessEngine::ToRequest(
     const CallerLayer& layer, const std::string& field,
     std::vector<std::shared_ptr<void>>* keep) const {
+  if (auto st = CheckLayerId(layer.layer_id, field); !st.ok()) return st;
   LayerRequest request;
   request.layer_id = layer.layer_id;
   request.softmax_scale = layer.softmax_scale;

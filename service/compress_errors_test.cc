@@ -9,23 +9,10 @@ namespace {
 
 using grpc::StatusCode;
 
-class CompressErrorsTest : public ::testing::Test {
+class CompressErrorsTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    server_ = StartServer(TestConfig()).release();
-    stub_ = v1::Kvtrim::NewStub(Connect(*server_)).release();
-  }
-  static void TearDownTestSuite() {
-    delete stub_;
-    delete server_;
-  }
   grpc::Status Call(const v1::CompressRequest& request) { return CallCompress(*stub_, request); }
-
-  static Server* server_;
-  static v1::Kvtrim::Stub* stub_;
 };
-Server* CompressErrorsTest::server_ = nullptr;
-v1::Kvtrim::Stub* CompressErrorsTest::stub_ = nullptr;
 
 TEST_F(CompressErrorsTest, ValidRequestSucceeds) {
   v1::CompressResponse response;
@@ -296,7 +283,8 @@ TEST_F(CompressErrorsTest, OutputShapeUnknownOrWithoutBlockSize) {
 TEST_F(CompressErrorsTest, NegativeLayerId) {
   auto r = MakeRequest("knorm");
   r.mutable_layers(0)->set_layer_id(-1);
-  EXPECT_GRPC_ERROR(Call(r), StatusCode::INVALID_ARGUMENT, "layers[0].layer_id: must be >= 0");
+  EXPECT_GRPC_ERROR(Call(r), StatusCode::INVALID_ARGUMENT,
+                    "layers[0].layer_id: must be in [0, 1048575], got -1");
 }
 
 TEST_F(CompressErrorsTest, LayerIdNotBelowNumLayers) {

@@ -111,7 +111,8 @@ ABSL_FLAG(int64_t, max_pinned_shm_bytes, int64_t{32} << 30,
           "with pread into kvtrimd's memory).");
 ABSL_FLAG(int64_t, max_layer_bytes, int64_t{8} << 30,
           "Largest layer a CompressSession may send as chunked tensors, in bytes: the sum of "
-          "the layer's chunked tensors (1024 .. 2^40); more get RESOURCE_EXHAUSTED.");
+          "the layer's chunked tensors (1024 .. 2^40); more get RESOURCE_EXHAUSTED. Also the "
+          "largest host_shm tensor kvtrimd reads into its memory.");
 ABSL_FLAG(int64_t, host_buffer_pool_bytes, int64_t{1} << 30,
           "Host memory of finished layers (host shm reads, assembled chunks, misaligned inline "
           "copies of 1 MiB or more) kept for the next layers, in idle bytes at most (0 .. 2^40; "

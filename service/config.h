@@ -77,7 +77,8 @@ struct Config {
   /// Host shm segments are page-locked for direct device copies while all pinned segments
   /// stay within this many bytes; 0 = read every segment with pread.
   int64_t max_pinned_shm_bytes = int64_t{32} << 30;
-  /// Largest layer a session may send as chunked tensors (sum of its chunked tensors).
+  /// Largest layer a session may send as chunked tensors (sum of its chunked tensors), and
+  /// largest host shm tensor read into kvtrimd's memory.
   int64_t max_layer_bytes = int64_t{8} << 30;
   /// Layers a session reads and decodes ahead of the one being computed.
   int session_read_ahead = 2;

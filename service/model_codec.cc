@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "kernels/client_text.h"
 #include "nlohmann/json.hpp"
 
 namespace kvtrim::service {
@@ -17,6 +18,13 @@ namespace {
 constexpr size_t kMaxProfiles = 256;
 /// Longest weight name accepted.
 constexpr size_t kMaxNameLength = 256;
+/// Longest model name accepted: ListModels answers every name, and a long one would push its
+/// answer past the clients' message limit.
+constexpr size_t kMaxModelNameBytes = 256;
+/// Longest header.rope_scaling_json accepted (a config.json's rope_scaling is ~200 bytes).
+constexpr size_t kMaxRopeScalingJsonBytes = 4096;
+/// Longest header.rope_layout accepted ("rotate_half" or "interleaved").
+constexpr size_t kMaxRopeLayoutBytes = 32;
 /// Highest tensor rank accepted (W_O is 2, query_cov and profiles are 3).
 constexpr int kMaxRank = 4;
 
@@ -93,7 +101,7 @@ absl::StatusOr<ProfileManifest> ParseProfileManifest(const std::string& json,
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ": not a JSON object: ", json.substr(0, 200)));
+        absl::StrCat(field, ": not a JSON object: ", QuoteClientText(json)));
   }
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
@@ -105,12 +113,13 @@ absl::StatusOr<ProfileManifest> ParseProfileManifest(const std::string& json,
     } else if (key == "sink" || key == "window") {
       if (!it->is_number_integer() || it->get<int64_t>() < 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".", key, ": must be an integer >= 0, got ", it->dump()));
+            absl::StrCat(field, ".", key, ": must be an integer >= 0, got ",
+                         QuoteClientText(it->dump())));
       }
       (key == "sink" ? manifest.sink : manifest.window) = it->get<int64_t>();
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ": unknown key '", key, "' (known: metric, sink, window)"));
+          field, ": unknown key ", QuoteClientText(key), " (known: metric, sink, window)"));
     }
   }
   return manifest;
@@ -162,6 +171,20 @@ absl::Status ModelAssembler::AddHeader(const v1::ModelHeader& header) {
   }
   if (messages_ != 1) {
     return absl::InvalidArgumentError("header: must be the first message of the stream");
+  }
+  const struct {
+    const char* field;
+    const std::string& text;
+    size_t limit;
+  } texts[] = {{"header.name", header.name(), kMaxModelNameBytes},
+               {"header.rope_scaling_json", header.rope_scaling_json(), kMaxRopeScalingJsonBytes},
+               {"header.rope_layout", header.rope_layout(), kMaxRopeLayoutBytes}};
+  for (const auto& text : texts) {
+    if (text.text.size() > text.limit) {
+      return absl::InvalidArgumentError(absl::StrCat(text.field, ": ", text.text.size(),
+                                                     " bytes, longer than the limit of ",
+                                                     text.limit, ": ", QuoteClientText(text.text)));
+    }
   }
   header_ = header;
   return absl::OkStatus();
@@ -219,7 +242,7 @@ absl::Status ModelAssembler::StartWeight(const v1::ModelWeightChunk& chunk,
 }
 
 absl::Status ModelAssembler::AddChunk(const v1::ModelWeightChunk& chunk) {
-  const std::string field = absl::StrCat("weights[", chunk.name(), "]");
+  const std::string field = absl::StrCat("weights[", ClientTextInField(chunk.name()), "]");
   if (auto st = CheckWeightName(chunk.name(), header_->num_layers(), field); !st.ok()) {
     return st;
   }
@@ -287,7 +310,7 @@ absl::StatusOr<ModelInput> ModelAssembler::Finish() {
   input.rope_scaling_json = header_->rope_scaling_json();
   input.rope_layout = header_->rope_layout();
   for (auto& [name, p] : weights_) {
-    const std::string field = absl::StrCat("weights[", name, "]");
+    const std::string field = absl::StrCat("weights[", ClientTextInField(name), "]");
     if (p.bytes.size() != p.size) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".data: received ", p.bytes.size(), " of ", p.size,

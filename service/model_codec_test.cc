@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/client_text.h"
 #include "service/model_digest.h"
 #include "service/model_test_util.h"
 
@@ -162,6 +163,55 @@ TEST(ModelCodecTest, HeaderComesFirstAndOnce) {
   empty.insert(empty.begin() + 1, v1::RegisterModelRequest());
   EXPECT_STATUS(Assemble(empty).status(), absl::StatusCode::kInvalidArgument,
                 "message: RegisterModelRequest #2 is empty");
+}
+
+TEST(ModelCodecTest, HeaderTextsHaveLimits) {
+  auto stream = ToStream(FullModel(), 1 << 20);
+  auto long_name = stream;
+  long_name[0].mutable_header()->set_name(std::string(5 << 20, 'n'));
+  const absl::Status name = Assemble(long_name).status();
+  EXPECT_STATUS(name, absl::StatusCode::kInvalidArgument,
+                "header.name: 5242880 bytes, longer than the limit of 256: 'nnnn");
+  EXPECT_THAT(std::string(name.message()), HasSubstr("...' (5242880 bytes)"));
+  EXPECT_LT(name.message().size(), 512u);
+  auto long_json = stream;
+  long_json[0].mutable_header()->set_rope_scaling_json(std::string(5000, ' ') + "{}");
+  EXPECT_STATUS(Assemble(long_json).status(), absl::StatusCode::kInvalidArgument,
+                "header.rope_scaling_json: 5002 bytes, longer than the limit of 4096");
+  auto long_layout = stream;
+  long_layout[0].mutable_header()->set_rope_layout(std::string(33, 'r'));
+  EXPECT_STATUS(Assemble(long_layout).status(), absl::StatusCode::kInvalidArgument,
+                "header.rope_layout: 33 bytes, longer than the limit of 32");
+}
+
+TEST(ModelCodecTest, RopeScalingJsonErrorsSayWhy) {
+  // BuildModel parses the JSON of an assembled registration.
+  const auto build = [](const std::string& json) {
+    auto stream = ToStream(FullModel(), 1 << 20);
+    stream[0].mutable_header()->set_rope_scaling_json(json);
+    auto input = Assemble(stream);
+    EXPECT_TRUE(input.ok()) << input.status();
+    return BuildModel(*std::move(input)).status();
+  };
+  const absl::Status overflow = build(R"({"factor": 1e999})");
+  EXPECT_STATUS(overflow, absl::StatusCode::kInvalidArgument,
+                "header.rope_scaling_json: not valid JSON (");
+  EXPECT_THAT(std::string(overflow.message()), HasSubstr("number overflow"));
+  EXPECT_STATUS(build("[1, 2]"), absl::StatusCode::kInvalidArgument,
+                "header.rope_scaling_json: not a JSON object: '[1, 2]'");
+  const absl::Status type = build("{\"rope_type\": \"" + std::string(3000, 't') + "\"}");
+  EXPECT_STATUS(type, absl::StatusCode::kInvalidArgument,
+                "header.rope_scaling_json: rope_type 'tttt");
+  EXPECT_THAT(std::string(type.message()), HasSubstr("...' (3000 bytes) is not supported"));
+}
+
+TEST(ModelCodecTest, LongWeightNamesAreBoundedInTheField) {
+  auto stream = ToStream(MakeTestModelInput(1, 4, 2, 8, 8, 1, false), 256);
+  stream[1].mutable_weight()->set_name(std::string(300, 'w'));
+  const absl::Status status = Assemble(stream).status();
+  EXPECT_STATUS(status, absl::StatusCode::kInvalidArgument,
+                "weights[" + std::string(kQuotedPrefixBytes, 'w') +
+                    "...(300 bytes)].name: longer than 256");
 }
 
 /// The chunks of layers.0.w_o (1024 bytes) in 256-byte pieces: stream[1..4].

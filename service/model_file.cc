@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -111,9 +112,9 @@ std::string SafetensorsHeader(const ModelInput& input, const std::string& digest
   return text;
 }
 
-/// Reads a whole file.
-absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+/// Reads a whole regular file of at most `max_bytes` bytes.
+absl::StatusOr<std::string> ReadAll(const std::string& path, int64_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("model file ", path, ": missing"));
     return OsError("open", path, errno);
@@ -124,7 +125,24 @@ absl::StatusOr<std::string> ReadAll(const std::string& path) {
     ::close(fd);
     return OsError("fstat", path, error);
   }
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError("not a regular file");
+  }
+  if (st.st_size > max_bytes) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the file has ", st.st_size, " bytes, more than a model may (", max_bytes,
+        " bytes: --max_model_bytes and its header)"));
+  }
+  std::string bytes;
+  try {
+    bytes.assign(static_cast<size_t>(st.st_size), '\0');
+  } catch (const std::bad_alloc&) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", st.st_size, " bytes to read it"));
+  }
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::read(fd, bytes.data() + done, bytes.size() - done);
@@ -202,8 +220,9 @@ absl::Status WriteModelFile(const std::string& path, const ModelInput& input,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path) {
-  auto bytes = ReadAll(path);
+absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path,
+                                                int64_t max_file_bytes) {
+  auto bytes = ReadAll(path, max_file_bytes);
   if (!bytes.ok()) return bytes.status();
   auto file = ParseSafetensors(*bytes, path);
   if (!file.ok()) {

@@ -34,7 +34,10 @@ struct ModelFileContents {
 /// Reads and parses the model file at `path` (safetensors framing, format key, header
 /// fields, manifests). Does not check the digest (the store recomputes it). DATA_LOSS
 /// describing what is wrong for a corrupt or truncated file; NOT_FOUND / INTERNAL when it
-/// cannot be read.
-absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path);
+/// cannot be read; RESOURCE_EXHAUSTED for a file above `max_file_bytes` (or one this process
+/// cannot hold); DATA_LOSS for anything but a regular file (opened without blocking: a FIFO
+/// in the data directory cannot stall start-up).
+absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path,
+                                                int64_t max_file_bytes);
 
 }  // namespace kvtrim::service

@@ -14,6 +14,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/client_text.h"
 #include "service/model_digest.h"
 #include "service/model_file.h"
 
@@ -32,7 +33,8 @@ std::string ModelStore::PathFor(const std::string& digest) const {
 
 absl::StatusOr<std::shared_ptr<RegisteredModel>> ModelStore::LoadFile(
     const std::string& path, const std::string& hex) const {
-  auto contents = ReadModelFile(path);
+  // The weights and the file's header (names, shapes, metadata; far below 16 MiB).
+  auto contents = ReadModelFile(path, options_.max_model_bytes + (int64_t{16} << 20));
   if (!contents.ok()) return contents.status();
   const std::string expected = absl::StrCat(kDigestPrefix, hex);
   if (contents->stored_digest != expected) {
@@ -211,7 +213,7 @@ absl::Status ModelStore::Delete(const std::string& digest) {
   }
   if (!IsWellFormedDigest(digest)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "digest: '", digest.substr(0, 100), "' is not sha256:<64 lower-case hex digits>"));
+        "digest: ", QuoteClientText(digest), " is not sha256:<64 lower-case hex digits>"));
   }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = models_.find(digest);

@@ -246,6 +246,31 @@ TEST_F(ModelStoreTest, CorruptFileIsSkippedWithOneLineAndOthersLoad) {
   EXPECT_EQ(CountLines(log.str(), "kvtrimd:"), 1) << log.str();
 }
 
+TEST_F(ModelStoreTest, OversizeAndNonRegularFilesAreSkippedWithoutReadingThem) {
+  const auto [a, b] = PersistTwo();
+  // A sparse 1 GiB file under a well-formed name (never allocated: it is above the limit)
+  // and a FIFO (opened without blocking, refused as not a regular file).
+  const std::string big = dir_ + "/" + std::string(64, 'a') + ".kvtmodel";
+  {
+    std::ofstream out(big, std::ios::binary);
+    out.seekp((int64_t{1} << 30) - 1);
+    out.put('\0');
+  }
+  const std::string fifo = dir_ + "/" + std::string(64, 'b') + ".kvtmodel";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  std::ostringstream log;
+  ModelStoreOptions options = Options();
+  options.max_model_bytes = 1 << 20;
+  ModelStore store(options, log);
+  EXPECT_EQ(*store.LoadAll(), 2);
+  EXPECT_NE(store.Find(a), nullptr);
+  EXPECT_NE(store.Find(b), nullptr);
+  EXPECT_THAT(log.str(), HasSubstr("skipping model file " + big +
+                                   ": the file has 1073741824 bytes, more than a model may "
+                                   "(17825792 bytes"));
+  EXPECT_THAT(log.str(), HasSubstr("skipping model file " + fifo + ": not a regular file"));
+}
+
 TEST_F(ModelStoreTest, TruncatedFileIsSkipped) {
   const auto [a, b] = PersistTwo();
   const std::string path = dir_ + "/" + DigestHex(b) + ".kvtmodel";

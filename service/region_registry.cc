@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/client_text.h"
 
 namespace kvtrim::service {
 
@@ -226,13 +227,15 @@ absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_i
       const std::string field = "register_region.host_shm";
       if (!ValidShmName(shm.name())) {
         return absl::InvalidArgumentError(absl::StrCat(
-            field, ".name: '", shm.name(), "' is not a shm_open name: '/' then 1..250 of "
-            "[A-Za-z0-9._-]"));
+            field, ".name: ", QuoteClientText(shm.name()),
+            " is not a shm_open name: '/' then 1..250 of [A-Za-z0-9._-]"));
       }
       if (shm.size_bytes() == 0) {
         return absl::InvalidArgumentError(absl::StrCat(field, ".size_bytes: must be >= 1"));
       }
-      const int fd = shm_open(shm.name().c_str(), O_RDONLY | O_CLOEXEC, 0);
+      // Non-blocking: a FIFO put where a segment is expected must not block this handler
+      // (it is then refused below as not a regular file).
+      const int fd = shm_open(shm.name().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
       if (fd < 0) {
         const int err = errno;
         const std::string text = absl::StrCat(field, ".name: cannot open shared-memory segment '",
@@ -243,8 +246,8 @@ absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_i
       struct stat info {};
       if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
         close(fd);
-        return absl::InvalidArgumentError(absl::StrCat(field, ".name: '", shm.name(),
-                                                       "' is not a shared-memory segment"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".name: '", shm.name(), "' is not a shared-memory segment (a regular file)"));
       }
       if (static_cast<uint64_t>(info.st_size) < shm.size_bytes()) {
         close(fd);
@@ -323,7 +326,7 @@ absl::Status RegionRegistry::Unregister(const std::string& client_id,
   auto it = regions_.find(region_id);
   if (it == regions_.end() || it->second->client_id() != client_id) {
     return absl::NotFoundError(absl::StrCat("unregister_region.region_id: this client holds no "
-                                            "region '", region_id, "'"));
+                                            "region ", QuoteClientText(region_id)));
   }
   if (const int pins = it->second->pins(); pins > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -351,8 +354,8 @@ absl::StatusOr<RegionPin> RegionRegistry::Acquire(const std::string& client_id,
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = regions_.find(region_id);
   if (it == regions_.end()) {
-    return absl::NotFoundError(absl::StrCat(field, ": no region '", region_id,
-                                            "' (never registered, unregistered, or its lease "
+    return absl::NotFoundError(absl::StrCat(field, ": no region ", QuoteClientText(region_id),
+                                            " (never registered, unregistered, or its lease "
                                             "ended)"));
   }
   const Region& region = *it->second;

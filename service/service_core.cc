@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/client_text.h"
 #include "service/response_codec.h"
 
 namespace kvtrim::service {
@@ -88,8 +89,9 @@ absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine
     model = models.Find(model_digest);
     if (model == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat(field, ".model_digest: unknown model digest '", model_digest,
-                       "'; register the model (RegisterModel) and retry"));
+          absl::StrCat(field, ".model_digest: unknown model digest ",
+                       QuoteClientText(model_digest),
+                       "; register the model (RegisterModel) and retry"));
     }
   }
   if (auto st = engine.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
@@ -105,6 +107,7 @@ DecodeContext ServiceCore::MakeDecodeContext(const grpc::ServerContextBase& cont
   DecodeContext decode;
   decode.regions = regions_;
   decode.buffers = buffers_;
+  decode.max_host_read_bytes = transport_options_.max_layer_bytes;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
   if (it != metadata.end()) decode.client_id.assign(it->second.data(), it->second.size());

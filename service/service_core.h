@@ -47,7 +47,7 @@ struct ServiceOptions {
 
 /// Session and transport settings (kvtrimd flags).
 struct TransportOptions {
-  int64_t max_layer_bytes = int64_t{8} << 30;       // --max_layer_bytes (chunked tensors)
+  int64_t max_layer_bytes = int64_t{8} << 30;  // --max_layer_bytes (chunked, host shm reads)
   int session_read_ahead = 2;                        // --session_read_ahead
   int session_parallel_layers = 2;                   // --session_parallel_layers
   size_t host_buffer_pool_bytes = size_t{1} << 30;  // --host_buffer_pool_bytes (0 = none)

@@ -20,29 +20,17 @@ grpc::Status Drain(Stream& stream, std::vector<v1::SessionResponse>* responses =
   return stream.Finish();
 }
 
-class SessionTest : public ::testing::Test {
+class SessionTest : public SharedServerTest {
  protected:
-  static void SetUpTestSuite() {
-    server_ = StartServer(TestConfig()).release();
-    stub_ = v1::Kvtrim::NewStub(Connect(*server_)).release();
-  }
-  static void TearDownTestSuite() {
-    delete stub_;
-    delete server_;
-  }
   void SetUp() override {
     context_ = std::make_unique<grpc::ClientContext>();
     context_->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
     stream_ = stub_->CompressSession(context_.get());
   }
 
-  static Server* server_;
-  static v1::Kvtrim::Stub* stub_;
   std::unique_ptr<grpc::ClientContext> context_;
   std::unique_ptr<Stream> stream_;
 };
-Server* SessionTest::server_ = nullptr;
-v1::Kvtrim::Stub* SessionTest::stub_ = nullptr;
 
 TEST_F(SessionTest, AnswersEachLayerBeforeTheNextIsSent) {
   ASSERT_TRUE(stream_->Write(Begin(MakeSettings("snapkv"))));

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/client_text.h"
+#include "kernels/engine.h"
 
 namespace kvtrim::service {
 
@@ -14,7 +16,7 @@ absl::Status DecodeBudget(const v1::Budget& budget, const std::string& field, Bu
       const double f = budget.keep_fraction();
       if (std::isnan(f) || f <= 0 || f > 1) {
         return absl::InvalidArgumentError(
-            absl::StrCat(field, ".keep_fraction: must be in (0, 1], got ", f));
+            absl::StrCat(field, ".keep_fraction: must be in (0, 1], got ", ExactNumber(f)));
       }
       out->by_fraction = true;
       out->keep_fraction = f;
@@ -85,11 +87,12 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
         out.params[name] = ParamValue::Text(value.text());
         break;
       case v1::ParamValue::kFlag:
-        out.params[name] = ParamValue::Number(value.flag() ? 1 : 0);
+        out.params[name] = ParamValue::Flag(value.flag());
         break;
       default:
         return absl::InvalidArgumentError(absl::StrCat(
-            field, ".policy.params.", name, ": no value; set number, text or flag"));
+            field, ".policy.params.", ClientTextInField(name),
+            ": no value; set number, text or flag"));
     }
   }
   if (!settings.has_budget()) {
@@ -116,9 +119,9 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
   auto shape = DecodeOutputShape(settings.output_shape(), field + ".output_shape");
   if (!shape.ok()) return shape.status();
   out.output_shape = *shape;
-  if (settings.num_layers() < 0) {
+  if (settings.num_layers() < 0 || settings.num_layers() > kMaxLayers) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".num_layers: must be >= 0 (0 = unknown), got ",
+        absl::StrCat(field, ".num_layers: must be in [0, ", kMaxLayers, "] (0 = unknown), got ",
                      settings.num_layers()));
   }
   out.num_layers = settings.num_layers();

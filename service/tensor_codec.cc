@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/client_text.h"
+#include "kernels/engine.h"
 
 namespace kvtrim::service {
 
@@ -228,6 +230,11 @@ absl::StatusOr<TensorView> DecodeRegionTensor(const v1::RegionSlice& slice, Regi
     view.space = MemorySpace::kPinnedHost;
     bytes->host_shm += view.nbytes();
   } else if (kind == RegionKind::kHostShm) {
+    if (view.nbytes() > context.max_host_read_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          field, ": a host_shm tensor of ", view.nbytes(), " bytes is read into memory; that "
+          "exceeds --max_layer_bytes=", context.max_host_read_bytes));
+    }
     auto data = ReadHostTensor(region, slice, view, *geometry, field, context.buffers, owned);
     if (!data.ok()) return data.status();
     view.data = *data;
@@ -400,14 +407,11 @@ absl::Status DecodeLayer(const v1::LayerInput& input, const EngineLimits& limits
                          const std::string& field, const DecodeContext& context,
                          DecodedLayer* out) {
   out->tensor_bytes = InlineTensorBytes(input);
-  if (input.layer_id() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".layer_id: must be >= 0, got ", input.layer_id()));
-  }
+  if (auto st = CheckLayerId(input.layer_id(), field); !st.ok()) return st;
   if (!std::isfinite(input.softmax_scale()) || input.softmax_scale() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".softmax_scale: must be finite and >= 0 (0 = 1/sqrt(d)), got ",
-        input.softmax_scale()));
+        ExactNumber(input.softmax_scale())));
   }
   if (!input.has_keys()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".keys: required [H_kv, n, d]"));

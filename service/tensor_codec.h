@@ -66,6 +66,10 @@ struct DecodeContext {
   std::array<bool, 3> chunks_page_locked{};
   /// Where host shm reads and misaligned copies go (null: the heap).
   std::shared_ptr<HostBufferPool> buffers;
+  /// Most bytes one host shm tensor may be read into host memory (--max_layer_bytes, as
+  /// chunked layers are capped); RESOURCE_EXHAUSTED above. Page-locked segments, which the
+  /// device copies without a host read, are not capped here.
+  int64_t max_host_read_bytes = int64_t{8} << 30;
 };
 
 /// Decodes one proto Tensor into a view. Checks, all INVALID_ARGUMENT naming `field` +

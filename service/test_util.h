@@ -66,6 +66,25 @@ inline std::shared_ptr<grpc::Channel> Connect(const Server& server) {
   return grpc::CreateCustomChannel(server.address(), grpc::InsecureChannelCredentials(), args);
 }
 
+/// A test suite sharing one in-process kvtrimd (TestConfig) and its stub, started before the
+/// suite's first test and stopped after its last.
+class SharedServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    server_ = StartServer(TestConfig()).release();
+    stub_ = v1::Kvtrim::NewStub(Connect(*server_)).release();
+  }
+  static void TearDownTestSuite() {
+    delete stub_;
+    delete server_;
+    stub_ = nullptr;
+    server_ = nullptr;
+  }
+
+  static inline Server* server_ = nullptr;
+  static inline v1::Kvtrim::Stub* stub_ = nullptr;
+};
+
 /// Deterministic values in [-1, 1).
 inline std::vector<float> Values(int64_t count, uint64_t seed) {
   std::vector<float> out(static_cast<size_t>(count));

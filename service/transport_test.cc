@@ -247,6 +247,15 @@ TEST_F(TransportTest, ChunkingMistakesNameTensorChunk) {
     EXPECT_GRPC_ERROR(RunSession(*stub_, "", MakeSettings("snapkv"), bad, nullptr),
                       grpc::StatusCode::INVALID_ARGUMENT, "tensor_chunk.offset_bytes");
   }
+  // A slot that names no chunked tensor of the layer: the slot by name, or its number.
+  for (const auto& [slot, shown] : {std::pair<int, std::string>{7, "7"},
+                                    {0, "TENSOR_SLOT_UNSPECIFIED"}}) {
+    std::vector<v1::SessionRequest> bad = {messages[0], messages[1]};
+    bad[1].mutable_tensor_chunk()->set_slot(static_cast<v1::TensorSlot>(slot));
+    EXPECT_GRPC_ERROR(RunSession(*stub_, "", MakeSettings("snapkv"), bad, nullptr),
+                      grpc::StatusCode::INVALID_ARGUMENT,
+                      "tensor_chunk.slot: " + shown + " is not a chunked tensor of layer 0");
+  }
   // Chunked tensors in unary Compress.
   {
     v1::CompressRequest request = MakeRequest("snapkv");

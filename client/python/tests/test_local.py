@@ -115,8 +115,7 @@ def test_gpu_engine_on_cuda_tensors(gpu_server, layers):
 def test_gpu_layers_the_packing_does_not_take(layers):
     """CUDA layers the one-step packing does not take go the checked way: another dtype or
     rank is refused naming the field; host values beside CUDA keys answer as CUDA ones."""
-    import torch
-
+    torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     k, v, q = (torch.from_numpy(t.copy()).to("cuda") for t in layers[0])
