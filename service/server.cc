@@ -6,6 +6,7 @@
 #include <exception>
 #include <iostream>
 #include <pthread.h>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -271,6 +272,17 @@ std::shared_ptr<grpc::Channel> Server::InProcessChannel() {
   return server_->InProcessChannel(grpc::ChannelArguments());
 }
 
+void StartExitWatchdog(std::chrono::steady_clock::duration after, int exit_status,
+                       std::ostream& log) {
+  std::thread([after, exit_status, &log] {
+    std::this_thread::sleep_for(after);
+    log << "kvtrimd: calls still running past the drain deadline; exiting without them (exit "
+           "status "
+        << exit_status << ")" << std::endl;
+    std::_Exit(exit_status);
+  }).detach();
+}
+
 void BlockShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -294,6 +306,8 @@ int RunUntilSignal(Server& server, std::ostream& log) {
       log << "kvtrimd: " << (signal_number == SIGTERM ? "SIGTERM" : "SIGINT")
           << ": NOT_SERVING, draining in-flight calls (up to " << server.config().drain_timeout_s
           << " s)" << std::endl;
+      StartExitWatchdog(std::chrono::seconds(server.config().drain_timeout_s) + kDrainExitGrace,
+                        kExitDrainTimeout, log);
       server.Drain();
       return;
     }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -32,6 +33,10 @@ inline constexpr char kHealthServiceName[] = "kvtrim.v1.Kvtrim";
 
 /// kvtrimd's exit status after a sticky device error stopped it (RunUntilSignal).
 inline constexpr int kExitDeviceFailure = 3;
+/// kvtrimd's exit status when handlers still ran past the drain deadline (RunUntilSignal).
+inline constexpr int kExitDrainTimeout = 4;
+/// How long past --drain_timeout a drain may take before kvtrimd exits regardless.
+inline constexpr std::chrono::seconds kDrainExitGrace{2};
 
 /// One running kvtrimd: owns the policy registry, backend, engine, metrics, service, the
 /// gRPC server and the Prometheus exporter. Start() returns it SERVING; Drain() stops it.
@@ -133,7 +138,15 @@ void BlockShutdownSignals();
 
 /// Waits for SIGTERM or SIGINT on a dedicated thread, then drains `server`; returns once
 /// the server has shut down, either way: 0 after a signal, kExitDeviceFailure when a
-/// sticky device error drained it. Requires BlockShutdownSignals() first.
+/// sticky device error drained it. Requires BlockShutdownSignals() first. Once the drain
+/// starts, the process ends within --drain_timeout + kDrainExitGrace whatever its handlers
+/// do (StartExitWatchdog).
 int RunUntilSignal(Server& server, std::ostream& log);
+
+/// Ends the process with `exit_status` (std::_Exit, a line to `log` first) unless it has
+/// exited on its own within `after`: a handler blocked in a system call outlives every
+/// cancellation, and must not keep a draining kvtrimd alive.
+void StartExitWatchdog(std::chrono::steady_clock::duration after, int exit_status,
+                       std::ostream& log);
 
 }  // namespace kvtrim::service
