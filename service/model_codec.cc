@@ -18,9 +18,6 @@ namespace {
 constexpr size_t kMaxProfiles = 256;
 /// Longest weight name accepted.
 constexpr size_t kMaxNameLength = 256;
-/// Longest model name accepted: ListModels answers every name, and a long one would push its
-/// answer past the clients' message limit.
-constexpr size_t kMaxModelNameBytes = 256;
 /// Longest header.rope_scaling_json accepted (a config.json's rope_scaling is ~200 bytes).
 constexpr size_t kMaxRopeScalingJsonBytes = 4096;
 /// Longest header.rope_layout accepted ("rotate_half" or "interleaved").

@@ -15,6 +15,10 @@
 
 namespace kvtrim::service {
 
+/// Longest model name accepted (header.name; a stored model file's name too): ListModels
+/// answers every name, and a long one would push its answer past the clients' message limit.
+inline constexpr size_t kMaxModelNameBytes = 256;
+
 /// The fields of a profile manifest ({"metric": "snapkv", "sink": 4, "window": 32}).
 struct ProfileManifest {
   std::string metric;  // the scorer the profile was built with ("" = the profile's name)

@@ -244,6 +244,10 @@ absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path,
   ModelInput& input = contents.input;
   ModelLayout& m = input.layout;
   if (auto it = meta.find("name"); it != meta.end()) m.name = it->second;
+  if (m.name.size() > kMaxModelNameBytes) {  // written by a server without the limit
+    return absl::DataLossError(absl::StrCat("__metadata__.name has ", m.name.size(),
+                                            " bytes, more than ", kMaxModelNameBytes));
+  }
   for (auto [key, out] : {std::pair<const char*, int32_t*>{"num_layers", &m.num_layers},
                           {"num_query_heads", &m.num_query_heads},
                           {"num_kv_heads", &m.num_kv_heads},

@@ -271,6 +271,18 @@ TEST_F(ModelStoreTest, OversizeAndNonRegularFilesAreSkippedWithoutReadingThem) {
   EXPECT_THAT(log.str(), HasSubstr("skipping model file " + fifo + ": not a regular file"));
 }
 
+TEST_F(ModelStoreTest, AStoredNameAboveTheLimitIsSkipped) {
+  ModelInput input = ModelB();
+  input.layout.name = std::string(5000, 'n');
+  const std::string path = dir_ + "/" + std::string(64, 'c') + ".kvtmodel";
+  ASSERT_TRUE(WriteModelFile(path, input, "sha256:" + std::string(64, 'c')).ok());
+  std::ostringstream log;
+  ModelStore store(Options(), log);
+  EXPECT_EQ(*store.LoadAll(), 0);
+  EXPECT_THAT(log.str(), HasSubstr("skipping model file " + path +
+                                   ": __metadata__.name has 5000 bytes, more than 256"));
+}
+
 TEST_F(ModelStoreTest, TruncatedFileIsSkipped) {
   const auto [a, b] = PersistTwo();
   const std::string path = dir_ + "/" + DigestHex(b) + ".kvtmodel";

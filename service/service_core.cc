@@ -61,8 +61,9 @@ void ServiceCore::LogServerError(Rpc rpc, const std::string& request_id,
       code != absl::StatusCode::kDataLoss) {
     return;
   }
-  LogLine(absl::StrCat("kvtrimd: ", RpcName(rpc), " request_id='", request_id,
-                       "' failed: ", status.ToString()));
+  // The client's id is bounded and escaped: one log line, whatever it sent.
+  LogLine(absl::StrCat("kvtrimd: ", RpcName(rpc), " request_id=", QuoteClientText(request_id),
+                       " failed: ", status.ToString()));
 }
 
 void ServiceCore::LogLine(const std::string& line) {
