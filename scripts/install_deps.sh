@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev libhwy-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3 python3-venv
+  python3 python3-venv openssl
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -83,6 +83,13 @@ ABSL_FLAG(int32_t, gpu_launch_graphs, 0,
           "memory and input addresses, seen once before) is replayed with one cudaGraphLaunch "
           "instead of one call per kernel. 0 (default) issues every launch one by one.");
 
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of the server's TLS certificate chain; with --tls_key, kvtrim's gRPC port "
+          "speaks TLS only. Empty (default) = plaintext.");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM file of the CA(s) client certificates must chain to: mutual TLS, clients "
+          "without a valid certificate are refused at the handshake. Needs --tls_cert.");
 ABSL_FLAG(std::string, data_dir, "",
           "Directory where registered models are persisted (one <hex>.kvtmodel file each) and "
           "loaded from at start-up; created when missing. A corrupt or truncated file is "
@@ -143,6 +150,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "numerics",        "drain_timeout_s",
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
                                      "gpu_launch_graphs",
+                                     "tls_cert",        "tls_key",        "tls_client_ca",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_pinned_shm_bytes", "max_layer_bytes",
@@ -308,6 +316,18 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckPrintable("data_dir", data_dir); !st.ok()) return st;
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"tls_cert", &tls_cert},
+                                   {"tls_key", &tls_key}, {"tls_client_ca", &tls_client_ca}}) {
+    if (auto st = CheckPrintable(flag, *path); !st.ok()) return st;
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert / --tls_key: give both (TLS) or neither (plaintext)");
+  }
+  if (!tls_client_ca.empty() && tls_cert.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca: mutual TLS needs the server's own --tls_cert and --tls_key");
+  }
   if (auto st = CheckPrintable("port_file", port_file); !st.ok()) return st;
   if (!port_file.empty() && port_file.back() == '/') {
     return absl::InvalidArgumentError(
@@ -461,6 +481,9 @@ absl::StatusOr<Config> ConfigFromFlags() {
   if (!devices.ok()) return devices.status();
   config.devices = *std::move(devices);
   config.data_dir = absl::GetFlag(FLAGS_data_dir);
+  config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  config.tls_key = absl::GetFlag(FLAGS_tls_key);
+  config.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
   config.max_models = absl::GetFlag(FLAGS_max_models);
   config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   config.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);

@@ -60,6 +60,13 @@ struct Config {
   int32_t http2_window_bytes = 0;
   /// GPU backend: CUDA ordinals to compute on (--devices); empty = every visible device.
   std::vector<int> devices;
+  /// TLS: PEM files of the server's certificate chain and private key (--tls_cert,
+  /// --tls_key; both or neither; empty = plaintext), and of the CA that client certificates
+  /// must chain to (--tls_client_ca: mutual TLS, a client without a valid certificate is
+  /// refused at the handshake).
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
   /// Directory where registered models are persisted, one "<hex>.kvtmodel" file each, and
   /// loaded from at start-up; created when missing. Empty = models live in memory only and
   /// are lost on restart.

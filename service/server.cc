@@ -17,6 +17,7 @@
 #include "prometheus/exposer.h"
 #include "service/backend_factory.h"
 #include "service/port_file.h"
+#include "service/tls_credentials.h"
 #include "service/warmup.h"
 
 namespace kvtrim::service {
@@ -154,7 +155,9 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   InitGrpcPluginsOnce();
   grpc::ServerBuilder builder;
   int selected_port = 0;
-  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &selected_port);
+  auto credentials = MakeServerCredentials(config_);
+  if (!credentials.ok()) return credentials.status();
+  builder.AddListeningPort(config_.listen, *credentials, &selected_port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(config_.max_message_bytes));
   // A second kvtrimd on the same port is an error, not a silent load-balancing partner.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -235,7 +238,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
       << (report.skipped.empty() ? std::string()
                                  : absl::StrCat(" (need a model: ",
                                                 absl::StrJoin(report.skipped, ","), ")"))
-      << std::endl;
+      << " security " << TransportSecurityName(config_) << std::endl;
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli/commands.h"
 #include "client/cli/flag_parse.h"
+#include "client/cli/tls_files.h"
 #include "client/cli_profile.h"
 
 ABSL_FLAG(std::string, target, "", "Server address, e.g. 127.0.0.1:50051 (required)");
@@ -27,6 +28,13 @@ ABSL_FLAG(double, timeout_s, 30.0,
           "Deadline in seconds of each unary call, and of a whole --session stream");
 ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
           "Largest gRPC message sent or received, in bytes");
+ABSL_FLAG(bool, tls, false,
+          "Connect with TLS (implied by --tls_ca / --tls_cert); without --tls_ca the system "
+          "roots verify kvtrimd");
+ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA(s) that kvtrimd's certificate chains to");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM file of this client's certificate (mutual TLS; with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert");
 ABSL_FLAG(std::string, policy, "", "compress: policy preset or SCORER+ALLOCATOR");
 ABSL_FLAG(std::optional<double>, keep_fraction, std::nullopt,
           "compress: fraction of the n tokens kept per head, in (0, 1]; sink and recent "
@@ -119,6 +127,13 @@ int main(int argc, char** argv) {
   options.default_deadline = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   options.session_deadline = options.default_deadline;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca).empty() ||
+      !absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty()) {
+    auto credentials = kvtrim::cli::TlsChannelCredentials(
+        absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
+    if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
+    options.credentials = *credentials;
+  }
   absl::StatusOr<std::unique_ptr<kvtrim::Client>> client =
       kvtrim::Client::Connect(absl::GetFlag(FLAGS_target), options);
   if (!client.ok()) return UsageError(std::string(client.status().message()));

@@ -132,7 +132,7 @@ class Client:
         calls whose tensors are all CUDA tensors and for sessions that name no registered
         model (the C++ stack's round trip is about a quarter of a millisecond shorter than
         grpcio's, and it frames host tensors with one copy); True for every compress() call
-        and session; False never.
+        and session; False never. A client with `tls` uses grpcio only.
       library: libkvtrim.so for the native transport (default: $KVTRIM_LIBRARY, else the
         repository's build tree).
       device_outputs: kvtrimd writes CUDA layers' per-head kept lists straight into device
@@ -168,6 +168,12 @@ class Client:
         self._methods: Dict[str, Any] = {}
         if native not in (True, False, "auto"):
             raise invalid_argument("native", f"expected True, False or 'auto', got {native!r}")
+        if tls not in (None, False):
+            # libkvtrim's C++ client connects in plaintext: a TLS client stays on grpcio.
+            if native is True:
+                raise invalid_argument("native", "the native transport has no TLS; use "
+                                       "native=False (or 'auto') with tls")
+            native = False
         self.native = native
         self._library = library
         self.device_outputs = bool(device_outputs)
