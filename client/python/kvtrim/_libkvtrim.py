@@ -219,6 +219,7 @@ def layer_array(layers: Sequence[Layer], keep: List[Any], with_outputs: bool = F
     for i, layer in enumerate(layers):
         packed = _pack_cuda_layer(array[i], layer, with_outputs)
         if packed is not None:
+            keep.append(layer)  # its tensors, while kvtrim may still read them
             device = device if device is not None else packed[0]
             outputs.append(packed[1])
             continue
