@@ -49,7 +49,8 @@ TEST(Params, AFlagIsTakenByBooleanParametersOnly) {
               "settings.policy.params.window: expects an integer, got the flag true");
   ExpectError({{"eps", ParamValue::Flag(false)}},
               "settings.policy.params.eps: expects a number, got the flag false");
-  ExpectError({{"pooling", ParamValue::Flag(true)}}, "pooling: expects one of {max, avg}, got a flag");
+  ExpectError({{"pooling", ParamValue::Flag(true)}},
+              "pooling: expects one of {max, avg}, got a flag");
 }
 
 }  // namespace

@@ -316,8 +316,9 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckPrintable("data_dir", data_dir); !st.ok()) return st;
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string*>{"tls_cert", &tls_cert},
-                                   {"tls_key", &tls_key}, {"tls_client_ca", &tls_client_ca}}) {
+  using FlagPath = std::pair<const char*, const std::string*>;
+  for (const auto& [flag, path] : {FlagPath{"tls_cert", &tls_cert}, FlagPath{"tls_key", &tls_key},
+                                   FlagPath{"tls_client_ca", &tls_client_ca}}) {
     if (auto st = CheckPrintable(flag, *path); !st.ok()) return st;
   }
   if (tls_cert.empty() != tls_key.empty()) {

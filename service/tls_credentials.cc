@@ -33,7 +33,9 @@ absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
   std::string pem(static_cast<size_t>(size), '\0');
   in.seekg(0);
   in.read(pem.data(), size);
-  if (!in) return absl::FailedPreconditionError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
+  }
   return pem;
 }
 

@@ -1,6 +1,7 @@
 // kvtrimd over TLS and mutual TLS, end to end: a CA, a server and a client certificate made
-// with the openssl tool for the test (tests/support/make_test_certs.sh); clients with the right credentials are served, others
-// are refused at the handshake; wrong files are start-up errors naming the flag.
+// with the openssl tool for the test (tests/support/make_test_certs.sh); clients with the
+// right credentials are served, others are refused at the handshake; wrong files are
+// start-up errors naming the flag.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

@@ -1,5 +1,6 @@
 """The Python client against kvtrimd over TLS and mutual TLS (certificates made with the
-openssl tool for the test, tests/support/make_test_certs.sh): served with the right credentials, refused without them."""
+openssl tool for the test, tests/support/make_test_certs.sh): served with the right
+credentials, refused without them."""
 
 import pathlib
 import shutil
