@@ -49,7 +49,7 @@ class TlsTest : public ::testing::Test {
     return config;
   }
 
-  /// The Health status of `server` through `credentials`.
+  /// The status of a ListPolicies call to `server` through `credentials`.
   static grpc::Status Probe(const Server& server,
                             const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
     auto channel = grpc::CreateChannel(server.address(), credentials);

@@ -59,39 +59,48 @@ class LayerDecision:
 
     @property
     def layer_id(self) -> int:
+        """The layer."""
         return self._result.layer_id
 
     @property
     def num_tokens(self) -> int:
+        """n, the cached tokens the layer had."""
         return self._result.num_tokens
 
     @property
     def output_shape(self) -> str:
+        """"per_head", "shared", "block_aligned" or "equal_count"."""
         shape = self._result.output_shape
         return _SHAPE_NAMES.get(shape, str(shape))
 
     @property
     def numerics(self) -> str:
+        """"fast" or "exact", the mode that computed the scores."""
         return _NUMERICS_NAMES.get(self._result.numerics, "?")
 
     @property
     def compute_seconds(self) -> float:
+        """Server time scoring and selecting this layer."""
         return self._result.compute_seconds
 
     @property
     def perturbation_rows(self) -> int:
+        """Window rows per query head the perturbation averaged (0 = none)."""
         return self._result.perturbation_rows
 
     @property
     def output_written(self) -> bool:
+        """The lists went to the request's output region instead."""
         return self._result.output_written
 
     @property
     def profile(self) -> Optional[Dict[str, float]]:
+        """Per-stage seconds (CompressionSettings.profile), else None."""
         return _profile(self._result)
 
     @property
     def heads(self) -> List[HeadStats]:
+        """[H_kv] HeadStats (built on first access)."""
         if self._heads is None:
             self._heads = [HeadStats(h.kept, h.perturbation if h.HasField("perturbation")
                                      else None) for h in self._result.heads]
@@ -99,6 +108,7 @@ class LayerDecision:
 
     @property
     def kept(self) -> List[Any]:
+        """The kept index lists (views made on first access; see the class docstring)."""
         if self._kept is None:
             self._kept = _kept_lists(self._result, self._device, self._output)
         return self._kept
