@@ -79,6 +79,9 @@ Client::~Client() = default;
 std::unique_ptr<grpc::ClientContext> Client::UnaryContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + options_.default_deadline));
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata(kAuthorizationMetadataKey, Authorization());
+  }
   return context;
 }
 
@@ -144,6 +147,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(
   session.deadline = options_.session_deadline;
   session.chunk_bytes = options_.session_chunk_bytes;
   session.client_id = client_id();
+  if (!options_.auth_token.empty()) session.authorization = Authorization();
   const std::string digest = settings.model_digest();
   if (RememberedBundle(digest) != nullptr) {
     session.retry.reregister = [this, digest] { return Reregister(digest); };
@@ -153,8 +157,11 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(
 }
 
 absl::StatusOr<std::unique_ptr<RegionLease>> Client::OpenRegionLease() {
-  return RegionLease::Open(stubs_->kvtrim.get());
+  return RegionLease::Open(stubs_->kvtrim.get(),
+                           options_.auth_token.empty() ? std::string() : Authorization());
 }
+
+std::string Client::Authorization() const { return "Bearer " + options_.auth_token; }
 
 void Client::SetClientId(std::string id) {
   std::lock_guard<std::mutex> lock(client_id_mutex_);
@@ -176,6 +183,7 @@ absl::StatusOr<std::string> Client::SendRegistration(const ModelBundle& bundle) 
 
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.register_deadline));
+  if (!options_.auth_token.empty()) context.AddMetadata(kAuthorizationMetadataKey, Authorization());
   v1::RegisterModelResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::RegisterModelRequest>> writer =
       stubs_->kvtrim->RegisterModel(&context, &response);

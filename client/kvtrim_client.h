@@ -52,6 +52,9 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::ZeroDuration();
   /// Channel credentials; null means insecure (plaintext), the sidecar's default.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  /// Bearer token of kvtrimd's --auth_tokens_file, sent with every call as
+  /// `authorization: Bearer <token>`; empty: none.
+  std::string auth_token;
 };
 
 /// Serving state of a service as grpc.health.v1 reports it.
@@ -137,6 +140,8 @@ class Client {
 
   /// A context whose deadline is now + options_.default_deadline.
   std::unique_ptr<grpc::ClientContext> UnaryContext() const;
+  /// The `authorization` metadata value of options_.auth_token ("Bearer <token>").
+  std::string Authorization() const;
   /// One RegisterModel stream of `bundle`; the digest the server answered.
   absl::StatusOr<std::string> SendRegistration(const ModelBundle& bundle);
   /// Registers the remembered bundle of `digest` again; NOT_FOUND when none is remembered,

@@ -22,10 +22,14 @@ absl::Status ResponseStatus(const v1::RegionResponse& response) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<RegionLease>> RegionLease::Open(v1::Kvtrim::StubInterface* stub) {
+absl::StatusOr<std::unique_ptr<RegionLease>> RegionLease::Open(
+    v1::Kvtrim::StubInterface* stub, const std::string& authorization) {
   if (stub == nullptr) return absl::InvalidArgumentError("stub: must not be null");
   std::unique_ptr<RegionLease> lease(new RegionLease());
   lease->context_ = std::make_unique<grpc::ClientContext>();
+  if (!authorization.empty()) {
+    lease->context_->AddMetadata(kAuthorizationMetadataKey, authorization);
+  }
   lease->stream_ = stub->Regions(lease->context_.get());
   v1::RegionResponse first;
   if (!lease->stream_->Read(&first)) {

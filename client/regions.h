@@ -18,6 +18,9 @@ namespace kvtrim {
 
 /// gRPC metadata key carrying a RegionLease's client id on Compress / CompressSession calls.
 inline constexpr char kClientIdMetadataKey[] = "kvtrim-client-id";
+/// The gRPC metadata key of a bearer token (value "Bearer <token>", kvtrimd's
+/// --auth_tokens_file).
+inline constexpr char kAuthorizationMetadataKey[] = "authorization";
 
 /// One open Regions stream. Its lifetime is the lease: kvtrimd releases every region
 /// registered on it when the stream ends (Close, destruction, cancellation, a crash).
@@ -31,8 +34,10 @@ class RegionLease {
   /// Opens a Regions stream on `stub` (which must outlive the lease) and reads the lease
   /// the server answers first. The stream's gRPC status when it fails (e.g.
   /// FAILED_PRECONDITION naming --allow_client_shm when the server does not allow
-  /// regions); INTERNAL when the first answer carries no lease.
-  static absl::StatusOr<std::unique_ptr<RegionLease>> Open(v1::Kvtrim::StubInterface* stub);
+  /// regions); INTERNAL when the first answer carries no lease. `authorization`: the
+  /// `authorization` metadata to send ("Bearer <token>"; empty: none).
+  static absl::StatusOr<std::unique_ptr<RegionLease>> Open(
+      v1::Kvtrim::StubInterface* stub, const std::string& authorization = "");
 
   /// Closes the stream when Close was not called (cancelling it: no waiting on the server).
   ~RegionLease();

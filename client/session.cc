@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(std::shared_ptr<grpc::Cha
   session->retry_ = std::move(options.retry);
   session->chunk_bytes_ = options.chunk_bytes;
   session->client_id_ = std::move(options.client_id);
+  session->authorization_ = std::move(options.authorization);
   if (!session->StartStream()) {
     absl::Status status = session->CloseStream();
     if (status.ok()) {
@@ -75,6 +76,7 @@ bool Session::StartStream() {
   context_ = std::make_unique<grpc::ClientContext>();
   context_->set_deadline(absl::ToChronoTime(deadline_));
   if (!client_id_.empty()) context_->AddMetadata(kClientIdMetadataKey, client_id_);
+  if (!authorization_.empty()) context_->AddMetadata(kAuthorizationMetadataKey, authorization_);
   {
     absl::MutexLock lock(&mu_);
     reader_done_ = false;

@@ -70,6 +70,8 @@ struct SessionOptions {
   /// When non-empty, sent as gRPC metadata `kvtrim-client-id` (a RegionLease's client id:
   /// the server resolves region tensors only within that client's regions).
   std::string client_id;
+  /// When non-empty, sent as gRPC metadata `authorization` ("Bearer <token>").
+  std::string authorization;
 };
 
 /// One open CompressSession stream. A background thread reads the server's replies as they
@@ -158,6 +160,7 @@ class Session {
   SessionRetry retry_;
   int64_t chunk_bytes_ = 0;
   std::string client_id_;
+  std::string authorization_;  // "Bearer <token>" or empty
   /// A message kept for the replay.
   struct ReplayMessage {
     grpc::ByteBuffer bytes;

@@ -213,13 +213,15 @@ int32_t kvtrim_compress(kvtrim_engine* engine, const void* settings, size_t sett
 }
 
 int32_t kvtrim_client_connect(const char* target, double timeout_seconds, int32_t max_message_bytes,
-                              kvtrim_client** client, char* error, size_t error_size) {
+                              const char* auth_token, kvtrim_client** client, char* error,
+                              size_t error_size) {
   return Guarded(error, error_size, [&]() -> absl::Status {
     if (client == nullptr) return absl::InvalidArgumentError("client: NULL out-pointer");
     *client = nullptr;
     if (target == nullptr || *target == '\0') return absl::InvalidArgumentError("target: empty");
     auto connected =
-        kvtrim::inprocess::NativeClient::Connect(target, timeout_seconds, max_message_bytes);
+        kvtrim::inprocess::NativeClient::Connect(target, timeout_seconds, max_message_bytes,
+                                                 auth_token == nullptr ? "" : auth_token);
     if (!connected.ok()) return connected.status();
     *client = new kvtrim_client{*std::move(connected)};
     return absl::OkStatus();

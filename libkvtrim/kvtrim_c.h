@@ -26,7 +26,7 @@ extern "C" {
 #define KVTRIM_C_EXPORT __attribute__((visibility("default")))
 
 /* The ABI version this header describes (kvtrim_abi_version() returns the library's). */
-#define KVTRIM_ABI_VERSION 4
+#define KVTRIM_ABI_VERSION 5
 
 /* An engine: backend, policy registry and registered models. */
 typedef struct kvtrim_engine kvtrim_engine;
@@ -104,10 +104,12 @@ KVTRIM_C_EXPORT int32_t kvtrim_compress(kvtrim_engine* engine, const void* setti
 typedef struct kvtrim_client kvtrim_client;
 
 /* Connects to `target` ("host:port", "unix:PATH"); timeout_seconds: deadline of each call
- * (<= 0: 30 s); max_message_bytes: the channel's message cap (<= 0: 64 MiB). */
+ * (<= 0: 30 s); max_message_bytes: the channel's message cap (<= 0: 64 MiB); auth_token:
+ * the bearer token of kvtrimd's --auth_tokens_file sent with every call (NULL or "": none). */
 KVTRIM_C_EXPORT int32_t kvtrim_client_connect(const char* target, double timeout_seconds,
-                                              int32_t max_message_bytes, kvtrim_client** client,
-                                              char* error, size_t error_size);
+                                              int32_t max_message_bytes, const char* auth_token,
+                                              kvtrim_client** client, char* error,
+                                              size_t error_size);
 
 /* Closes the connection and its lease (NULL is a no-op). */
 KVTRIM_C_EXPORT void kvtrim_client_free(kvtrim_client* client);

@@ -263,7 +263,9 @@ class KvtrimNativeClientTest : public ::testing::Test {
     auto addresses = server_->WaitUntilServing(absl::Seconds(60));
     ASSERT_TRUE(addresses.ok()) << addresses.status();
     ASSERT_EQ(
-        kvtrim_client_connect(addresses->grpc.c_str(), 30, 0, &client_, error_, sizeof(error_)), 0)
+        kvtrim_client_connect(addresses->grpc.c_str(), 30, 0, nullptr, &client_, error_,
+                              sizeof(error_)),
+        0)
         << error_;
   }
   void TearDown() override { kvtrim_client_free(client_); }
@@ -360,7 +362,9 @@ TEST_F(KvtrimNativeClientTest, AnswersEqualTheEngineAndErrorsAreTheServers) {
   EXPECT_EQ(totals.layers(), 2);
   EXPECT_EQ(totals.tokens_in(), 2 * 4 * 300);
   for (const v1::LayerResult& result : all.layers()) {
-    if (result.layer_id() == 1) EXPECT_EQ(result.SerializeAsString(), one.SerializeAsString());
+    if (result.layer_id() == 1) {
+      EXPECT_EQ(result.SerializeAsString(), one.SerializeAsString());
+    }
   }
   kvtrim_session_free(session);
   // A refused layer fails the session at its end, with the server's field.
@@ -378,7 +382,7 @@ TEST_F(KvtrimNativeClientTest, AnswersEqualTheEngineAndErrorsAreTheServers) {
   kvtrim_session_free(nullptr);
 
   kvtrim_client* other = nullptr;
-  EXPECT_EQ(kvtrim_client_connect("", 30, 0, &other, error_, sizeof(error_)), kInvalidArgument);
+  EXPECT_EQ(kvtrim_client_connect("", 30, 0, "", &other, error_, sizeof(error_)), kInvalidArgument);
   EXPECT_EQ(std::string(error_).rfind("target:", 0), 0u) << error_;
   EXPECT_EQ(kvtrim_client_compress(nullptr, settings.data(), settings.size(), &layer, 1, nullptr,
                                    &answer, &size, error_, sizeof(error_)),

@@ -1,6 +1,7 @@
 #include "libkvtrim/native_client.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,6 +51,58 @@ MemGetAddressRange AddressRangeFunction() {
   return function;
 }
 
+/// cuPointerGetAttributes from the driver (as cuMemGetAddressRange): one call gives an
+/// allocation's range and its buffer id, unique within the process for the allocation's life.
+using PointerGetAttributes = CUresult (*)(unsigned int, CUpointer_attribute*, void**,
+                                          CUdeviceptr);
+
+/// The driver's cuPointerGetAttributes, or null when the driver lacks it.
+PointerGetAttributes PointerAttributesFunction() {
+  static const PointerGetAttributes function = [] {
+    void* pointer = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &pointer, 12000,
+                                         cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return PointerGetAttributes{nullptr};
+    }
+    return reinterpret_cast<PointerGetAttributes>(pointer);
+  }();
+  return function;
+}
+
+/// The allocation holding a device pointer: its base, size and buffer id.
+struct Allocation {
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  unsigned long long buffer_id = 0;  // 0: unknown (the driver could not say)
+};
+
+/// The allocation of `pointer`: one cuPointerGetAttributes call, else cuMemGetAddressRange
+/// (buffer id 0). INVALID_ARGUMENT when it is no device pointer.
+absl::StatusOr<Allocation> AllocationOf(const void* pointer) {
+  Allocation out;
+  const CUdeviceptr address = reinterpret_cast<CUdeviceptr>(pointer);
+  if (const PointerGetAttributes attributes = PointerAttributesFunction();
+      attributes != nullptr) {
+    CUpointer_attribute names[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                   CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                                   CU_POINTER_ATTRIBUTE_BUFFER_ID};
+    void* values[] = {&out.base, &out.size, &out.buffer_id};
+    if (attributes(3, names, values, address) == CUDA_SUCCESS && out.base != 0) return out;
+    out = Allocation{};
+  }
+  const MemGetAddressRange address_range = AddressRangeFunction();
+  if (address_range == nullptr) {
+    return absl::FailedPreconditionError("the CUDA driver has no cuMemGetAddressRange");
+  }
+  if (CUresult r = address_range(&out.base, &out.size, address); r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a CUDA device pointer (cuMemGetAddressRange: error ", r, ")"));
+  }
+  return out;
+}
+
 /// Makes `device` current for this thread until destroyed.
 class DeviceScope {
  public:
@@ -68,8 +121,10 @@ class DeviceScope {
 
 absl::StatusOr<std::unique_ptr<NativeClient>> NativeClient::Connect(const std::string& target,
                                                                     double timeout_seconds,
-                                                                    int max_message_bytes) {
+                                                                    int max_message_bytes,
+                                                                    const std::string& auth_token) {
   ClientOptions options;
+  options.auth_token = auth_token;
   if (timeout_seconds > 0) options.default_deadline = absl::Seconds(timeout_seconds);
   if (max_message_bytes > 0) options.max_message_bytes = max_message_bytes;
   auto client = Client::Connect(target, options);
@@ -100,27 +155,33 @@ absl::StatusOr<std::string> NativeClient::RegionOf(const void* pointer, int devi
                                                    uint64_t* offset) {
 #if KVTRIM_HAVE_CUDA
   DeviceScope scope(device);
-  const MemGetAddressRange address_range = AddressRangeFunction();
-  if (address_range == nullptr) {
-    return absl::FailedPreconditionError("the CUDA driver has no cuMemGetAddressRange");
-  }
-  CUdeviceptr base = 0;
-  size_t size = 0;
-  if (CUresult r = address_range(&base, &size, reinterpret_cast<CUdeviceptr>(pointer));
-      r != CUDA_SUCCESS) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("not a CUDA device pointer (cuMemGetAddressRange: error ", r, ")"));
+  auto allocation = AllocationOf(pointer);
+  if (!allocation.ok()) return allocation.status();
+  *offset = reinterpret_cast<CUdeviceptr>(pointer) - allocation->base;
+  const std::pair<int, unsigned long long> buffer(device, allocation->buffer_id);
+  if (allocation->buffer_id != 0) {
+    // A registered allocation that still lives (a freed one's range gets a new buffer id):
+    // no IPC handle query.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto known = buffer_handles_.find(buffer); known != buffer_handles_.end()) {
+      if (auto it = regions_.find(known->second); it != regions_.end()) {
+        region_order_.remove(known->second);
+        region_order_.push_back(known->second);
+        return it->second;
+      }
+      buffer_handles_.erase(known);
+    }
   }
   cudaIpcMemHandle_t handle;
-  if (cudaError_t e = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base));
+  if (cudaError_t e = cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(allocation->base));
       e != cudaSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("cudaIpcGetMemHandle refuses this memory (", cudaGetErrorName(e),
                      "): VMM / expandable-segments allocations cannot be shared by CUDA IPC"));
   }
-  *offset = reinterpret_cast<CUdeviceptr>(pointer) - base;
   const std::string key(handle.reserved, sizeof(handle.reserved));
   std::lock_guard<std::mutex> lock(mu_);
+  if (allocation->buffer_id != 0) buffer_handles_[buffer] = key;
   if (auto it = regions_.find(key); it != regions_.end()) {
     region_order_.remove(key);
     region_order_.push_back(key);
@@ -131,13 +192,17 @@ absl::StatusOr<std::string> NativeClient::RegionOf(const void* pointer, int devi
   // Room for the new region, the device events and a spare: release the oldest first.
   const size_t limit = static_cast<size_t>(std::max(1, (*lease)->max_regions() - 4));
   while (regions_.size() >= limit && !region_order_.empty()) {
-    (*lease)->Unregister(regions_[region_order_.front()]).IgnoreError();
-    regions_.erase(region_order_.front());
+    const std::string oldest = region_order_.front();
+    (*lease)->Unregister(regions_[oldest]).IgnoreError();
+    regions_.erase(oldest);
     region_order_.pop_front();
+    for (auto it = buffer_handles_.begin(); it != buffer_handles_.end();) {
+      it = it->second == oldest ? buffer_handles_.erase(it) : std::next(it);
+    }
   }
   auto uuid = DeviceUuid(device);
   if (!uuid.ok()) return uuid.status();
-  auto region = (*lease)->RegisterCudaIpc(key, device, *uuid, size);
+  auto region = (*lease)->RegisterCudaIpc(key, device, *uuid, allocation->size);
   if (!region.ok()) return region.status();
   regions_[key] = *region;
   region_order_.push_back(key);

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -31,10 +32,12 @@ class NativeSession;
 /// Thread-safe.
 class NativeClient {
  public:
-  /// Connects to `target` (lazily: the first call opens the channel).
+  /// Connects to `target` (lazily: the first call opens the channel); `auth_token`: the
+  /// bearer token sent with every call ("" = none).
   static absl::StatusOr<std::unique_ptr<NativeClient>> Connect(const std::string& target,
                                                                double timeout_seconds,
-                                                               int max_message_bytes);
+                                                               int max_message_bytes,
+                                                               const std::string& auth_token);
   ~NativeClient();
 
   /// The Compress RPC over `layers`; the server's status on failure (its code and message),
@@ -75,6 +78,8 @@ class NativeClient {
   std::unique_ptr<RegionLease> lease_;
   std::map<std::string, std::string> regions_;  // IPC handle bytes -> region id
   std::list<std::string> region_order_;         // handles, least recently used first
+  /// (device, driver buffer id) -> IPC handle bytes of allocations registered before.
+  std::map<std::pair<int, unsigned long long>, std::string> buffer_handles_;
   struct DeviceEvent {
     void* event = nullptr;  // cudaEvent_t (interprocess)
     std::string id;         // its region id on the lease

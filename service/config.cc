@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "kernels/client_text.h"
 
 #ifndef KVTRIM_VERSION
 #define KVTRIM_VERSION "0.0.0"
@@ -90,6 +91,14 @@ ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert."
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM file of the CA(s) client certificates must chain to: mutual TLS, clients "
           "without a valid certificate are refused at the handshake. Needs --tls_cert.");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "File of per-tenant bearer tokens, one `<token> <tenant>` per line ('#' comments). "
+          "Every kvtrim.v1 call must then send `authorization: Bearer <token>` (else "
+          "UNAUTHENTICATED), and leases and regions are scoped to the token's tenant. Empty "
+          "(default) = no tokens. Read at start-up (<= 1 MiB).");
+ABSL_FLAG(std::string, unix_socket_mode, "0660",
+          "Permissions (octal) of the socket file when --listen is unix:PATH, set at start-up: "
+          "who on the node may connect. 0600 = kvtrimd's user only.");
 ABSL_FLAG(std::string, data_dir, "",
           "Directory where registered models are persisted (one <hex>.kvtmodel file each) and "
           "loaded from at start-up; created when missing. A corrupt or truncated file is "
@@ -151,6 +160,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
                                      "gpu_launch_graphs",
                                      "tls_cert",        "tls_key",        "tls_client_ca",
+                                     "auth_tokens_file", "unix_socket_mode",
                                      "data_dir",        "max_models",     "max_model_bytes",
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_pinned_shm_bytes", "max_layer_bytes",
@@ -317,8 +327,10 @@ absl::Status Config::Validate() const {
   }
   if (auto st = CheckPrintable("data_dir", data_dir); !st.ok()) return st;
   using FlagPath = std::pair<const char*, const std::string*>;
-  for (const auto& [flag, path] : {FlagPath{"tls_cert", &tls_cert}, FlagPath{"tls_key", &tls_key},
-                                   FlagPath{"tls_client_ca", &tls_client_ca}}) {
+  for (const auto& [flag, path] :
+       {FlagPath{"tls_cert", &tls_cert}, FlagPath{"tls_key", &tls_key},
+        FlagPath{"tls_client_ca", &tls_client_ca},
+        FlagPath{"auth_tokens_file", &auth_tokens_file}}) {
     if (auto st = CheckPrintable(flag, *path); !st.ok()) return st;
   }
   if (tls_cert.empty() != tls_key.empty()) {
@@ -441,6 +453,22 @@ std::string UsageText() {
   return out;
 }
 
+absl::StatusOr<uint32_t> ParseFileMode(const char* flag, const std::string& text) {
+  const std::string trimmed(absl::StripAsciiWhitespace(text));
+  uint32_t mode = 0;
+  bool ok = !trimmed.empty() && trimmed.size() <= 4;
+  for (char c : trimmed) {
+    ok = ok && c >= '0' && c <= '7';
+    mode = mode * 8 + static_cast<uint32_t>(c - '0');
+  }
+  if (!ok || mode > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected an octal mode such "
+                                                   "as 0660 (at most 0777), got ",
+                                                   QuoteClientText(text)));
+  }
+  return mode;
+}
+
 absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text) {
   std::vector<int> devices;
   const std::string trimmed(absl::StripAsciiWhitespace(text));
@@ -485,6 +513,10 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   config.tls_key = absl::GetFlag(FLAGS_tls_key);
   config.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  config.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  auto socket_mode = ParseFileMode("unix_socket_mode", absl::GetFlag(FLAGS_unix_socket_mode));
+  if (!socket_mode.ok()) return socket_mode.status();
+  config.unix_socket_mode = *socket_mode;
   config.max_models = absl::GetFlag(FLAGS_max_models);
   config.max_model_bytes = absl::GetFlag(FLAGS_max_model_bytes);
   config.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);

@@ -67,6 +67,10 @@ struct Config {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;
+  /// --auth_tokens_file: per-tenant bearer tokens (BearerTokens); empty = none.
+  std::string auth_tokens_file;
+  /// --unix_socket_mode: permissions of a unix:PATH socket file (octal, <= 0777).
+  uint32_t unix_socket_mode = 0660;
   /// Directory where registered models are persisted, one "<hex>.kvtmodel" file each, and
   /// loaded from at start-up; created when missing. Empty = models live in memory only and
   /// are lost on restart.
@@ -134,6 +138,9 @@ absl::StatusOr<Config> ConfigFromFlags();
 /// --devices: "all" (or "") -> empty (every visible device), else comma-separated distinct
 /// CUDA ordinals in [0, 1023], at most 64. INVALID_ARGUMENT naming --devices otherwise.
 absl::StatusOr<std::vector<int>> ParseDevices(const std::string& text);
+
+/// An octal file mode such as "0660" (at most 0777). INVALID_ARGUMENT naming --`flag`.
+absl::StatusOr<uint32_t> ParseFileMode(const char* flag, const std::string& text);
 
 /// The kvtrim version ("0.1.0"), from the CMake project version.
 std::string KvtrimVersion();

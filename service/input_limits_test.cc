@@ -26,7 +26,7 @@ TEST(RegionInputLimitsTest, AFifoIsRefusedAsNoSegmentWithoutBlocking) {
   const std::string path = "/dev/shm" + name;
   unlink(path.c_str());
   ASSERT_EQ(mkfifo(path.c_str(), 0600), 0) << path;
-  const std::string client = registry.OpenClient();
+  const std::string client = registry.OpenClient("");
   v1::RegisterRegion request;
   request.mutable_host_shm()->set_name(name);
   request.mutable_host_shm()->set_size_bytes(4096);
@@ -44,7 +44,7 @@ TEST(RegionInputLimitsTest, HostShmTensorsAboveTheReadLimitAreRefused) {
   options.allow_client_shm = true;
   RegionRegistry registry(options, nullptr);
   TestSegment segment(64 << 10);
-  const std::string client = registry.OpenClient();
+  const std::string client = registry.OpenClient("");
   v1::RegisterRegion request;
   request.mutable_host_shm()->set_name(segment.name());
   request.mutable_host_shm()->set_size_bytes(segment.size());

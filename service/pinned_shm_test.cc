@@ -68,7 +68,7 @@ struct PinnedRegistry {
               return options;
             }(),
             &mapper),
-        client(registry.OpenClient()) {}
+        client(registry.OpenClient("")) {}
 
   /// Registers `segment` whole; its region id.
   std::string Register(const TestSegment& segment) {

@@ -38,9 +38,12 @@ class ReactorHolds {
 /// Finish().
 class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
-  UnaryCall(ServiceCore& core, CallSlot slot) : guard_(core, slot) {}
-  /// OK when the call was admitted (not draining, under its limit).
+  UnaryCall(ServiceCore& core, CallSlot slot, const grpc::ServerContextBase& context)
+      : guard_(core, slot, context) {}
+  /// OK when the call was admitted (authenticated, not draining, under its limit).
   const absl::Status& admitted() const { return guard_.status(); }
+  /// The caller's tenant ("" without bearer tokens).
+  const std::string& tenant() const { return guard_.tenant(); }
   void OnDone() override { delete this; }
 
  private:

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/client_text.h"
+#include "service/bearer_tokens.h"
 
 namespace kvtrim::service {
 
@@ -182,10 +183,10 @@ void RegionRegistry::PinHostShm(Region& region, const std::string& field) {
                             " bytes page-locked; its tensors are copied to the device by DMA\n");
 }
 
-std::string RegionRegistry::OpenClient() {
+std::string RegionRegistry::OpenClient(const std::string& tenant) {
   std::string id = RandomHex();
   std::lock_guard<std::mutex> lock(mutex_);
-  clients_.emplace(id, 0);
+  clients_.emplace(TenantScopedId(tenant, id), 0);
   return id;
 }
 

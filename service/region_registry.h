@@ -122,8 +122,9 @@ class RegionRegistry {
   /// OK when regions are allowed, else FAILED_PRECONDITION naming --allow_client_shm.
   absl::Status CheckEnabled() const;
 
-  /// Starts a lease and returns its fresh, unguessable client id.
-  std::string OpenClient();
+  /// Starts a lease of `tenant` ("" without tenants) and returns its fresh, unguessable
+  /// client id; the registry knows the lease by TenantScopedId(tenant, id).
+  std::string OpenClient(const std::string& tenant);
   /// Ends a lease: every region of the client leaves the table at once (their resources go
   /// when the layers reading them finish).
   void CloseClient(const std::string& client_id);

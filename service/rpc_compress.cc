@@ -20,7 +20,8 @@ using Clock = std::chrono::steady_clock;
 
 /// The whole request after admission; `response` is filled only on success.
 absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext& context,
-                            const v1::CompressRequest& request, v1::CompressResponse* response) {
+                            const std::string& tenant, const v1::CompressRequest& request,
+                            v1::CompressResponse* response) {
   const auto call_start = Clock::now();
   if (auto st = CheckCallAlive(context, "decoding the request"); !st.ok()) return st;
 
@@ -41,7 +42,7 @@ absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext
   std::vector<double> decode_seconds(layers.size(), 0.0);
   std::map<int32_t, int> first_index;  // layer_id -> index of its first occurrence
   int32_t max_layer_id = 0;
-  const DecodeContext decode_context = core.MakeDecodeContext(context);
+  const DecodeContext decode_context = core.MakeDecodeContext(context, tenant);
   for (int i = 0; i < request.layers_size(); ++i) {
     const std::string field = absl::StrCat("layers[", i, "]");
     const auto decode_start = Clock::now();
@@ -118,11 +119,11 @@ grpc::ServerUnaryReactor* StartCompress(ServiceCore& core, grpc::CallbackServerC
                                         const v1::CompressRequest* request,
                                         v1::CompressResponse* response) {
   const auto start = Clock::now();
-  auto* call = new UnaryCall(core, CallSlot::kInflight);
+  auto* call = new UnaryCall(core, CallSlot::kInflight, *context);
   auto run = [&core, call, context, request, response, start] {
     const std::string label = core.PolicyLabel(request->settings().policy().name());
     absl::Status status = call->admitted();
-    if (status.ok()) status = CompressLayers(core, *context, *request, response);
+    if (status.ok()) status = CompressLayers(core, *context, call->tenant(), *request, response);
     if (!status.ok()) response->Clear();
     core.LogServerError(Rpc::kCompress, request->settings().request_id(), status);
     core.metrics().RecordRequest(Rpc::kCompress, label, status.code(), SecondsSince(start));

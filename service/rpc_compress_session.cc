@@ -68,8 +68,8 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
   SessionCall(ServiceCore& core, grpc::CallbackServerContext* context)
       : core_(core),
         context_(context),
-        guard_(core, CallSlot::kInflight),
-        input_(core.engine().limits(), core.MakeDecodeContext(*context),
+        guard_(core, CallSlot::kInflight, *context),
+        input_(core.engine().limits(), core.MakeDecodeContext(*context, guard_.tenant()),
                core.transport_options().max_layer_bytes),
         front_end_(core),
         runner_(core),

@@ -6,11 +6,11 @@
 
 namespace kvtrim::service {
 
-grpc::ServerUnaryReactor* StartDeleteModel(ServiceCore& core, grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StartDeleteModel(ServiceCore& core, grpc::CallbackServerContext* context,
                                            const v1::DeleteModelRequest* request,
                                            v1::DeleteModelResponse*) {
   const auto start = std::chrono::steady_clock::now();
-  auto* call = new UnaryCall(core, CallSlot::kNone);
+  auto* call = new UnaryCall(core, CallSlot::kNone, *context);
   core.pool().Post([&core, call, request, start] {
     absl::Status status = call->admitted();
     if (status.ok()) status = core.models().Delete(request->digest());

@@ -7,11 +7,11 @@
 
 namespace kvtrim::service {
 
-grpc::ServerUnaryReactor* StartListModels(ServiceCore& core, grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StartListModels(ServiceCore& core, grpc::CallbackServerContext* context,
                                           const v1::ListModelsRequest*,
                                           v1::ListModelsResponse* response) {
   const auto start = std::chrono::steady_clock::now();
-  auto* call = new UnaryCall(core, CallSlot::kNone);
+  auto* call = new UnaryCall(core, CallSlot::kNone, *context);
   const absl::Status status = call->admitted();
   if (status.ok()) {
     for (const auto& model : core.models().List()) EncodeModelInfo(*model, response->add_models());

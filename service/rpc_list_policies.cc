@@ -6,11 +6,11 @@
 
 namespace kvtrim::service {
 
-grpc::ServerUnaryReactor* StartListPolicies(ServiceCore& core, grpc::CallbackServerContext*,
+grpc::ServerUnaryReactor* StartListPolicies(ServiceCore& core, grpc::CallbackServerContext* context,
                                             const v1::ListPoliciesRequest*,
                                             v1::ListPoliciesResponse* response) {
   const auto start = std::chrono::steady_clock::now();
-  auto* call = new UnaryCall(core, CallSlot::kNone);
+  auto* call = new UnaryCall(core, CallSlot::kNone, *context);
   const absl::Status status = call->admitted();
   if (status.ok()) *response = core.policies();
   core.metrics().RecordRequest(Rpc::kListPolicies, kNoPolicy, status.code(), SecondsSince(start));

@@ -15,7 +15,8 @@ namespace {
 /// The reactor of one Regions call: one lease, counted against --max_leases.
 class RegionsCall final : public BidiStream<v1::RegionRequest, v1::RegionResponse> {
  public:
-  RegionsCall(ServiceCore& core) : core_(core), guard_(core, CallSlot::kLease), lane_(core.pool()) {
+  RegionsCall(ServiceCore& core, const grpc::CallbackServerContext& context)
+      : core_(core), guard_(core, CallSlot::kLease, context), lane_(core.pool()) {
     absl::Status status = guard_.status();
     if (status.ok()) {
       status = core_.regions() == nullptr
@@ -27,10 +28,11 @@ class RegionsCall final : public BidiStream<v1::RegionRequest, v1::RegionRespons
       End(status);
       return;
     }
-    client_id_ = core_.regions()->OpenClient();
+    const std::string client_id = core_.regions()->OpenClient(guard_.tenant());
+    lease_key_ = TenantScopedId(guard_.tenant(), client_id);
     core_.PublishRegionMetrics();
     v1::RegionResponse first;
-    first.mutable_lease()->set_client_id(client_id_);
+    first.mutable_lease()->set_client_id(client_id);
     first.mutable_lease()->set_max_regions(core_.regions()->options().max_regions_per_client);
     Send(std::move(first));
     RequestRead();
@@ -38,8 +40,8 @@ class RegionsCall final : public BidiStream<v1::RegionRequest, v1::RegionRespons
 
   ~RegionsCall() override {
     // Every region of the lease goes when the stream ends, however it ends.
-    if (!client_id_.empty()) {
-      core_.regions()->CloseClient(client_id_);
+    if (!lease_key_.empty()) {
+      core_.regions()->CloseClient(lease_key_);
       core_.PublishRegionMetrics();
     }
   }
@@ -70,7 +72,7 @@ class RegionsCall final : public BidiStream<v1::RegionRequest, v1::RegionRespons
     RegionRegistry& regions = *core_.regions();
     switch (request.message_case()) {
       case v1::RegionRequest::kRegisterRegion: {
-        auto id = regions.Register(client_id_, request.register_region());
+        auto id = regions.Register(lease_key_, request.register_region());
         if (id.ok()) {
           response.set_registered_region_id(*id);
         } else {
@@ -79,7 +81,7 @@ class RegionsCall final : public BidiStream<v1::RegionRequest, v1::RegionRespons
         break;
       }
       case v1::RegionRequest::kUnregisterRegion:
-        result = regions.Unregister(client_id_, request.unregister_region().region_id());
+        result = regions.Unregister(lease_key_, request.unregister_region().region_id());
         if (result.ok()) {
           response.set_unregistered_region_id(request.unregister_region().region_id());
         }
@@ -105,15 +107,15 @@ class RegionsCall final : public BidiStream<v1::RegionRequest, v1::RegionRespons
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   CallGuard guard_;
   SerialLane lane_;
-  std::string client_id_;
+  std::string lease_key_;  // the lease's client id scoped to its tenant (TenantScopedId)
   std::atomic<bool> ended_{false};
 };
 
 }  // namespace
 
 grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>* StartRegions(
-    ServiceCore& core, grpc::CallbackServerContext*) {
-  return new RegionsCall(core);
+    ServiceCore& core, grpc::CallbackServerContext* context) {
+  return new RegionsCall(core, *context);
 }
 
 }  // namespace kvtrim::service

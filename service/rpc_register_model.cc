@@ -21,7 +21,7 @@ class RegisterModelCall final : public grpc::ServerReadReactor<v1::RegisterModel
       : core_(core),
         context_(context),
         response_(response),
-        guard_(core, CallSlot::kNone),
+        guard_(core, CallSlot::kNone, *context),
         lane_(core.pool()),
         assembler_(core.models().options().max_model_bytes) {
     if (!guard_.status().ok()) {

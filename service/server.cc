@@ -6,6 +6,7 @@
 #include <exception>
 #include <iostream>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <cstdlib>
 #include <thread>
 
@@ -16,6 +17,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "service/backend_factory.h"
+#include "service/bearer_tokens.h"
 #include "service/port_file.h"
 #include "service/tls_credentials.h"
 #include "service/warmup.h"
@@ -31,6 +33,23 @@ void InitGrpcPluginsOnce() {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   });
+}
+
+/// The file of a "unix:PATH" / "unix:///PATH" listen address.
+std::string SocketPath(const std::string& listen) {
+  std::string path = listen.substr(5);
+  if (absl::StartsWith(path, "//")) path = path.substr(2);
+  return path;
+}
+
+/// Sets the socket file of `listen` to `mode`; FAILED_PRECONDITION naming the flag.
+absl::Status SetSocketMode(const std::string& listen, uint32_t mode) {
+  const std::string path = SocketPath(listen);
+  if (chmod(path.c_str(), static_cast<mode_t>(mode)) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--unix_socket_mode: cannot set the mode of '", path, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -118,6 +137,12 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   absl::StatusOr<int> loaded = models_->LoadAll();  // before the server answers anything
   if (!loaded.ok()) return loaded.status();
   KvtrimService::Options service_options;
+  if (!config_.auth_tokens_file.empty()) {
+    auto tokens = BearerTokens::Load(config_.auth_tokens_file);
+    if (!tokens.ok()) return tokens.status();
+    service_options.tokens = *std::move(tokens);
+  }
+  auth_tenants_ = service_options.tokens ? service_options.tokens->tenants() : 0;
   service_options.max_inflight = config_.max_inflight;
   service_options.max_leases = config_.max_leases;
   service_options.default_numerics = config_.numerics;
@@ -167,7 +192,11 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
     }
   }
   builder.RegisterService(service_.get());
+  const bool is_unix = absl::StartsWith(config_.listen, "unix:");
+  // A unix socket is created with --unix_socket_mode: no moment with wider permissions.
+  const mode_t previous_umask = is_unix ? umask(0777 & ~config_.unix_socket_mode) : 0;
   server_ = builder.BuildAndStart();
+  if (is_unix) umask(previous_umask);
   if (server_ == nullptr || selected_port == 0) {
     server_.reset();
     return absl::UnavailableError(absl::StrCat(
@@ -179,9 +208,9 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   health->SetServingStatus("", false);
   health->SetServingStatus(kHealthServiceName, false);
 
-  const bool is_unix = absl::StartsWith(config_.listen, "unix:");
   if (is_unix) {
     address_ = config_.listen;
+    if (auto st = SetSocketMode(config_.listen, config_.unix_socket_mode); !st.ok()) return st;
   } else {
     port_ = selected_port;
     address_ = absl::StrCat(config_.listen.substr(0, config_.listen.rfind(':')), ":", port_);
@@ -238,7 +267,10 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
       << (report.skipped.empty() ? std::string()
                                  : absl::StrCat(" (need a model: ",
                                                 absl::StrJoin(report.skipped, ","), ")"))
-      << " security " << TransportSecurityName(config_) << std::endl;
+      << " security " << TransportSecurityName(config_) << " auth "
+      << (auth_tenants_ == 0 ? std::string("none")
+                             : absl::StrCat("tokens (", auth_tenants_, " tenants)"))
+      << std::endl;
   return absl::OkStatus();
 }
 

@@ -118,6 +118,7 @@ class Server {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
+  size_t auth_tenants_ = 0;  // tenants of --auth_tokens_file (0: no tokens)
   int metrics_port_ = 0;
   std::string address_;
   std::string backend_detail_;  // e.g. the GPU's name, for the start-up line

@@ -29,7 +29,7 @@ ServiceCore::ServiceCore(const PolicyEngine& engine, const Backend& backend, Met
       metrics_(metrics),
       models_(models),
       options_{std::max(1, options.max_inflight), std::max(1, options.max_leases),
-               options.default_numerics},
+               options.default_numerics, options.tokens},
       error_log_(error_log) {
   // An admitted session runs its front end, its compute lane and its layer jobs (two by
   // default, --session_parallel_layers) at once; the rest is model registration. Past the
@@ -104,14 +104,18 @@ absl::StatusOr<ResolvedPolicy> ServiceCore::PreparePolicy(const CompressionSetti
   return PreparePolicyWithModel(engine_, models_, settings, field);
 }
 
-DecodeContext ServiceCore::MakeDecodeContext(const grpc::ServerContextBase& context) const {
+DecodeContext ServiceCore::MakeDecodeContext(const grpc::ServerContextBase& context,
+                                             const std::string& tenant) const {
   DecodeContext decode;
   decode.regions = regions_;
   decode.buffers = buffers_;
   decode.max_host_read_bytes = transport_options_.max_layer_bytes;
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kClientIdMetadata);
-  if (it != metadata.end()) decode.client_id.assign(it->second.data(), it->second.size());
+  if (it != metadata.end()) {
+    decode.client_id =
+        TenantScopedId(tenant, std::string(it->second.data(), it->second.size()));
+  }
   return decode;
 }
 
@@ -153,7 +157,16 @@ bool TryAcquire(std::atomic<int>& counter, int limit) {
 
 }  // namespace
 
-CallGuard::CallGuard(ServiceCore& core, CallSlot slot) : core_(core), slot_(slot) {
+CallGuard::CallGuard(ServiceCore& core, CallSlot slot, const grpc::ServerContextBase& context)
+    : core_(core), slot_(slot) {
+  if (core_.options_.tokens != nullptr) {
+    auto tenant = core_.options_.tokens->TenantOf(context);
+    if (!tenant.ok()) {
+      status_ = tenant.status();
+      return;
+    }
+    tenant_ = *std::move(tenant);
+  }
   {
     std::lock_guard<std::mutex> lock(core_.calls_mutex_);
     if (core_.draining_) {

@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/engine.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
+#include "service/bearer_tokens.h"
 #include "service/host_buffer_pool.h"
 #include "service/metrics.h"
 #include "service/model_store.h"
@@ -43,6 +44,9 @@ struct ServiceOptions {
   int max_leases = 1024;
   /// --numerics: the mode of requests that leave settings.numerics unspecified.
   Numerics default_numerics = Numerics::kFast;
+  /// --auth_tokens_file: every kvtrim.v1 call must carry a listed bearer token, and its
+  /// tenant scopes the call's leases and regions (null: no tokens, one anonymous tenant).
+  std::shared_ptr<const BearerTokens> tokens;
 };
 
 /// Session and transport settings (kvtrimd flags).
@@ -103,8 +107,10 @@ class ServiceCore {
   /// "<field>.model_digest") and attaches the model (PolicyEngine::AttachModel).
   absl::StatusOr<ResolvedPolicy> PreparePolicy(const CompressionSettings& settings,
                                                const std::string& field);
-  /// The call's decoding context: the regions, buffers and kvtrim-client-id metadata.
-  DecodeContext MakeDecodeContext(const grpc::ServerContextBase& context) const;
+  /// The call's decoding context: the regions, buffers and kvtrim-client-id metadata (the
+  /// lease id scoped to the call's `tenant`, see TenantScopedId).
+  DecodeContext MakeDecodeContext(const grpc::ServerContextBase& context,
+                                  const std::string& tenant) const;
   /// Counts a decoded layer's tensor bytes per transport.
   void CountTransportBytes(const TransportBytes& bytes);
   /// Publishes the region and lease counts (kvtrim_regions, kvtrim_region_leases).
@@ -144,18 +150,22 @@ class ServiceCore {
   std::unique_ptr<WorkPool> pool_;
 };
 
-/// One call's hold on the service, from its start to its end (RAII): refused while
-/// draining (UNAVAILABLE), then counted against the limit of its slot (RESOURCE_EXHAUSTED
-/// naming max_inflight / max_leases); calls of kNone and kInflight are waited for by a drain.
+/// One call's hold on the service, from its start to its end (RAII): authenticated when
+/// kvtrimd has bearer tokens (UNAUTHENTICATED), refused while draining (UNAVAILABLE), then
+/// counted against the limit of its slot (RESOURCE_EXHAUSTED naming max_inflight /
+/// max_leases); calls of kNone and kInflight are waited for by a drain.
 class CallGuard {
  public:
-  CallGuard(ServiceCore& core, CallSlot slot);
+  /// `context`: the call's, whose `authorization` metadata names its tenant.
+  CallGuard(ServiceCore& core, CallSlot slot, const grpc::ServerContextBase& context);
   ~CallGuard();
   CallGuard(const CallGuard&) = delete;
   CallGuard& operator=(const CallGuard&) = delete;
 
   /// OK when the call may proceed, else why not.
   const absl::Status& status() const { return status_; }
+  /// The caller's tenant ("" without bearer tokens).
+  const std::string& tenant() const { return tenant_; }
 
  private:
   ServiceCore& core_;
@@ -163,6 +173,7 @@ class CallGuard {
   bool counted_ = false;   // in active_calls_
   bool admitted_ = false;  // holds a slot of its limit
   absl::Status status_;
+  std::string tenant_;
 };
 
 /// DEADLINE_EXCEEDED when the call's deadline has passed, CANCELLED when the client

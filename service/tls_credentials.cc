@@ -5,38 +5,20 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/server_credentials.h"
+#include "service/bounded_file.h"
 
 namespace kvtrim::service {
 
 namespace {
 
-/// The contents of the PEM file `path` given as --`flag`.
+/// The contents of the PEM file `path` given as --`flag` (a regular file of at most
+/// kMaxPemFileBytes, read without blocking).
 absl::StatusOr<std::string> ReadPem(const char* flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--", flag, ": cannot read '", path, "': ", std::strerror(errno)));
-  }
-  const std::streamoff size = in.tellg();
-  if (size < 0 || size > kMaxPemFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", path, "' has ", size,
-                                                   " bytes; a PEM file may have at most ",
-                                                   kMaxPemFileBytes));
-  }
-  std::string pem(static_cast<size_t>(size), '\0');
-  in.seekg(0);
-  in.read(pem.data(), size);
-  if (!in) {
-    return absl::FailedPreconditionError(absl::StrCat("--", flag, ": cannot read '", path, "'"));
-  }
-  return pem;
+  return ReadBoundedFile(flag, path, static_cast<size_t>(kMaxPemFileBytes));
 }
 
 /// A read-only OpenSSL memory BIO over `pem`, freed with the object.

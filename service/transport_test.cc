@@ -413,7 +413,7 @@ TEST(RegionRegistryTest, UnregisterWhileInUseIsRefusedUntilTheLayerIsDone) {
   options.allow_client_shm = true;
   RegionRegistry registry(options, nullptr);
   TestSegment segment(4096);
-  const std::string client = registry.OpenClient();
+  const std::string client = registry.OpenClient("");
   v1::RegisterRegion request;
   request.mutable_host_shm()->set_name(segment.name());
   request.mutable_host_shm()->set_size_bytes(4096);
@@ -430,7 +430,7 @@ TEST(RegionRegistryTest, UnregisterWhileInUseIsRefusedUntilTheLayerIsDone) {
     EXPECT_EQ(registry.CountByKind().at(RegionKind::kHostShm), 0);
     EXPECT_EQ((*pin)->pins(), 1);
   }
-  const std::string again = registry.OpenClient();
+  const std::string again = registry.OpenClient("");
   auto id2 = registry.Register(again, request);
   ASSERT_TRUE(id2.ok());
   {
@@ -451,7 +451,7 @@ TEST(RegionRegistryTest, LargeReadsAreSplitAndExact) {
   const size_t bytes = 5 * Region::kParallelReadBytes + 12345;
   TestSegment segment(bytes);
   for (size_t i = 0; i < bytes; ++i) segment.data()[i] = static_cast<char>((i * 2654435761u) >> 13);
-  const std::string client = registry.OpenClient();
+  const std::string client = registry.OpenClient("");
   v1::RegisterRegion request;
   request.mutable_host_shm()->set_name(segment.name());
   request.mutable_host_shm()->set_size_bytes(bytes);

@@ -107,18 +107,34 @@ def python_pipelined(client, layers, prefills, warmup):
     return layer_bytes * len(layers) * len(walls) / sum(walls)
 
 
-def inprocess(engine, layers, prefills, warmup):
-    """Per-layer (wall, backend compute) seconds of Engine.compress on CUDA tensors."""
-    walls, computes = [], []
+def inprocess(engine, layers, prefills, warmup, walls, computes, prepared=None):
+    """Appends per-layer wall and backend compute seconds of Engine.compress (or of the
+    `prepared` call) on CUDA tensors to `walls` and `computes`."""
     for p in range(warmup + prefills):
         for i, (k, v, q) in enumerate(layers):
             start = time.perf_counter()
-            answer = engine.compress(k, v, q, layer_id=i, **SETTINGS)
+            if prepared is None:
+                decision = engine.compress(k, v, q, layer_id=i, **SETTINGS).layers[0]
+            else:
+                decision = prepared(k, v, q, layer_id=i)
             wall = time.perf_counter() - start
             if p >= warmup:
                 walls.append(wall)
-                computes.append(answer.layers[0].compute_seconds)
-    return walls, computes
+                computes.append(decision.compute_seconds)
+
+
+def inprocess_rows(engine, n, args):
+    """{"compress": ..., "prepared": ...} in-process summaries (wall, compute, overhead) at n
+    tokens: Engine.compress and an Engine.prepare call alternate in args.rounds rounds."""
+    layers = make_layers(n, args.layers, "cuda")
+    prepared = engine.prepare(**SETTINGS)
+    samples = {"compress": ([], []), "prepared": ([], [])}
+    for _ in range(args.rounds):
+        inprocess(engine, layers, args.prefills, args.warmup, *samples["compress"])
+        inprocess(engine, layers, args.prefills, args.warmup, *samples["prepared"], prepared)
+    return {name: {"wall": summary(walls), "compute": summary(computes),
+                   "overhead": summary([w - c for w, c in zip(walls, computes)])}
+            for name, (walls, computes) in samples.items()}
 
 
 def rounds_p50(runs):
@@ -163,16 +179,18 @@ def write_inprocess_only(args, in_process) -> None:
                    "shape": SHAPE, "settings": SETTINGS, "layers": args.layers,
                    "passes": args.prefills * args.rounds,
                    "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                   "rows": [{"tokens": n, "inprocess_latency_s": row}
+                   "rows": [{"tokens": n, "inprocess_latency_s": row["compress"],
+                             "inprocess_prepared_latency_s": row["prepared"]}
                             for n, row in in_process.items()]}, f, indent=1)
-    lines = ["| n | in-process wall p50 | its engine p50 | overhead min | p50 | max |",
-             "|---|---|---|---|---|---|"]
-    for n, row in in_process.items():
-        lines.append(f"| {n} | {row['wall']['p50'] * 1e3:.3f} ms "
-                     f"| {row['compute']['p50'] * 1e3:.3f} ms "
-                     f"| {row['overhead']['min'] * 1e6:.0f} µs "
-                     f"| {row['overhead']['p50'] * 1e6:.0f} µs "
-                     f"| {row['overhead']['max'] * 1e6:.0f} µs |")
+    lines = ["| n | call | in-process wall p50 | its engine p50 | overhead min | p50 | max |",
+             "|---|---|---|---|---|---|---|"]
+    for n, rows in in_process.items():
+        for name, row in rows.items():
+            lines.append(f"| {n} | {name} | {row['wall']['p50'] * 1e3:.3f} ms "
+                         f"| {row['compute']['p50'] * 1e3:.3f} ms "
+                         f"| {row['overhead']['min'] * 1e6:.0f} µs "
+                         f"| {row['overhead']['p50'] * 1e6:.0f} µs "
+                         f"| {row['overhead']['max'] * 1e6:.0f} µs |")
     write_table(args.md, lines)
 
 
@@ -198,12 +216,8 @@ def main():
     # In-process first, in a process with no gRPC channel yet (a worker using kvtrim.local
     # has none; grpcio's threads would contend for the GIL on every call's return).
     engine = kvtrim.local.Engine("gpu", library=args.library)
-    in_process = {}
-    for n in (int(x) for x in args.tokens.split(",")):
-        walls, computes = inprocess(engine, make_layers(n, args.layers, "cuda"),
-                                    args.prefills * args.rounds, args.warmup)
-        in_process[n] = {"wall": summary(walls), "compute": summary(computes),
-                         "overhead": summary([w - c for w, c in zip(walls, computes)])}
+    in_process = {n: inprocess_rows(engine, n, args)
+                  for n in (int(x) for x in args.tokens.split(","))}
     engine.close()
     if args.inprocess_only:
         write_inprocess_only(args, in_process)
@@ -263,7 +277,8 @@ def main():
             "inline_pipelined_bytes_per_s": {"python": py_pipe, "python_grpcio": py_pipe_grpcio,
                                              "cpp": cpp_pipe,
                                              "python_over_cpp": py_pipe / cpp_pipe},
-            "inprocess_latency_s": in_process[n],
+            "inprocess_latency_s": in_process[n]["compress"],
+            "inprocess_prepared_latency_s": in_process[n]["prepared"],
         })
         print(json.dumps(rows[-1]), flush=True)
     client.close()
@@ -281,15 +296,16 @@ def main():
              f"{args.prefills} sessions of {args.layers} layers (CUDA IPC sessions"
              f": {args.rounds} alternating rounds of them; C++ = the median of the rounds' "
              "p50s, to WaitForAnswer's return; in-process: "
-             f"{args.prefills * args.rounds} passes, measured first, before any gRPC "
-             "channel).", "",
+             f"{args.prefills * args.rounds} passes each of compress() and of a prepared "
+             "call, alternating in rounds, measured first, before any gRPC channel).", "",
              "| n | CUDA IPC serial, lists into device buffers: Python session "
              "| C++ (--output_region) | Python − C++ | lists in the answer: Python | C++ "
              "| Python − C++ | Python unary "
              "| grpcio unary | grpcio session | inline serial: Python | grpcio | C++ "
              "| inline pipelined GB/s: Python | grpcio | C++ | Python / C++ "
-             "| in-process wall | its engine | overhead |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| in-process wall | its engine | overhead | prepared call: wall | overhead |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+             "---|---|"]
     for r in rows:
         ipc, inl, pipe = (r["cuda_ipc_serial_latency_s"], r["inline_serial_latency_s"],
                           r["inline_pipelined_bytes_per_s"])
@@ -308,7 +324,9 @@ def main():
             f"| {pipe['python_over_cpp']:.2f} "
             f"| {ms(r['inprocess_latency_s']['wall']['p50'])} "
             f"| {ms(r['inprocess_latency_s']['compute']['p50'])} "
-            f"| {r['inprocess_latency_s']['overhead']['p50'] * 1e6:.0f} µs |")
+            f"| {r['inprocess_latency_s']['overhead']['p50'] * 1e6:.0f} µs "
+            f"| {ms(r['inprocess_prepared_latency_s']['wall']['p50'])} "
+            f"| {r['inprocess_prepared_latency_s']['overhead']['p50'] * 1e6:.0f} µs |")
     write_table(args.md, lines)
 
 

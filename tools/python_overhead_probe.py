@@ -105,6 +105,10 @@ def primitives(engine, k, v, q, loops):
     out.update(per_call(engine, k, v, q, loops))
     out.update(engine_profile(engine, k, v, q, loops))
     out.update(distinct_layers(engine, k.shape[1], loops))
+    out.update(distinct_layers(engine, k.shape[1], loops, "8 layers, prepared call", True))
+    out.update(prepared_stages(engine, k.shape[1], loops))
+    call = engine.prepare(**SETTINGS)
+    out["prepared call"] = mean_seconds(lambda: call(k, v, q), loops)
     samples = [engine.compress(k, v, q, **SETTINGS).layers[0].compute_seconds
                for _ in range(50)]
     out["engine compute_seconds (median)"] = statistics.median(samples)
@@ -162,15 +166,20 @@ def per_call(engine, k, v, q, loops):
     return out
 
 
-def distinct_layers(engine, n, loops, label="8 layers"):
-    """compress() over 8 distinct layers in turn (as a prefill sends them), with the engine
-    profile on: medians of wall, server and compute, and of wall - compute."""
+def distinct_layers(engine, n, loops, label="8 layers", prepared=False):
+    """compress() (or, `prepared`, an Engine.prepare call) over 8 distinct layers in turn (as
+    a prefill sends them), with the engine profile on: medians of wall, server and compute,
+    and of wall - compute."""
     layers = [llama_layer(n + i) for i in range(8)]
+    call = engine.prepare(profile=True, **SETTINGS) if prepared else None
     walls, servers, computes = [], [], []
     for i in range(loops):
         k, v, q = layers[i % 8]
         t0 = time.perf_counter()
-        layer = engine.compress(k, v, q, layer_id=i % 8, profile=True, **SETTINGS).layers[0]
+        if call is not None:
+            layer = call(k, v, q, layer_id=i % 8)
+        else:
+            layer = engine.compress(k, v, q, layer_id=i % 8, profile=True, **SETTINGS).layers[0]
         walls.append(time.perf_counter() - t0)
         servers.append(layer.profile["server_seconds"])
         computes.append(layer.compute_seconds)
@@ -199,6 +208,48 @@ def engine_profile(engine, k, v, q, loops):
         if name in stages:
             out[f"engine {name} p50"] = statistics.median(stages[name])
     return out
+
+
+def prepared_stages(engine, n, loops):
+    """Medians of a prepared call's stages over 8 distinct layers in turn, the call's own
+    code with timers between its steps (engine profile on): Python before the C call
+    (fields, output buffer, pack, stream), the C call beside the engine's server and
+    compute seconds, Python after (answer bytes, parse, LayerDecision)."""
+    from kvtrim.prepared import PreparedCompress
+    from kvtrim.results import LayerDecision
+
+    call = engine.prepare(profile=True, **SETTINGS)
+    assert isinstance(call, PreparedCompress)
+    layers = [llama_layer(n + i) for i in range(8)]
+    call(*layers[0])  # warm-up: dtype table, scratch
+    scratch = call._scratch()
+    stages = {name: [] for name in ("python before", "C call", "C call - server",
+                                    "server - compute", "python after", "wall - compute")}
+    for i in range(loops):
+        k, v, q = layers[i % 8]
+        t0 = time.perf_counter()
+        output = _libkvtrim.pack_cuda_tensors(scratch.layer, k, v, q, i % 8, 0.0, True,
+                                              engine.device)[0]
+        stream = _libkvtrim.stream_handle(None, k.device)
+        t1 = time.perf_counter()
+        code = call._function(engine._handle.value, call._settings_address, call._settings_size,
+                              scratch.layer_address, 1, stream, scratch.answer_address,
+                              scratch.size_address, scratch.error_address, 4096)
+        t2 = time.perf_counter()
+        assert code == 0, scratch.error.value
+        answer = scratch.answer
+        response = pb.CompressResponse.FromString(ctypes.string_at(answer, scratch.size.value))
+        engine._lib.kvtrim_buffer_free(answer)
+        decision = LayerDecision(response.layers[0], k.device, output)
+        t3 = time.perf_counter()
+        server, compute = decision.profile["server_seconds"], decision.compute_seconds
+        for name, value in (("python before", t1 - t0), ("C call", t2 - t1),
+                            ("C call - server", t2 - t1 - server),
+                            ("server - compute", server - compute),
+                            ("python after", t3 - t2), ("wall - compute", t3 - t0 - compute)):
+            stages[name].append(value)
+    return {f"prepared stages: {name} p50": statistics.median(values)
+            for name, values in stages.items()}
 
 
 def native_session(target, library, k, v, q, sessions, with_outputs):
@@ -271,10 +322,19 @@ def main():
     parser.add_argument("--target", default=None, help="a kvtrimd --backend=gpu "
                         "--allow_client_shm: also time native CUDA IPC sessions")
     parser.add_argument("--sessions", type=int, default=30)
+    parser.add_argument("--stages_only", action="store_true",
+                        help="only the prepared call's stages and compress() over 8 layers")
     args = parser.parse_args()
     engine = kvtrim.local.Engine("gpu", library=args.library)
     rows = []
     for n in (int(x) for x in args.tokens.split(",")):
+        if args.stages_only:
+            seconds = distinct_layers(engine, n, args.loops)
+            seconds.update(prepared_stages(engine, n, args.loops))
+            for name, value in seconds.items():
+                print(f"{n:6d} {name:40s} {value * 1e6:10.2f}", flush=True)
+            rows.append({"tokens": n, "seconds": seconds})
+            continue
         k, v, q = llama_layer(n)
         row = {"tokens": n, "seconds": primitives(engine, k, v, q, args.loops),
                "profile": profile(engine, k, v, q, args.profile_calls)}

@@ -35,6 +35,9 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA(s) that kvtrimd's certifi
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM file of this client's certificate (mutual TLS; with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding this tenant's bearer token (kvtrimd --auth_tokens_file), sent with "
+          "every call; a file rather than a flag value keeps it out of the process list");
 ABSL_FLAG(std::string, policy, "", "compress: policy preset or SCORER+ALLOCATOR");
 ABSL_FLAG(std::optional<double>, keep_fraction, std::nullopt,
           "compress: fraction of the n tokens kept per head, in (0, 1]; sink and recent "
@@ -133,6 +136,11 @@ int main(int argc, char** argv) {
         absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
     if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
     options.credentials = *credentials;
+  }
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    auto token = kvtrim::cli::ReadAuthTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!token.ok()) return UsageError(std::string(token.status().message()));
+    options.auth_token = *std::move(token);
   }
   absl::StatusOr<std::unique_ptr<kvtrim::Client>> client =
       kvtrim::Client::Connect(absl::GetFlag(FLAGS_target), options);

@@ -1,5 +1,6 @@
 // The CLI's TLS options: channel credentials from PEM files (--tls_ca, --tls_cert,
-// --tls_key), for a kvtrimd started with --tls_cert (and --tls_client_ca for mutual TLS).
+// --tls_key), for a kvtrimd started with --tls_cert (and --tls_client_ca for mutual TLS);
+// and its bearer token file (--auth_token_file) for a kvtrimd with --auth_tokens_file.
 #pragma once
 
 #include <memory>
@@ -18,5 +19,9 @@ inline constexpr int64_t kMaxPemFileBytes = int64_t{1} << 20;
 /// or neither). INVALID_ARGUMENT / FAILED_PRECONDITION naming the --tls_* flag otherwise.
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TlsChannelCredentials(
     const std::string& ca_file, const std::string& cert_file, const std::string& key_file);
+
+/// The bearer token in `path` (--auth_token_file: one token, surrounding whitespace
+/// ignored, at most 4 KiB); INVALID_ARGUMENT / FAILED_PRECONDITION naming the flag.
+absl::StatusOr<std::string> ReadAuthTokenFile(const std::string& path);
 
 }  // namespace kvtrim::cli

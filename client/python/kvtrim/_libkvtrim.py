@@ -23,7 +23,7 @@ from .results import (CompressResult, SessionResult, decision_of, output_bytes,
 from .tensors import TensorView
 from .v1 import kvtrim_pb2 as pb
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 ERROR_BYTES = 4096
 
 
@@ -45,9 +45,9 @@ class LayerStruct(ctypes.Structure):
 # kvtrim_layer packed field by field (layer_id, softmax_scale, then per tensor: data, dtype,
 # device, shape[3], strides[3], then output, output_capacity): one pack_into per layer on the
 # torch CUDA path instead of a ctypes assignment per field.
-_LAYER_PACKING = struct.Struct("=if" + "Qii3q3q" * 3 + "QQ")
+LAYER_PACKING = struct.Struct("=if" + "Qii3q3q" * 3 + "QQ")
 _ABSENT_TENSOR = (0, 0, 0, 0, 0, 0, 0, 0, 0)
-_PACKABLE = _LAYER_PACKING.size == ctypes.sizeof(LayerStruct)  # else the checked path only
+PACKABLE = LAYER_PACKING.size == ctypes.sizeof(LayerStruct)  # else the checked path only
 _TORCH_DTYPES: dict = {}          # torch dtype -> proto DType, filled on first torch layer
 _THREAD = threading.local()        # per-thread error buffer of the C calls
 
@@ -98,8 +98,8 @@ def load(path: Optional[str] = None) -> ctypes.CDLL:
     lib.kvtrim_register_model.restype = i32
     lib.kvtrim_compress.argtypes = compress_args
     lib.kvtrim_compress.restype = i32
-    lib.kvtrim_client_connect.argtypes = [c_char_p, ctypes.c_double, i32, ctypes.POINTER(p),
-                                          c_char_p, size]
+    lib.kvtrim_client_connect.argtypes = [c_char_p, ctypes.c_double, i32, c_char_p,
+                                          ctypes.POINTER(p), c_char_p, size]
     lib.kvtrim_client_connect.restype = i32
     lib.kvtrim_client_free.argtypes = [p]
     lib.kvtrim_client_compress.argtypes = compress_args
@@ -167,7 +167,14 @@ def output_buffer(keys: TensorView):
                        device=keys.source.device)
 
 
-def _cuda_fields(tensor: Any, device_index: int) -> Optional[tuple]:
+def torch_dtypes(torch: Any) -> None:
+    """Fills the torch dtype -> proto DType table on first use (torch imported by then)."""
+    if not _TORCH_DTYPES:
+        _TORCH_DTYPES.update({torch.float32: pb.DTYPE_F32, torch.float16: pb.DTYPE_F16,
+                              torch.bfloat16: pb.DTYPE_BF16})
+
+
+def cuda_fields(tensor: Any, device_index: int) -> Optional[tuple]:
     """The kvtrim_tensor fields (data, dtype, device, shape, strides) of a rank-3 torch
     tensor of f32 / f16 / bf16 on CUDA device `device_index`; None for anything else (absent
     tensors: the absent fields), which the checked path then handles or refuses."""
@@ -182,30 +189,29 @@ def _cuda_fields(tensor: Any, device_index: int) -> Optional[tuple]:
     return (tensor.data_ptr(), dtype, device_index, *shape, *tensor.stride())
 
 
-def _pack_cuda_layer(target: LayerStruct, layer: Layer, with_output: bool):
-    """Packs a layer whose present tensors are torch tensors on the keys' CUDA device into
-    `target` (one struct.pack_into); (device, output buffer or None), or None when the layer
-    is anything else (then nothing was written)."""
-    keys = layer.keys
+def pack_cuda_tensors(target: LayerStruct, keys, values, queries, layer_id: int,
+                      softmax_scale: float, with_output: bool,
+                      device_index: Optional[int] = None) -> Optional[tuple]:
+    """Packs a layer whose present tensors are torch tensors on one CUDA device (the keys',
+    or `device_index`) into `target` with one struct.pack_into: (output buffer or None,),
+    or None when the tensors are anything else (then nothing was written)."""
     torch = sys.modules.get("torch")
-    if not _PACKABLE or torch is None or not isinstance(keys, torch.Tensor) or not keys.is_cuda:
+    if not PACKABLE or torch is None or not isinstance(keys, torch.Tensor) or not keys.is_cuda:
         return None
-    if not _TORCH_DTYPES:
-        _TORCH_DTYPES.update({torch.float32: pb.DTYPE_F32, torch.float16: pb.DTYPE_F16,
-                              torch.bfloat16: pb.DTYPE_BF16})
-    index = keys.get_device()
-    fields = [_cuda_fields(t, index) for t in (keys, layer.values, layer.queries)]
+    torch_dtypes(torch)
+    index = keys.get_device() if device_index is None else device_index
+    fields = (cuda_fields(keys, index), cuda_fields(values, index),
+              cuda_fields(queries, index))
     if None in fields:
         return None
-    device = keys.device
     output, pointer, capacity = None, 0, 0
     if with_output:
-        shape = keys.shape
-        output = torch.empty(output_bytes(shape[0], shape[1]), dtype=torch.uint8, device=device)
+        output = torch.empty(output_bytes(fields[0][3], fields[0][4]), dtype=torch.uint8,
+                             device=keys.device)
         pointer, capacity = output.data_ptr(), output.numel()
-    _LAYER_PACKING.pack_into(target, 0, int(layer.layer_id), float(layer.softmax_scale),
-                             *fields[0], *fields[1], *fields[2], pointer, capacity)
-    return device, output
+    LAYER_PACKING.pack_into(target, 0, int(layer_id), float(softmax_scale), *fields[0],
+                            *fields[1], *fields[2], pointer, capacity)
+    return (output,)
 
 
 def layer_array(layers: Sequence[Layer], keep: List[Any], with_outputs: bool = False):
@@ -217,11 +223,12 @@ def layer_array(layers: Sequence[Layer], keep: List[Any], with_outputs: bool = F
     device = None
     outputs: List[Any] = []
     for i, layer in enumerate(layers):
-        packed = _pack_cuda_layer(array[i], layer, with_outputs)
+        packed = pack_cuda_tensors(array[i], layer.keys, layer.values, layer.queries,
+                                   layer.layer_id, layer.softmax_scale, with_outputs)
         if packed is not None:
             keep.append(layer)  # its tensors, while kvtrim may still read them
-            device = device if device is not None else packed[0]
-            outputs.append(packed[1])
+            device = device if device is not None else layer.keys.device
+            outputs.append(packed[0])
             continue
         views = layer.views(f"layers[{i}]")
         array[i].layer_id = int(layer.layer_id)
@@ -279,12 +286,13 @@ class NativeClient:
     """The C++ client of kvtrimd (kvtrim_client_*): the Client's native transport."""
 
     def __init__(self, target: str, timeout: float, max_message_bytes: int,
-                 library: Optional[str] = None):
+                 library: Optional[str] = None, auth_token: Optional[str] = None):
         self._lib = load(library)
         handle = ctypes.c_void_p()
         error = ctypes.create_string_buffer(ERROR_BYTES)
         check(self._lib.kvtrim_client_connect(target.encode(), float(timeout),
                                               int(min(max_message_bytes, 2**31 - 1)),
+                                              (auth_token or "").encode(),
                                               ctypes.byref(handle), error, ERROR_BYTES), error)
         self._handle = handle
 
@@ -334,6 +342,7 @@ class NativeSession:
         self.regions = bool(regions.value)
         self._with_outputs = with_outputs and self.regions
         self._alive: List[Any] = []            # tensors and buffers kvtrimd may still read
+        self._layer = LayerStruct()            # the packed layer of send (copied by the C side)
         self._devices: dict = {}
         self._outputs: dict = {}
         self._answers: dict = {}
@@ -351,17 +360,25 @@ class NativeSession:
         if on_cuda and not self.regions:        # no lease: the tensors go as host copies
             keys, values, queries = (None if t is None else t.cpu()
                                      for t in (keys, values, queries))
-        layer = Layer(keys, values, queries, layer_id, softmax_scale)
-        keep: List[Any] = []
-        array, _, outputs = layer_array([layer], keep, self._with_outputs and on_cuda)
+        packed = (pack_cuda_tensors(self._layer, keys, values, queries, layer_id,
+                                    softmax_scale, self._with_outputs)
+                  if on_cuda and self.regions else None)
+        if packed is not None:     # torch CUDA tensors: packed in one step, the struct reused
+            array, keep, output = self._layer, (keys, values, queries), packed[0]
+        else:
+            keep = []
+            array, _, outputs = layer_array(
+                [Layer(keys, values, queries, layer_id, softmax_scale)], keep,
+                self._with_outputs and on_cuda)
+            output = outputs[0]
         error = error_buffer()
         check(self._lib.kvtrim_session_send(self._handle, array,
                                             stream_handle(stream, device if on_cuda else None),
                                             error, ERROR_BYTES), error)
-        self._alive.append((keep, outputs))
+        self._alive.append((keep, output))
         if on_cuda:
             self._devices[int(layer_id)] = device
-            self._outputs[int(layer_id)] = outputs[0]
+            self._outputs[int(layer_id)] = output
 
     def result(self, layer_id: int, timeout: Optional[float] = None):
         """Waits for the answer of `layer_id` (per-layer policies); `timeout` is the

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from . import _wire
+from .auth import BearerTokenInterceptor, aio_interceptors, check_token
 from .errors import KvtrimError, invalid_argument
 from .layers import EncodedLayer, Layer, encode_chunked, encode_inline, encode_regions
 from .models import ModelBundle, registration_messages
@@ -59,20 +60,27 @@ def is_local_target(target: str) -> bool:
 
 
 def make_channel(target: str, tls, max_message_bytes: int, options: Sequence[Tuple[str, Any]],
-                 aio: bool = False):
-    """A grpc channel (grpc.aio when `aio`) with kvtrim's message limits."""
+                 aio: bool = False, auth_token: Optional[str] = None):
+    """A grpc channel (grpc.aio when `aio`) with kvtrim's message limits, sending
+    `authorization: Bearer <auth_token>` with every call when a token is given."""
     opts = [("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes), *options]
-    module = grpc.aio if aio else grpc
+    extra = {"interceptors": aio_interceptors(auth_token)} if aio and auth_token else {}
     if tls is None or tls is False:
-        return module.insecure_channel(target, options=opts)
-    if tls is True:
-        creds = grpc.ssl_channel_credentials()
-    elif isinstance(tls, TlsConfig):
-        creds = tls.credentials()
+        channel = (grpc.aio.insecure_channel(target, options=opts, **extra) if aio
+                   else grpc.insecure_channel(target, options=opts))
     else:
-        creds = tls  # grpc.ChannelCredentials
-    return module.secure_channel(target, creds, options=opts)
+        if tls is True:
+            creds = grpc.ssl_channel_credentials()
+        elif isinstance(tls, TlsConfig):
+            creds = tls.credentials()
+        else:
+            creds = tls  # grpc.ChannelCredentials
+        channel = (grpc.aio.secure_channel(target, creds, options=opts, **extra) if aio
+                   else grpc.secure_channel(target, creds, options=opts))
+    if auth_token and not aio:
+        channel = grpc.intercept_channel(channel, BearerTokenInterceptor(auth_token))
+    return channel
 
 
 def health_request(service: str) -> bytes:
@@ -122,6 +130,8 @@ class Client:
       client_id: send this `kvtrim-client-id` (a lease held elsewhere); default: the client's
         own lease's id when it uses regions.
       tls: None (plaintext), True (system roots), a TlsConfig or grpc.ChannelCredentials.
+      auth_token: the bearer token kvtrimd's --auth_tokens_file lists for this tenant, sent
+        with every call (`authorization: Bearer <token>`); None: no token.
       timeout: deadline of unary calls in seconds (sessions: session_timeout).
       transport: "auto" (regions for CUDA tensors and for large host tensors when the
         target is on this node and kvtrimd allows them, else inline), "inline" or "regions".
@@ -141,7 +151,8 @@ class Client:
     """
 
     def __init__(self, target: str, *, client_id: Optional[str] = None, tls=None,
-                 timeout: float = 30.0, session_timeout: float = 600.0,
+                 auth_token: Optional[str] = None, timeout: float = 30.0,
+                 session_timeout: float = 600.0,
                  transport: str = "auto", max_message_bytes: int = 64 << 20,
                  chunk_bytes: int = 4 << 20, region_min_bytes: int = 1 << 20,
                  native: Union[bool, str] = "auto", library: Optional[str] = None,
@@ -158,7 +169,9 @@ class Client:
         self.region_min_bytes = region_min_bytes
         self._client_id = client_id
         self._local = is_local_target(target)
-        self._channel = make_channel(target, tls, max_message_bytes, channel_options)
+        self._auth_token = check_token(auth_token)
+        self._channel = make_channel(target, tls, max_message_bytes, channel_options,
+                                     auth_token=self._auth_token)
         self._bundles: Dict[str, ModelBundle] = {}
         self._lease: Optional[RegionLease] = None
         self._lease_error: Optional[KvtrimError] = None
@@ -370,7 +383,8 @@ class Client:
 
             try:
                 self._native_client = NativeClient(self.target, self.timeout,
-                                                   self.max_message_bytes, self._library)
+                                                   self.max_message_bytes, self._library,
+                                                   self._auth_token)
             except KvtrimError:
                 if self.native is True:
                     raise

@@ -134,12 +134,12 @@ def test_layer_packing_matches_the_struct():
     """The one-step packing of kvtrim_layer writes what field-by-field assignment writes."""
     from kvtrim import _libkvtrim
 
-    assert _libkvtrim._PACKABLE
+    assert _libkvtrim.PACKABLE
     values = [7, 0.125, 0x7f0000001000, 3, 0, 8, 4096, 128, 128, 1, 1024,
               0x7f0000002000, 3, 0, 8, 4096, 128, 524288, 128, 1,
               0, 0, 0, 0, 0, 0, 0, 0, 0, 0x7f0000003000, 131144]
     packed = _libkvtrim.LayerStruct()
-    _libkvtrim._LAYER_PACKING.pack_into(packed, 0, *values)
+    _libkvtrim.LAYER_PACKING.pack_into(packed, 0, *values)
     expected = _libkvtrim.LayerStruct()
     expected.layer_id, expected.softmax_scale = 7, 0.125
     for tensor, base in ((expected.keys, 2), (expected.values, 11)):
@@ -148,3 +148,62 @@ def test_layer_packing_matches_the_struct():
         tensor.strides[:] = values[base + 6:base + 9]
     expected.output, expected.output_capacity = 0x7f0000003000, 131144
     assert bytes(packed) == bytes(expected)
+
+
+def test_prepared_call_answers_as_compress(engine, layers):
+    """A prepared call (settings fixed once) answers each layer as compress() does; its
+    refusals name the same fields."""
+    call = engine.prepare("dropkv", keep=0.2, numerics="exact")
+    for i, (k, v, q) in enumerate(layers):
+        decision = call(k, v, q, layer_id=i)
+        expected = engine.compress(k, v, q, layer_id=i, policy="dropkv", keep=0.2,
+                                   numerics="exact")
+        same(kvtrim.CompressResult([decision], "cpu"), expected)
+    k, v, q = layers[0]
+    with pytest.raises(kvtrim.KvtrimError) as error:
+        call(k, v[:, :10], q)
+    assert (error.value.code, error.value.field) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                     "layers[0].values.shape")
+    with pytest.raises(kvtrim.KvtrimError) as error:
+        engine.prepare("nope", keep=0.2)(k, v, q)
+    assert error.value.field == "settings.policy.name"
+
+
+def test_gpu_prepared_call_on_cuda_tensors(layers):
+    """On torch CUDA tensors the prepared call packs the layer itself: its answers equal
+    the checked path's for dtypes, strides and an explicit stream, from several threads
+    at once; refusals still name the field."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import concurrent.futures
+
+    with kvtrim.local.Engine("gpu", library=LIBKVTRIM) as gpu:
+        call = gpu.prepare("dropkv", keep=0.2)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            on_gpu = [tuple(torch.from_numpy(t.copy()).to("cuda", dtype) for t in layer)
+                      for layer in layers]
+            expected = gpu.compress(layers=on_gpu, policy="dropkv", keep=0.2)
+            for i, (k, v, q) in enumerate(on_gpu):
+                strided = k.transpose(0, 1).contiguous().transpose(0, 1)
+                decision = call(strided, v, q, layer_id=i)
+                assert decision.output_written and decision.kept[0].device.type == "cuda"
+                same(kvtrim.CompressResult([decision], "gpu"),
+                     kvtrim.CompressResult([expected.layers[i]], "gpu"))
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                copies = [tuple(t.clone() for t in layer) for layer in on_gpu]
+            decision = call(*copies[0], layer_id=0, stream=stream)
+            same(kvtrim.CompressResult([decision], "gpu"),
+                 kvtrim.CompressResult([expected.layers[0]], "gpu"))
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                answers = list(pool.map(lambda i: call(*on_gpu[i % len(on_gpu)],
+                                                       layer_id=i % len(on_gpu)), range(32)))
+            for i, decision in enumerate(answers):
+                same(kvtrim.CompressResult([decision], "gpu"),
+                     kvtrim.CompressResult([expected.layers[i % len(on_gpu)]], "gpu"))
+        k, v, q = on_gpu[0]
+        with pytest.raises(kvtrim.KvtrimError) as error:
+            call(k, v[:, :10], q)
+        assert (error.value.code, error.value.field) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                         "layers[0].values.shape")
