@@ -460,5 +460,26 @@ TEST(CompressLimitsTest, MaxInflightRejectsExtraCalls) {
   EXPECT_TRUE(CallCompress(*stub, MakeRequest("knorm")).ok());
 }
 
+/// Admission: a client that sends its next call as soon as it has an answer is never
+/// refused by a limit it does not exceed (the slot is given back before the status goes
+/// out, not when gRPC later destroys the call).
+TEST(CompressLimitsTest, SequentialCallsNeverHitMaxInflight) {
+  Config config = TestConfig();
+  config.max_inflight = 1;
+  auto server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  const v1::CompressRequest request = MakeRequest("knorm");
+  for (int i = 0; i < 400; ++i) {
+    const grpc::Status status = CallCompress(*stub, request);
+    ASSERT_TRUE(status.ok()) << "call " << i << ": " << status.error_message();
+  }
+  for (int i = 0; i < 100; ++i) {
+    std::vector<v1::SessionResponse> responses;
+    const grpc::Status status = CallSession(*stub, request, /*finish=*/true, &responses);
+    ASSERT_TRUE(status.ok()) << "session " << i << ": " << status.error_message();
+  }
+}
+
 }  // namespace
 }  // namespace kvtrim::service::testing

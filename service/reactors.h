@@ -44,6 +44,12 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
   const absl::Status& admitted() const { return guard_.status(); }
   /// The caller's tenant ("" without bearer tokens).
   const std::string& tenant() const { return guard_.tenant(); }
+  /// Gives the call's admission slot back before its status goes out (CallGuard), then
+  /// finishes the call. Nothing may touch the call afterwards.
+  void FinishCall(const grpc::Status& status) {
+    guard_.ReleaseSlot();
+    Finish(status);
+  }
   void OnDone() override { delete this; }
 
  private:

@@ -127,7 +127,7 @@ grpc::ServerUnaryReactor* StartCompress(ServiceCore& core, grpc::CallbackServerC
     if (!status.ok()) response->Clear();
     core.LogServerError(Rpc::kCompress, request->settings().request_id(), status);
     core.metrics().RecordRequest(Rpc::kCompress, label, status.code(), SecondsSince(start));
-    call->Finish(ToGrpcStatus(status));
+    call->FinishCall(ToGrpcStatus(status));
   };
   if (call->admitted().ok()) {
     core.pool().Post(std::move(run));

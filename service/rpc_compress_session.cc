@@ -428,6 +428,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     core_.LogServerError(Rpc::kCompressSession, request_id_, status);
     core_.metrics().RecordRequest(Rpc::kCompressSession, label_, status.code(),
                                   SecondsSince(start_));
+    guard_.ReleaseSlot();  // the client may open its next session as soon as it has this one's
     FinishAfterWrites(wire);
   }
 

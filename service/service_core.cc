@@ -204,15 +204,18 @@ CallGuard::CallGuard(ServiceCore& core, CallSlot slot, const grpc::ServerContext
   }
 }
 
-CallGuard::~CallGuard() {
-  if (admitted_) {
-    if (slot_ == CallSlot::kInflight) {
-      core_.inflight_.fetch_sub(1);
-      core_.metrics_.InflightChanged(-1);
-    } else {
-      core_.leases_.fetch_sub(1);
-    }
+void CallGuard::ReleaseSlot() {
+  if (!admitted_.exchange(false)) return;
+  if (slot_ == CallSlot::kInflight) {
+    core_.inflight_.fetch_sub(1);
+    core_.metrics_.InflightChanged(-1);
+  } else {
+    core_.leases_.fetch_sub(1);
   }
+}
+
+CallGuard::~CallGuard() {
+  ReleaseSlot();
   if (counted_) {
     std::lock_guard<std::mutex> lock(core_.calls_mutex_);
     if (--core_.active_calls_ == 0) core_.calls_idle_.notify_all();

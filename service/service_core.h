@@ -166,12 +166,17 @@ class CallGuard {
   const absl::Status& status() const { return status_; }
   /// The caller's tenant ("" without bearer tokens).
   const std::string& tenant() const { return tenant_; }
+  /// Gives the call's --max_inflight / --max_leases slot back now, as its final status is
+  /// handed to gRPC: a client that sends its next call as soon as it has the answer must
+  /// find the slot free (gRPC destroys the reactor, and with it this guard, only later).
+  /// The call still counts for a drain until the guard is destroyed. Idempotent.
+  void ReleaseSlot();
 
  private:
   ServiceCore& core_;
   CallSlot slot_;
   bool counted_ = false;   // in active_calls_
-  bool admitted_ = false;  // holds a slot of its limit
+  std::atomic<bool> admitted_{false};  // holds a slot of its limit
   absl::Status status_;
   std::string tenant_;
 };

@@ -40,11 +40,13 @@ const float* PaddedTile(const float* logits, int64_t count, std::vector<float>* 
 void FastExpectedAttentionScores(const CpuLayer& layer, const ExpectedQueryStats& stats,
                                  float eps, bool use_vnorm, ThreadPool& pool, float* scores) {
   const LayerShape& shape = layer.shape;
-  const int64_t n = shape.num_tokens, hq = shape.num_query_heads;
-  const int64_t heads = shape.num_kv_heads, group = shape.group_size();
+  // H_q from the statistics [H_q, d]: queries are optional (0 query heads without them).
+  const int64_t n = shape.num_tokens;
+  const int64_t hq = static_cast<int64_t>(stats.mean.size()) / shape.head_dim;
+  const int64_t heads = shape.num_kv_heads, group = hq / heads;
   const int64_t tiles = KeyTiles(n);
   std::vector<float> logits(static_cast<size_t>(hq * n));
-  FastExpectedLogits(layer, stats.mean.data(), stats.cov.data(), layer.softmax_scale,
+  FastExpectedLogits(layer, stats.mean.data(), stats.cov.data(), hq, layer.softmax_scale,
                      stats.half_scale2, pool, logits.data());
   // Per (query head, tile): the maximum and sum of exp; then per query head -M and 1 / Z.
   std::vector<float> tile_max(static_cast<size_t>(hq * tiles)), tile_sum(tile_max.size());

@@ -149,7 +149,9 @@ Measured Compare(const ModelCase& c) {
   request.layer_id = 1;
   request.keys = {data.keys.data(), c.dtype, {kKvHeads, c.n, c.d}};
   request.values = {data.values.data(), c.dtype, {kKvHeads, c.n, c.d}};
-  request.queries = {data.queries.data(), c.dtype, {kKvHeads * c.group, c.rows, c.d}};
+  if (c.rows > 0) {  // rows 0: no queries sent (optional for the model's statistics)
+    request.queries = {data.queries.data(), c.dtype, {kKvHeads * c.group, c.rows, c.d}};
+  }
   auto validated = engine.Validate(*policy, request, "layer");
   if (!validated.ok()) {
     m.failure = absl::StrCat(c.Describe(), ": ", validated.status().ToString());
@@ -238,6 +240,20 @@ TEST(FastCpuModelScores, ReductionLayouts) {
         for (DType dtype : {DType::kF32, DType::kBF16}) {
           cases.push_back({spec, dtype, n, 64, l.group, 64, l.rows, l.window});
         }
+      }
+    }
+  }
+  ExpectWithinBand(cases);
+}
+
+// Expected Attention with the model's statistics and no queries sent: H_q comes from the
+// statistics (the layer has 0 query heads), in fast as in exact.
+TEST(FastCpuModelScores, ExpectedAttentionWithoutQueries) {
+  std::vector<ModelCase> cases;
+  for (int64_t n : {7, 300}) {
+    for (int64_t group : {1, 4}) {
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        cases.push_back({Specs()[5], dtype, n, 64, group, 64, /*rows=*/0, /*window=*/32});
       }
     }
   }

@@ -191,11 +191,12 @@ void FastGramNorms(const CpuLayer& layer, const float* grams, int64_t per_head, 
   ForEachTile(TokenRows::Values(layer), shape.num_kv_heads, n, prefix, pool, tile);
 }
 
-void FastExpectedLogits(const CpuLayer& layer, const float* mean, const float* cov, float scale,
-                        float half_scale2, ThreadPool& pool, float* out) {
+void FastExpectedLogits(const CpuLayer& layer, const float* mean, const float* cov,
+                        int64_t num_query_heads, float scale, float half_scale2,
+                        ThreadPool& pool, float* out) {
   const LayerShape& shape = layer.shape;
-  const int64_t n = shape.num_tokens, d = shape.head_dim, hq = shape.num_query_heads;
-  const int64_t group = shape.group_size();
+  const int64_t n = shape.num_tokens, d = shape.head_dim, hq = num_query_heads;
+  const int64_t group = hq / shape.num_kv_heads;
   const QuadraticForms forms(cov, hq, d, half_scale2, pool);
   std::vector<float> bias(static_cast<size_t>(hq * d));
   for (int64_t i = 0; i < hq * d; ++i) bias[i] = scale * mean[i];

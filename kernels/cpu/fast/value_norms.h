@@ -30,8 +30,10 @@ void FastGramNorms(const CpuLayer& layer, const float* grams, int64_t per_head, 
 
 /// out [H_q, n]: Expected Attention's logits l_{q,j} = scale * mu_q . k_j + half_scale2 *
 /// k_j^T Sigma_q k_j for every token (the quadratic form as FastGramNorms computes it, the
-/// linear term as a dot product); mean [H_q, d], cov [H_q, d, d].
-void FastExpectedLogits(const CpuLayer& layer, const float* mean, const float* cov, float scale,
-                        float half_scale2, ThreadPool& pool, float* out);
+/// linear term as a dot product); mean [H_q, d], cov [H_q, d, d]. H_q is `num_query_heads`
+/// (the statistics': the layer may carry no queries).
+void FastExpectedLogits(const CpuLayer& layer, const float* mean, const float* cov,
+                        int64_t num_query_heads, float scale, float half_scale2,
+                        ThreadPool& pool, float* out);
 
 }  // namespace kvtrim
