@@ -1,0 +1,40 @@
+#include "service/memory_return.h"
+
+#include <malloc.h>
+
+#include <cstdlib>
+
+namespace kvtrim::service {
+
+void TuneAllocator() {
+  if (std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr) return;  // the operator's choice
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+}
+
+MemoryTrimmer::MemoryTrimmer(std::chrono::milliseconds period) : period_(period) {
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stop_requested_.wait_for(lock, period_, [this] { return stop_; })) {
+      lock.unlock();
+      malloc_trim(0);
+      lock.lock();
+      ++trims_;
+    }
+  });
+}
+
+MemoryTrimmer::~MemoryTrimmer() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  stop_requested_.notify_all();
+  thread_.join();
+}
+
+int MemoryTrimmer::trims() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return trims_;
+}
+
+}  // namespace kvtrim::service

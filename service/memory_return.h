@@ -1,0 +1,40 @@
+// Returning freed heap memory to the system (glibc malloc): under sustained load kvtrimd's
+// requests come and go in sizes glibc's self-adjusting mmap threshold ends up serving from
+// the arenas, and freed arena memory is kept; RSS then grows for minutes with no leak
+// (docs/reliability.md, "Soak"). kvtrimd fixes the threshold and trims periodically.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+namespace kvtrim::service {
+
+/// Serves allocations of at least 256 KiB (request and tensor buffers) with mmap, so their
+/// memory goes back to the system when freed, unless the operator set
+/// MALLOC_MMAP_THRESHOLD_ in the environment. Call once at start-up, before threads start.
+void TuneAllocator();
+
+/// A thread calling malloc_trim(0) every `period` (freed arena memory back to the
+/// system), stopped and joined by the destructor.
+class MemoryTrimmer {
+ public:
+  explicit MemoryTrimmer(std::chrono::milliseconds period);
+  ~MemoryTrimmer();
+  MemoryTrimmer(const MemoryTrimmer&) = delete;
+  MemoryTrimmer& operator=(const MemoryTrimmer&) = delete;
+
+  /// Trims done so far (tests).
+  int trims() const;
+
+ private:
+  std::chrono::milliseconds period_;
+  mutable std::mutex mutex_;
+  std::condition_variable stop_requested_;
+  bool stop_ = false;
+  int trims_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace kvtrim::service
