@@ -43,6 +43,16 @@ bool ReadCount(const Json& value, uint64_t* out) {
   return true;
 }
 
+/// A header's `shape` array as JSON text for messages. One holding arrays or objects is not
+/// printed: dump() recurses once per nesting level, and a deeply nested shape overflowed
+/// the stack.
+std::string ShapeText(const Json& shape) {
+  for (const Json& dim : shape) {
+    if (!dim.is_primitive()) return "[...] (holding arrays or objects)";
+  }
+  return shape.dump();
+}
+
 /// Where one tensor's bytes sit in the data section, before they are copied.
 struct Entry {
   std::string name;
@@ -72,20 +82,21 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& value,
     return absl::InvalidArgumentError(absl::StrCat(where, "\"shape\" is missing or not an array"));
   }
   uint64_t bytes = static_cast<uint64_t>(DTypeSize(entry.tensor.dtype));
-  bool overflow = false, empty = false;
+  bool overflow = false;
   for (const Json& dim : *shape) {
     uint64_t extent = 0;
     if (!ReadCount(dim, &extent) || extent > static_cast<uint64_t>(INT64_MAX)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "shape ", shape->dump(), " has a non-integer or negative extent"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, "shape ", ShapeText(*shape), " has a non-integer or negative extent"));
     }
-    empty |= extent == 0;
     overflow |= __builtin_mul_overflow(bytes, extent, &bytes);
     entry.tensor.shape.push_back(static_cast<int64_t>(extent));
   }
-  if (empty) bytes = 0;
-  if (overflow && !empty) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "shape ", shape->dump(), " is too large"));
+  // Refused whenever the running product overflows, even if a later extent is 0:
+  // NumElements() (and the writer) would overflow on such a shape.
+  if (overflow) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "shape ", ShapeText(*shape), " is too large"));
   }
 
   auto offsets = value.find("data_offsets");
@@ -102,7 +113,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& value,
   if (entry.end - entry.begin != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, "data_offsets [", entry.begin, ", ", entry.end, "] hold ", entry.end - entry.begin,
-        " bytes but shape ", shape->dump(), " of ", DTypeName(entry.tensor.dtype), " needs ",
+        " bytes but shape ", ShapeText(*shape), " of ", DTypeName(entry.tensor.dtype), " needs ",
         bytes));
   }
   return entry;

@@ -135,6 +135,36 @@ TEST(SafetensorsTest, RejectsBadShape) {
                 "tensor \"t\": shape [4294967296,4294967296,16] is too large");
 }
 
+// Found by fuzz/safetensors_fuzz: a shape whose element count overflows before a zero
+// extent was accepted as empty, and SerializeSafetensors (NumElements) then overflowed int64.
+TEST(SafetensorsTest, RejectsShapesThatOverflowBeforeAZeroExtent) {
+  ExpectInvalid(RawFile(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,0],)"
+                        R"("data_offsets":[0,0]}})",
+                        ""),
+                "tensor \"t\": shape [4294967296,4294967296,0] is too large");
+  // A zero extent first: an empty tensor, which round-trips.
+  absl::StatusOr<SafetensorsFile> file = ParseSafetensors(
+      RawFile(R"({"t":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})",
+              ""),
+      "empty");
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(file->tensors.at("t").NumElements(), 0);
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(*file);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  EXPECT_TRUE(ParseSafetensors(*bytes, "again").ok());
+}
+
+// Found by fuzz/safetensors_fuzz: the message of a bad extent printed the shape with
+// nlohmann's dump(), which recurses once per nesting level; a deeply nested shape overflowed
+// the stack (the CLI's inputs, kvtrimd's model files at start-up).
+TEST(SafetensorsTest, RejectsADeeplyNestedShapeWithoutRecursion) {
+  const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+  ExpectInvalid(RawFile(R"({"t":{"dtype":"F32","shape":[1,)" + nested +
+                            R"(],"data_offsets":[0,4]}})",
+                        std::string(4, '\0')),
+                "tensor \"t\": shape [...] (holding arrays or objects) has a non-integer");
+}
+
 TEST(SafetensorsTest, RejectsOffsetsOutsideTheData) {
   ExpectInvalid(RawFile(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})",
                         std::string(4, '\0')),

@@ -9,6 +9,7 @@ PACKAGES=(
   libabsl-dev prometheus-cpp-dev nlohmann-json3-dev libssl-dev libhwy-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-venv openssl
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -109,9 +109,12 @@ absl::StatusOr<ProfileManifest> ParseProfileManifest(const std::string& json,
       manifest.metric = it->get<std::string>();
     } else if (key == "sink" || key == "window") {
       if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+        // A value is quoted only when it is a scalar: dump() recurses per nesting level,
+        // and a client's deeply nested array overflowed the stack.
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".", key, ": must be an integer >= 0, got ",
-                         QuoteClientText(it->dump())));
+                         it->is_primitive() ? QuoteClientText(it->dump())
+                                            : std::string("a JSON ") + it->type_name()));
       }
       (key == "sink" ? manifest.sink : manifest.window) = it->get<int64_t>();
     } else {

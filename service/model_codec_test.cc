@@ -328,6 +328,18 @@ TEST(ModelCodecTest, ProfileManifests) {
             R"({"metric":"snapkv","sink":4,"window":32})");
 }
 
+// Found by fuzz/lukv_profile_fuzz: the message of a non-integer sink quoted the value with
+// nlohmann's dump(), which recurses once per nesting level; a RegisterModel client's
+// manifest of a deeply nested array overflowed kvtrimd's stack.
+TEST(ModelCodecTest, DeeplyNestedManifestValueIsRefusedWithoutRecursion) {
+  const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+  EXPECT_STATUS(ParseProfileManifest("{\"sink\": " + nested + "}", "m").status(),
+                absl::StatusCode::kInvalidArgument,
+                "m.sink: must be an integer >= 0, got a JSON array");
+  EXPECT_STATUS(ParseProfileManifest("{\"window\": 1.5}", "m").status(),
+                absl::StatusCode::kInvalidArgument, "m.window: must be an integer >= 0, got '1.5'");
+}
+
 TEST(ModelCodecTest, WrongShapesNameTheField) {
   // W_O of a 1-layer model with H_q=4, d=8, D=8 must be [8, 32].
   auto stream = SmallStream();

@@ -138,11 +138,20 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, absl::string_view sou
     if (!absl::SimpleAtoi(part, &dim) || dim < 0) return bad(absl::StrCat("bad shape ", s));
     array.shape.push_back(dim);
   }
-  const int64_t count = array.NumElements();
+  // product(shape) in NumElements' order, refused where it overflows int64 (the product, or
+  // its byte size, would otherwise wrap and pass the size check below).
+  int64_t count = 1;
+  for (int64_t dim : array.shape) {
+    if (__builtin_mul_overflow(count, dim, &count)) {
+      return bad(absl::StrCat("shape ", s, " is too large"));
+    }
+  }
   const size_t data_offset = offset + header_len;
-  if (bytes.size() - data_offset != static_cast<size_t>(count) * sizeof(float)) {
-    return bad(absl::StrCat("data holds ", bytes.size() - data_offset, " bytes, shape ", s,
-                            " needs ", count * static_cast<int64_t>(sizeof(float))));
+  const size_t data_bytes = bytes.size() - data_offset;
+  if (data_bytes % sizeof(float) != 0 ||
+      data_bytes / sizeof(float) != static_cast<uint64_t>(count)) {
+    return bad(absl::StrCat("data holds ", data_bytes, " bytes, shape ", s, " needs ", count,
+                            " float32 values"));
   }
   array.data.resize(static_cast<size_t>(count));
   if (count > 0) std::memcpy(array.data.data(), bytes.data() + data_offset, count * sizeof(float));

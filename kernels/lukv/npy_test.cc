@@ -73,5 +73,29 @@ TEST(LukvNpyTest, RejectsMalformed) {
   EXPECT_FALSE(SerializeNpy(NpyArray{{3}, {1, 2}}).ok());
 }
 
+// Found by fuzz/npy_fuzz: a shape whose product overflowed int64 (undefined behaviour), or
+// whose byte size wrapped to the data's size (e.g. 2^62 elements "in" 0 bytes, then
+// resized to 2^62 floats), must be refused, not read.
+TEST(LukvNpyTest, RejectsShapesWhoseSizeOverflows) {
+  NpyArray empty{{0}, {}};
+  const std::string good = *SerializeNpy(empty);
+  for (const char* shape : {"(3, 9223372036854775807)", "(4294967296, 4294967296)",
+                            "(4611686018427387904,)", "(4294967296, 4294967296, 0)"}) {
+    std::string bytes = good;
+    bytes.replace(bytes.find("(0,)"), 4, shape);
+    bytes.erase(bytes.find("}") + 1, std::string(shape).size() - 4);  // keep the length
+    auto parsed = ParseNpy(bytes, "x");
+    ASSERT_FALSE(parsed.ok()) << shape;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << shape;
+  }
+  // An empty array with a huge but representable extent is still fine.
+  std::string zero = good;
+  zero.replace(zero.find("(0,)"), 4, "(0, 9223372036854775807)");
+  zero.erase(zero.find("}") + 1, 20);
+  auto parsed = ParseNpy(zero, "x");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->data.size(), 0u);
+}
+
 }  // namespace
 }  // namespace kvtrim::lukv
