@@ -3,8 +3,9 @@
 # from torch tensors against kvtrimd --backend=gpu, kvtrim.local on CUDA tensors, kvtrim.hf on
 # real and random models) and tools/python_client_bench.py beside the C++ load generator, in
 # one call.
-# Prepare here: bash scripts/gpu_bundle.sh kvtrimd kvtrim kvtrim-loadgen kvtrim_c (it also
-# copies ../shared/models/stories260K.bin into gpu_bundle/models), then
+# Prepare here: bash scripts/gpu_bundle.sh kvtrimd kvtrim kvtrim-loadgen kvtrim_c
+# kvtrim-c-session-bench (it also copies ../shared/models/stories260K.bin into
+# gpu_bundle/models; the last target is optional: the C ABI's sessions from C++), then
 #   .venv/bin/python -m pip wheel -q --no-deps client/python -w .whl
 # and carry gpu_bundle and .whl. Run there: bash scripts/gpu_python.sh (or SECTIONS=python
 # bash scripts/gpu_run.sh). Output under $OUT: python_tests.xml, python_tests.log,
@@ -39,9 +40,12 @@ timeout 300 python3 -m pytest -q -p no:cacheprovider -rs client/python/tests too
 echo "== kvtrimd --backend=gpu --allow_client_shm; tools/python_client_bench.py"
 start_kvtrimd "$OUT/kvtrimd_python.log" --backend=gpu --allow_client_shm --listen=127.0.0.1:0 \
   --metrics_listen= --workers=2 --max_message_bytes=$((256 << 20)) || exit 1
-timeout 240 python3 tools/python_client_bench.py --target "$address" \
+c_bench=()
+[ -x "$BIN/kvtrim-c-session-bench" ] &&
+  c_bench=(--c_session_bench "$BIN/kvtrim-c-session-bench")
+timeout 300 python3 tools/python_client_bench.py --target "$address" \
   --loadgen "$BIN/kvtrim-loadgen" --library "$KVTRIM_LIBRARY" --out "$OUT/python.json" \
-  --md "$OUT/python.md" || RC=1
+  --md "$OUT/python.md" "${c_bench[@]}" || RC=1
 echo "== tools/python_latency_breakdown.py"
 timeout 120 python3 tools/python_latency_breakdown.py --target "$address" \
   --library "$KVTRIM_LIBRARY" --out "$OUT/python_breakdown.json" || RC=1

@@ -143,8 +143,10 @@ def rounds_p50(runs):
     in the caller's thread: the interval the Python figures measure) as "caller"."""
     arrival = [run["layer_latency_s"]["p50"] for run in runs]
     caller = [run["serial_wait_latency_s"]["p50"] for run in runs]
+    send = [run["serial_send_s"]["p50"] for run in runs if "serial_send_s" in run]
     return {"p50": statistics.median(arrival), "round_p50s": arrival,
-            "caller": {"p50": statistics.median(caller), "round_p50s": caller}}
+            "caller": {"p50": statistics.median(caller), "round_p50s": caller,
+                       "send_p50": statistics.median(send) if send else None}}
 
 
 def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_json,
@@ -163,6 +165,30 @@ def loadgen(binary, target, n, layers, transport, serial, prefills, warmup, out_
     subprocess.run(args, check=True, stdout=subprocess.DEVNULL, timeout=300)
     with open(out_json) as f:
         return json.load(f)
+
+
+def c_session_bench(binary, target, n, layers, prefills, warmup, out_json, device_outputs):
+    """One kvtrim-c-session-bench run (serial CUDA IPC sessions through libkvtrim's C ABI
+    from C++: the Python client's native transport without the interpreter); its JSON."""
+    args = [binary, f"--target={target}", f"--tokens={n}", f"--layers={layers}",
+            f"--prefills={prefills}", f"--warmup_prefills={warmup}",
+            f"--kv_heads={SHAPE['kv_heads']}", f"--q_heads={SHAPE['q_heads']}",
+            f"--head_dim={SHAPE['head_dim']}", f"--window={SHAPE['window']}",
+            f"--device_outputs={'true' if device_outputs else 'false'}",
+            f"--json_out={out_json}"]
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    with open(out_json) as f:
+        return json.load(f)
+
+
+def c_rounds_p50(runs):
+    """{p50, round_p50s, <stage>_p50} of kvtrim-c-session-bench runs: the median of the
+    rounds' p50s of the layer latency and of each stage."""
+    out = {"p50": statistics.median(r["serial_latency_s"]["p50"] for r in runs),
+           "round_p50s": [r["serial_latency_s"]["p50"] for r in runs]}
+    for stage in ("fill_s", "send_s", "answer_s", "parse_s"):
+        out[f"{stage[:-2]}_p50"] = statistics.median(r[stage]["p50"] for r in runs)
+    return out
 
 
 def write_table(path: str, lines) -> None:
@@ -204,6 +230,9 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--md", required=True)
     parser.add_argument("--library", default=None, help="libkvtrim.so (kvtrim.local)")
+    parser.add_argument("--c_session_bench", default=None,
+                        help="kvtrim-c-session-bench: also time the C ABI's sessions from C++ "
+                        "in every round (the Python client's native transport without Python)")
     parser.add_argument("--tokens", default="4096,32768")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prefills", type=int, default=8)
@@ -238,13 +267,23 @@ def main():
             args.warmup, f"{stem}_loadgen_{transport}{'_output' if output else ''}_"
             f"{'serial' if serial else 'pipe'}_{n}.json", output)
         cpp_rounds, cpp_output_rounds, py_samples, py_lists_samples = [], [], [], []
-        for _ in range(args.rounds):
+        c_rounds = {True: [], False: []}
+        for r in range(args.rounds):
+            if args.c_session_bench:
+                for outputs in (True, False):
+                    c_rounds[outputs].append(c_session_bench(
+                        args.c_session_bench, args.target, n, args.layers, args.prefills,
+                        args.warmup, f"{stem}_c_session_{'output' if outputs else 'lists'}_"
+                        f"{n}_{r}.json", outputs))
             cpp_rounds.append(lg("cuda_ipc", True))
             py_lists_samples += python_serial(native_lists, gpu, "regions", args.prefills,
                                               args.warmup)
             cpp_output_rounds.append(lg("cuda_ipc", True, True))
             py_samples += python_serial(native, gpu, "regions", args.prefills, args.warmup)
         cpp_ipc, cpp_ipc_output = rounds_p50(cpp_rounds), rounds_p50(cpp_output_rounds)
+        c_abi = ({"c_abi_output_region": c_rounds_p50(c_rounds[True]),
+                  "c_abi_lists_in_answer": c_rounds_p50(c_rounds[False])}
+                 if args.c_session_bench else {})
         py_ipc_session = summary(py_samples)
         py_ipc_lists = summary(py_lists_samples)
         py_ipc = summary(python_unary(native, gpu, args.prefills, args.warmup))
@@ -270,7 +309,8 @@ def main():
                 "python_lists_minus_cpp_p50_s": py_ipc_lists["p50"] - cpp_ipc["caller"]["p50"],
                 "python_minus_cpp_p50_s": py_ipc_session["p50"] - cpp_ipc["caller"]["p50"],
                 "python_unary_minus_cpp_p50_s": py_ipc["p50"] - cpp_ipc["caller"]["p50"],
-                "python_grpcio_minus_cpp_p50_s": py_ipc_grpcio["p50"] - cpp_ipc["caller"]["p50"]},
+                "python_grpcio_minus_cpp_p50_s": py_ipc_grpcio["p50"] - cpp_ipc["caller"]["p50"],
+                **c_abi},
             "inline_serial_latency_s": {
                 "python": py_inline, "python_grpcio": py_inline_grpcio, "cpp": cpp_inline,
                 "python_over_cpp_p50": py_inline["p50"] / cpp_inline["p50"]},
@@ -327,6 +367,28 @@ def main():
             f"| {r['inprocess_latency_s']['overhead']['p50'] * 1e6:.0f} µs "
             f"| {ms(r['inprocess_prepared_latency_s']['wall']['p50'])} "
             f"| {r['inprocess_prepared_latency_s']['overhead']['p50'] * 1e6:.0f} µs |")
+    if any("c_abi_output_region" in r["cuda_ipc_serial_latency_s"] for r in rows):
+        lines += ["", "Where the CUDA IPC gap is: the same serial sessions through libkvtrim's C "
+                  "ABI from C++ (kvtrim-c-session-bench, the calls the Python client makes, "
+                  "in the same rounds).", "",
+                  "| n | answer | C++ client (its SendLayer) | C ABI from C++ (its send / answer "
+                  "call) | Python | C ABI − C++ | Python − C ABI |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            ipc = r["cuda_ipc_serial_latency_s"]
+            for label, c_key, cpp_key, py_key in (
+                    ("device buffers", "c_abi_output_region", "cpp_output_region", "python"),
+                    ("in the answer", "c_abi_lists_in_answer", "cpp",
+                     "python_lists_in_answer")):
+                c_abi, cpp, py = ipc[c_key], ipc[cpp_key]["caller"]["p50"], ipc[py_key]["p50"]
+                cpp_send = ipc[cpp_key]["caller"]["send_p50"]
+                lines.append(
+                    f"| {r['tokens']} | {label} | {cpp * 1e3:.3f} ms "
+                    f"({'–' if cpp_send is None else f'{cpp_send * 1e6:.0f} µs'}) "
+                    f"| {c_abi['p50'] * 1e3:.3f} ms ({c_abi['send_p50'] * 1e6:.0f} / "
+                    f"{c_abi['answer_p50'] * 1e6:.0f} µs) | {py * 1e3:.3f} ms "
+                    f"| {(c_abi['p50'] - cpp) * 1e6:+.0f} µs "
+                    f"| {(py - c_abi['p50']) * 1e6:+.0f} µs |")
     write_table(args.md, lines)
 
 

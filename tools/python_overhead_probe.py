@@ -252,48 +252,61 @@ def prepared_stages(engine, n, loops):
             for name, values in stages.items()}
 
 
-def native_session(target, library, k, v, q, sessions, with_outputs):
-    """Medians of one serial native session layer's stages (Python prepare, the C send, the
-    C wait for the answer, the answer's decoding) over `sessions` sessions of 8 layers,
-    beside the wall of kvtrim.Session's own send + result."""
+class TimedCalls:
+    """Wraps a session's C functions so that each call notes when it began and ended
+    (`marks`: (name, start, end) of perf_counter seconds): one more Python call and two
+    clock reads per C call."""
+
+    def __init__(self):
+        self.marks = []
+
+    def wrap(self, name, function):
+        """`function` timed under `name`."""
+        marks = self.marks
+
+        def timed(*args):
+            start = time.perf_counter()
+            try:
+                return function(*args)
+            finally:
+                marks.append((name, start, time.perf_counter()))
+
+        return timed
+
+
+def native_session(target, library, layers, sessions, with_outputs):
+    """Medians of one serial native session layer's stages, timed inside the client's own
+    NativeSession.send and .result (its two C functions wrapped by TimedCalls), over
+    `sessions` sessions of the 8 distinct `layers`: Python before kvtrim_session_send, the C
+    send, Python after it; Python before kvtrim_session_answer, the C answer (the wait for
+    kvtrimd and the answer's bytes), Python after it (bytes, parse, LayerDecision); the
+    layer's wall and the Python share (the four Python stages)."""
     client = kvtrim.Client(target, native=True, library=library,
                            device_outputs=with_outputs)
-    stages = {"prepare": [], "send": [], "answer": [], "decode": [], "send+result": []}
-    for s in range(sessions):
+    names = ("python before send", "C send", "python after send", "python before answer",
+             "C answer", "python after answer", "python share", "send+result")
+    stages = {name: [] for name in names}
+    for s in range(sessions + 1):
         with client.session(policy="dropkv", keep=0.2, perturbation="off",
                             transport="regions") as session:
-            lib = session._lib
-            for i in range(8):
-                t0 = time.perf_counter()
-                keep = []
-                array, device, outputs = _libkvtrim.layer_array(
-                    [Layer(k, v, q, layer_id=i)], keep, session._with_outputs)
-                stream = _libkvtrim.stream_handle(None, device)
-                error = _libkvtrim.error_buffer()
-                t1 = time.perf_counter()
-                code = lib.kvtrim_session_send(session._handle, array, stream, error, 4096)
-                t2 = time.perf_counter()
-                assert code == 0, error.value
-                answer, size = ctypes.c_void_p(), ctypes.c_size_t()
-                code = lib.kvtrim_session_answer(session._handle, i, ctypes.byref(answer),
-                                                 ctypes.byref(size), error, 4096)
-                t3 = time.perf_counter()
-                assert code == 0, error.value
-                decision_of(pb.LayerResult.FromString(_libkvtrim._take(lib, answer, size)),
-                            device, outputs[0])
-                t4 = time.perf_counter()
-                session._alive.append((keep, outputs))
-                if s > 0:
-                    for name, value in (("prepare", t1 - t0), ("send", t2 - t1),
-                                        ("answer", t3 - t2), ("decode", t4 - t3)):
-                        stages[name].append(value)
-        with client.session(policy="dropkv", keep=0.2, perturbation="off",
-                            transport="regions") as session:
-            for i in range(8):
+            timed = TimedCalls()
+            session._send_call = timed.wrap("send", session._send_call)
+            session._answer_call = timed.wrap("answer", session._answer_call)
+            for i, (k, v, q) in enumerate(layers):
+                timed.marks.clear()
                 t0 = time.perf_counter()
                 session.send(k, v, q, layer_id=i)
+                t1 = time.perf_counter()
                 session.result(i)
-                stages["send+result"].append(time.perf_counter() - t0)
+                t2 = time.perf_counter()
+                marks = {name: (begin, end) for name, begin, end in timed.marks}
+                send, answer = marks["send"], marks["answer"]
+                values = (send[0] - t0, send[1] - send[0], t1 - send[1], answer[0] - t1,
+                          answer[1] - answer[0], t2 - answer[1])
+                if s > 0:  # the first session registers the allocations
+                    python = values[0] + values[2] + values[3] + values[5]
+                    for name, value in zip(names, values + (python, t2 - t0)):
+                        stages[name].append(value)
     client.close()
     label = "native session" + (" (device outputs)" if with_outputs else " (lists)")
     return {f"{label} {name} p50": statistics.median(values) for name, values in stages.items()}
@@ -322,12 +335,24 @@ def main():
     parser.add_argument("--target", default=None, help="a kvtrimd --backend=gpu "
                         "--allow_client_shm: also time native CUDA IPC sessions")
     parser.add_argument("--sessions", type=int, default=30)
+    parser.add_argument("--session_stages_only", action="store_true",
+                        help="only the native sessions' stages (needs --target)")
     parser.add_argument("--stages_only", action="store_true",
                         help="only the prepared call's stages and compress() over 8 layers")
     args = parser.parse_args()
     engine = kvtrim.local.Engine("gpu", library=args.library)
     rows = []
     for n in (int(x) for x in args.tokens.split(",")):
+        if args.session_stages_only:
+            layers = [llama_layer(n + i) for i in range(8)]
+            seconds = {}
+            for with_outputs in (True, False):
+                seconds.update(native_session(args.target, args.library, layers,
+                                              args.sessions, with_outputs))
+            for name, value in seconds.items():
+                print(f"{n:6d} {name:50s} {value * 1e6:10.2f}", flush=True)
+            rows.append({"tokens": n, "seconds": seconds})
+            continue
         if args.stages_only:
             seconds = distinct_layers(engine, n, args.loops)
             seconds.update(prepared_stages(engine, n, args.loops))
@@ -344,8 +369,9 @@ def main():
                 client.health()
                 row["seconds"].update(distinct_layers(engine, n, args.loops,
                                                       "8 layers, grpcio channel open"))
+            layers = [llama_layer(n + i) for i in range(8)]
             for with_outputs in (True, False):
-                row["seconds"].update(native_session(args.target, args.library, k, v, q,
+                row["seconds"].update(native_session(args.target, args.library, layers,
                                                      args.sessions, with_outputs))
         for name, value in row["seconds"].items():
             print(f"{n:6d} {name:40s} {value * 1e6 if value < 1 else value:10.2f}")

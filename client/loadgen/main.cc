@@ -105,6 +105,7 @@ std::string Usage() {
       "http2_window_bytes, shared_connection, model_digest,\n"
       "send_values, send_queries, numerics, profile, perturbation}, backend, layer_latency_s,\n"
       "layer_prepare_s, serial_wait_latency_s (--serial: until WaitForAnswer returned),\n"
+      "serial_send_s (--serial: SendLayer alone),\n"
       "server_compute_s, prefill_wall_s (each {count, mean, p50, p99, min, max}),\n"
       "wire_bytes_per_prefill, layers_by_numerics{fast, exact}, stage_profile{order[],\n"
       "stages{<stage>: {where, count, mean, p50, p99, min, max}}} (null without --profile;\n"

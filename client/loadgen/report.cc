@@ -49,7 +49,7 @@ void PrintTable(const RunTotals& totals, std::ostream& out) {
 
 RunTotals Aggregate(const RunReport& report) {
   RunTotals totals;
-  std::vector<double> latency, prepare, serial_wait, compute, wall;
+  std::vector<double> latency, prepare, serial_wait, serial_send, compute, wall;
   for (const WorkerResult& worker : report.workers) {
     WorkerTotals mine;
     mine.worker = worker.worker;
@@ -59,6 +59,8 @@ RunTotals Aggregate(const RunReport& report) {
       prepare.insert(prepare.end(), prefill.layer_prepare_s.begin(), prefill.layer_prepare_s.end());
       serial_wait.insert(serial_wait.end(), prefill.serial_wait_latency_s.begin(),
                          prefill.serial_wait_latency_s.end());
+      serial_send.insert(serial_send.end(), prefill.serial_send_s.begin(),
+                         prefill.serial_send_s.end());
       compute.insert(compute.end(), prefill.compute_s.begin(), prefill.compute_s.end());
       wall.push_back(prefill.wall_s);
       mine.prefills += 1;
@@ -78,6 +80,7 @@ RunTotals Aggregate(const RunReport& report) {
   totals.layer_latency_s = Summarize(std::move(latency));
   totals.layer_prepare_s = Summarize(std::move(prepare));
   totals.serial_wait_latency_s = Summarize(std::move(serial_wait));
+  totals.serial_send_s = Summarize(std::move(serial_send));
   totals.compute_s = Summarize(std::move(compute));
   totals.prefill_wall_s = Summarize(std::move(wall));
   if (totals.run_wall_s > 0) {
@@ -194,6 +197,7 @@ nlohmann::json ReportJson(const RunReport& report, const RunTotals& totals) {
       {"layer_latency_s", SummaryJson(totals.layer_latency_s)},
       {"layer_prepare_s", SummaryJson(totals.layer_prepare_s)},
       {"serial_wait_latency_s", SummaryJson(totals.serial_wait_latency_s)},
+      {"serial_send_s", SummaryJson(totals.serial_send_s)},
       {"server_compute_s", SummaryJson(totals.compute_s)},
       {"prefill_wall_s", SummaryJson(totals.prefill_wall_s)},
       {"wire_bytes_per_prefill", totals.wire_bytes_per_prefill},

@@ -41,6 +41,7 @@ struct RunTotals {
   Summary layer_latency_s;  // every layer of every measured prefill
   Summary layer_prepare_s;
   Summary serial_wait_latency_s;  // --serial: until WaitForAnswer returned (count 0 otherwise)
+  Summary serial_send_s;          // --serial: SendLayer alone (count 0 otherwise)
   Summary compute_s;       // server-reported compute_seconds
   Summary prefill_wall_s;  // every measured prefill
   int64_t prefills = 0;

@@ -16,6 +16,7 @@ PrefillSample Prefill(int layers, double latency, double compute, double wall, i
   sample.layer_latency_s.assign(layers, latency);
   sample.layer_prepare_s.assign(layers, 0.001);
   sample.serial_wait_latency_s.assign(layers, latency + 0.0005);
+  sample.serial_send_s.assign(layers, 0.0001);
   sample.compute_s.assign(layers, compute);
   sample.exact_layers = layers;
   return sample;
@@ -52,6 +53,8 @@ TEST(AggregateTest, PoolsEveryLayerAndPrefillAcrossWorkers) {
   EXPECT_DOUBLE_EQ(totals.layer_latency_s.mean, 0.020);
   EXPECT_EQ(totals.serial_wait_latency_s.count, 6);
   EXPECT_DOUBLE_EQ(totals.serial_wait_latency_s.p50, 0.0205);
+  EXPECT_EQ(totals.serial_send_s.count, 6);
+  EXPECT_DOUBLE_EQ(totals.serial_send_s.p50, 0.0001);
   EXPECT_DOUBLE_EQ(totals.compute_s.max, 0.006);
   EXPECT_EQ(totals.prefill_wall_s.count, 3);
   EXPECT_DOUBLE_EQ(totals.prefill_wall_s.p50, 2.0);
@@ -77,6 +80,7 @@ TEST(ReportJsonTest, HoldsConfigurationAndNumbers) {
   EXPECT_EQ(json["config"]["dtype"], "bf16");
   EXPECT_EQ(json["layer_latency_s"]["count"], 6);
   EXPECT_EQ(json["serial_wait_latency_s"]["count"], 6);
+  EXPECT_EQ(json["serial_send_s"]["count"], 6);
   EXPECT_DOUBLE_EQ(json["server_compute_s"]["p50"].get<double>(), 0.005);
   EXPECT_EQ(json["prefill_wall_s"]["count"], 3);
   EXPECT_EQ(json["wire_bytes_per_prefill"], 1000);

@@ -46,8 +46,10 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
     const LayerTensorBytes bytes = source.Bytes();
     const bool from_memory =
         !bytes.keys.empty() || !bytes.values.empty() || !bytes.queries.empty();
+    const absl::Time send = absl::Now();
     absl::Status sent = from_memory ? (*session)->SendLayer(*std::move(layer), bytes)
                                  : (*session)->SendLayer(*std::move(layer));
+    const absl::Duration send_time = absl::Now() - send;
     if (!sent.ok()) {
       return absl::Status(sent.code(), absl::StrCat("layer ", id, ": ", sent.message()));
     }
@@ -56,6 +58,7 @@ absl::StatusOr<PrefillSample> RunPrefill(Client& client, LayerSource& source,
         return absl::Status(answered.code(), absl::StrCat("layer ", id, ": ", answered.message()));
       }
       sample.serial_wait_latency_s.push_back(absl::ToDoubleSeconds(absl::Now() - prepare));
+      sample.serial_send_s.push_back(absl::ToDoubleSeconds(send_time));
     }
   }
   absl::StatusOr<SessionResult> result = (*session)->Finish();

@@ -25,6 +25,7 @@ struct PrefillSample {
   // --serial: [L] start of preparing layer l -> WaitForAnswer returned in the caller's thread
   // (layer_latency_s stops when the session's reader thread receives the answer).
   std::vector<double> serial_wait_latency_s;
+  std::vector<double> serial_send_s;    // --serial: [L] SendLayer of layer l (its write)
   std::vector<double> compute_s;        // [L] server-reported LayerResult.compute_seconds
   int64_t tokens_in = 0;                // SessionSummary.tokens_in
   int64_t tokens_kept = 0;              // SessionSummary.tokens_kept

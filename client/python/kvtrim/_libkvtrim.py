@@ -167,6 +167,64 @@ def output_buffer(keys: TensorView):
                        device=keys.source.device)
 
 
+def raw_function(lib: ctypes.CDLL, name: str, argtypes: list):
+    """`name` of `lib` as a second function object declared with address-sized integers
+    (and plain ints) only, so a hot call converts no ctypes objects; the library's own
+    declaration is unchanged."""
+    function = lib[name]
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int32
+    return function
+
+
+class CallScratch:
+    """Reused memory of one thread's (or one session's) hot C calls: a layer struct, the
+    answer's out-values and an error buffer, with their addresses."""
+
+    __slots__ = ("layer", "layer_address", "answer", "answer_address", "size",
+                 "size_address", "error", "error_address")
+
+    def __init__(self):
+        self.layer = LayerStruct()
+        self.layer_address = ctypes.addressof(self.layer)
+        self.answer = ctypes.c_void_p()
+        self.answer_address = ctypes.addressof(self.answer)
+        self.size = ctypes.c_size_t()
+        self.size_address = ctypes.addressof(self.size)
+        self.error = ctypes.create_string_buffer(ERROR_BYTES)
+        self.error_address = ctypes.addressof(self.error)
+
+
+class OutputPool:
+    """Device output buffers of one session's layers carved from shared uint8 blocks (one
+    torch allocation per SLOTS layers instead of one per layer). take() returns the
+    (block, byte offset) a LayerDecision reads its lists from; a block lives as long as a
+    decision still refers to it. Use from one thread."""
+
+    SLOTS = 8
+
+    __slots__ = ("_block", "_pointer", "_used", "_size", "_device_index")
+
+    def __init__(self):
+        self._block, self._pointer, self._used, self._size = None, 0, 0, 0
+        self._device_index = -1
+
+    def take(self, nbytes: int, device: Any, device_index: int) -> tuple:
+        """((block, offset), device pointer, capacity) of `nbytes` on torch `device`
+        (CUDA ordinal `device_index`), 256-byte aligned."""
+        need = (nbytes + 255) // 256 * 256
+        if (self._block is None or self._used + need > self._size
+                or device_index != self._device_index):
+            import torch
+
+            self._size = need * self.SLOTS
+            self._block = torch.empty(self._size, dtype=torch.uint8, device=device)
+            self._pointer, self._used, self._device_index = self._block.data_ptr(), 0, device_index
+        offset = self._used
+        self._used += need
+        return (self._block, offset), self._pointer + offset, nbytes
+
+
 def torch_dtypes(torch: Any) -> None:
     """Fills the torch dtype -> proto DType table on first use (torch imported by then)."""
     if not _TORCH_DTYPES:
@@ -191,10 +249,12 @@ def cuda_fields(tensor: Any, device_index: int) -> Optional[tuple]:
 
 def pack_cuda_tensors(target: LayerStruct, keys, values, queries, layer_id: int,
                       softmax_scale: float, with_output: bool,
-                      device_index: Optional[int] = None) -> Optional[tuple]:
+                      device_index: Optional[int] = None,
+                      outputs: Optional[OutputPool] = None) -> Optional[tuple]:
     """Packs a layer whose present tensors are torch tensors on one CUDA device (the keys',
-    or `device_index`) into `target` with one struct.pack_into: (output buffer or None,),
-    or None when the tensors are anything else (then nothing was written)."""
+    or `device_index`) into `target` with one struct.pack_into: (output or None,), the
+    output a buffer of its own or, from `outputs`, a (block, offset) of the pool; None when
+    the tensors are anything else (then nothing was written)."""
     torch = sys.modules.get("torch")
     if not PACKABLE or torch is None or not isinstance(keys, torch.Tensor) or not keys.is_cuda:
         return None
@@ -205,7 +265,10 @@ def pack_cuda_tensors(target: LayerStruct, keys, values, queries, layer_id: int,
     if None in fields:
         return None
     output, pointer, capacity = None, 0, 0
-    if with_output:
+    if with_output and outputs is not None:
+        output, pointer, capacity = outputs.take(output_bytes(fields[0][3], fields[0][4]),
+                                                 keys.device, index)
+    elif with_output:
         output = torch.empty(output_bytes(fields[0][3], fields[0][4]), dtype=torch.uint8,
                              device=keys.device)
         pointer, capacity = output.data_ptr(), output.numel()
@@ -342,7 +405,13 @@ class NativeSession:
         self.regions = bool(regions.value)
         self._with_outputs = with_outputs and self.regions
         self._alive: List[Any] = []            # tensors and buffers kvtrimd may still read
-        self._layer = LayerStruct()            # the packed layer of send (copied by the C side)
+        self._scratch = CallScratch()          # the packed layer of send (copied by the C
+        self._layer = self._scratch.layer      # side), the answer's out-values, the error
+        self._output_pool = OutputPool()
+        p, size = ctypes.c_void_p, ctypes.c_size_t
+        self._send_call = raw_function(self._lib, "kvtrim_session_send", [p, p, p, p, size])
+        self._answer_call = raw_function(self._lib, "kvtrim_session_answer",
+                                         [p, ctypes.c_int32, p, p, p, size])
         self._devices: dict = {}
         self._outputs: dict = {}
         self._answers: dict = {}
@@ -361,20 +430,21 @@ class NativeSession:
             keys, values, queries = (None if t is None else t.cpu()
                                      for t in (keys, values, queries))
         packed = (pack_cuda_tensors(self._layer, keys, values, queries, layer_id,
-                                    softmax_scale, self._with_outputs)
+                                    softmax_scale, self._with_outputs, None, self._output_pool)
                   if on_cuda and self.regions else None)
         if packed is not None:     # torch CUDA tensors: packed in one step, the struct reused
-            array, keep, output = self._layer, (keys, values, queries), packed[0]
+            address, keep, output = self._scratch.layer_address, (keys, values, queries), packed[0]
         else:
             keep = []
             array, _, outputs = layer_array(
                 [Layer(keys, values, queries, layer_id, softmax_scale)], keep,
                 self._with_outputs and on_cuda)
-            output = outputs[0]
-        error = error_buffer()
-        check(self._lib.kvtrim_session_send(self._handle, array,
-                                            stream_handle(stream, device if on_cuda else None),
-                                            error, ERROR_BYTES), error)
+            address, output = ctypes.addressof(array), outputs[0]
+            keep.append(array)
+        scratch = self._scratch
+        check(self._send_call(self._handle.value, address,
+                              stream_handle(stream, device if on_cuda else None),
+                              scratch.error_address, ERROR_BYTES), scratch.error)
         self._alive.append((keep, output))
         if on_cuda:
             self._devices[int(layer_id)] = device
@@ -385,11 +455,12 @@ class NativeSession:
         session's own deadline here."""
         if layer_id in self._answers:
             return self._answers[layer_id]
-        answer, size = ctypes.c_void_p(), ctypes.c_size_t()
-        error = error_buffer()
-        check(self._lib.kvtrim_session_answer(self._handle, int(layer_id), ctypes.byref(answer),
-                                              ctypes.byref(size), error, ERROR_BYTES), error)
-        decision = decision_of(pb.LayerResult.FromString(_take(self._lib, answer, size)),
+        scratch = self._scratch
+        check(self._answer_call(self._handle.value, int(layer_id), scratch.answer_address,
+                                scratch.size_address, scratch.error_address, ERROR_BYTES),
+              scratch.error)
+        decision = decision_of(pb.LayerResult.FromString(_take(self._lib, scratch.answer,
+                                                                scratch.size)),
                                self._devices.get(layer_id), self._outputs.get(layer_id))
         self._answers[layer_id] = decision
         return decision

@@ -21,33 +21,6 @@ from .results import CompressResult, LayerDecision
 from .v1 import kvtrim_pb2 as pb
 
 
-def _raw_compress(lib: ctypes.CDLL):
-    """kvtrim_compress declared with address-sized integers only, so a call converts no
-    ctypes objects (a second function object: the library's own declaration is unchanged)."""
-    function = lib["kvtrim_compress"]
-    p, size = ctypes.c_void_p, ctypes.c_size_t
-    function.argtypes = [p, p, size, p, size, p, p, p, p, size]
-    function.restype = ctypes.c_int32
-    return function
-
-
-class _Scratch:
-    """One thread's reused call memory: the layer struct and the answer's out-values."""
-
-    __slots__ = ("layer", "layer_address", "answer", "answer_address", "size",
-                 "size_address", "error", "error_address")
-
-    def __init__(self):
-        self.layer = _libkvtrim.LayerStruct()
-        self.layer_address = ctypes.addressof(self.layer)
-        self.answer = ctypes.c_void_p()
-        self.answer_address = ctypes.addressof(self.answer)
-        self.size = ctypes.c_size_t()
-        self.size_address = ctypes.addressof(self.size)
-        self.error = ctypes.create_string_buffer(_libkvtrim.ERROR_BYTES)
-        self.error_address = ctypes.addressof(self.error)
-
-
 class PreparedCompress:
     """Engine.compress for one layer with settings fixed at Engine.prepare; callable as
     `call(keys, values=None, queries=None, *, layer_id=0, softmax_scale=0.0, stream=None)`
@@ -58,7 +31,9 @@ class PreparedCompress:
                  fallback: Callable[..., CompressResult]):
         self._engine = engine
         self._lib = engine._lib
-        self._function = _raw_compress(self._lib)
+        p, size = ctypes.c_void_p, ctypes.c_size_t
+        self._function = _libkvtrim.raw_function(self._lib, "kvtrim_compress",
+                                                 [p, p, size, p, size, p, p, p, p, size])
         self._settings = ctypes.create_string_buffer(settings_bytes, len(settings_bytes))
         self._settings_address = ctypes.addressof(self._settings)
         self._settings_size = len(settings_bytes)
@@ -93,9 +68,9 @@ class PreparedCompress:
         # `keys` .. `queries` were read on the stream before the call returned its answer.
         return LayerDecision(response.layers[0], device, output)
 
-    def _scratch(self) -> _Scratch:
+    def _scratch(self) -> _libkvtrim.CallScratch:
         """This thread's scratch."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
-            scratch = self._local.scratch = _Scratch()
+            scratch = self._local.scratch = _libkvtrim.CallScratch()
         return scratch

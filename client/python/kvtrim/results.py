@@ -50,7 +50,8 @@ class LayerDecision:
     def __init__(self, result: pb.LayerResult, device: Any = None, output: Any = None):
         """`result`: the LayerResult; `device`: the torch device of CUDA inputs (lists as
         int32 tensors there), else None (NumPy); `output`: the uint8 device buffer kvtrim
-        wrote the lists into when the answer says output_written."""
+        wrote the lists into when the answer says output_written, or a (block, byte offset)
+        of one (a session's OutputPool)."""
         self._result = result
         self._device = device
         self._output = output
@@ -199,13 +200,17 @@ def output_bytes(num_lists: int, num_tokens: int) -> int:
 
 def _kept_lists(result: pb.LayerResult, device: Any, output: Any) -> List[Any]:
     """The kept lists of a LayerResult. CUDA inputs (`device`): int32 torch tensors on it:
-    views of `output` (the uint8 device buffer kvtrim wrote the lists into, when the answer
-    says output_written), else one copy of all the answered lists, then views."""
+    views of `output` (the uint8 device buffer kvtrim wrote the lists into, or a (block,
+    byte offset) of one, when the answer says output_written), else one copy of all the
+    answered lists, then views."""
     if result.output_written and output is not None:
         import torch
 
         counts = [h.kept for h in result.heads]
         start = 8 * (len(counts) + 1)
+        if isinstance(output, tuple):  # (block, offset) of a session's OutputPool
+            output, base = output
+            start += base
         written = output[start:start + 4 * sum(counts)].view(torch.int32)
         return list(written.split(counts))                  # views: no copy, no kernel
     indices, lengths = _flat_lists(result)

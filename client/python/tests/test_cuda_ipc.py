@@ -82,3 +82,34 @@ def test_many_allocations_recycle_regions(gpu_server, layers, native):
             kept.append(big)
             answer = client.compress(*views, policy="dropkv", keep=0.2, transport="regions")
             assert answer.layers[0].kept_counts == [51] * 4
+
+
+def test_native_session_outputs_share_blocks(gpu_server, layers):
+    """A native session writes each layer's lists into its own slice of pooled device blocks
+    (a new block every OutputPool.SLOTS layers, and when a longer layer does not fit): every
+    decision keeps its own lists, equal to the inline answers, after later layers were
+    written."""
+    import torch
+
+    from kvtrim._libkvtrim import OutputPool
+
+    on_gpu = cuda_layers(layers, torch.bfloat16)
+    # Layers of two lengths, more of them than one block holds.
+    sent = []
+    for i in range(2 * OutputPool.SLOTS + 3):
+        k, v, q = on_gpu[i % len(on_gpu)]
+        n = k.shape[1] if i % 5 else k.shape[1] - 17
+        sent.append((k[:, :n], v[:, :n], q))
+    with kvtrim.Client(gpu_server.address, native=True, library=LIBKVTRIM) as client:
+        expected = client.compress(layers=[tuple(t.cpu() for t in l) for l in sent],
+                                   policy="dropkv", keep=0.3, transport="inline")
+        with client.session(policy="dropkv", keep=0.3, transport="regions") as session:
+            decisions = []
+            for i, (k, v, q) in enumerate(sent):
+                session.send(k, v, q, layer_id=i)
+                decisions.append(session.result(i))
+            session.finish()
+    for i, decision in enumerate(decisions):
+        assert decision.output_written
+        assert all(k.device.type == "cuda" for k in decision.kept)
+        assert lists(decision) == lists(expected[i]), i
