@@ -10,7 +10,9 @@ n = 4K and 32K tokens, each a session of L layers:
     (native=False), vs `kvtrim-loadgen --transport=cuda_ipc --serial` (the C++ client's
     session); the Python session with device_outputs=False (lists in the answer) vs the load
     generator as is, and with device outputs (kvtrimd writes the lists into the caller's
-    device buffers) vs `--output_region`. The CUDA IPC sessions alternate, --rounds times,
+    device buffers) vs `--output_region`; with --c_session_bench also the same sessions
+    through libkvtrim's C ABI from C++ (kvtrim-c-session-bench: where the gap is, libkvtrim
+    or the interpreter). The CUDA IPC sessions alternate, --rounds times,
     so that both clients see the same host; C++ figures are the median of the rounds' p50s
     The C++ session latency is taken as
     the Python one is, from the start of the layer to WaitForAnswer's return in the caller's

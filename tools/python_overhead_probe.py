@@ -229,7 +229,7 @@ def prepared_stages(engine, n, loops):
         k, v, q = layers[i % 8]
         t0 = time.perf_counter()
         output = _libkvtrim.pack_cuda_tensors(scratch.layer, k, v, q, i % 8, 0.0, True,
-                                              engine.device)[0]
+                                              engine.device, scratch.outputs)[0]
         stream = _libkvtrim.stream_handle(None, k.device)
         t1 = time.perf_counter()
         code = call._function(engine._handle.value, call._settings_address, call._settings_size,

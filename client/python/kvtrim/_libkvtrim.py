@@ -177,24 +177,6 @@ def raw_function(lib: ctypes.CDLL, name: str, argtypes: list):
     return function
 
 
-class CallScratch:
-    """Reused memory of one thread's (or one session's) hot C calls: a layer struct, the
-    answer's out-values and an error buffer, with their addresses."""
-
-    __slots__ = ("layer", "layer_address", "answer", "answer_address", "size",
-                 "size_address", "error", "error_address")
-
-    def __init__(self):
-        self.layer = LayerStruct()
-        self.layer_address = ctypes.addressof(self.layer)
-        self.answer = ctypes.c_void_p()
-        self.answer_address = ctypes.addressof(self.answer)
-        self.size = ctypes.c_size_t()
-        self.size_address = ctypes.addressof(self.size)
-        self.error = ctypes.create_string_buffer(ERROR_BYTES)
-        self.error_address = ctypes.addressof(self.error)
-
-
 class OutputPool:
     """Device output buffers of one session's layers carved from shared uint8 blocks (one
     torch allocation per SLOTS layers instead of one per layer). take() returns the
@@ -223,6 +205,26 @@ class OutputPool:
         offset = self._used
         self._used += need
         return (self._block, offset), self._pointer + offset, nbytes
+
+
+class CallScratch:
+    """Reused memory of one thread's (or one session's) hot C calls: a layer struct, the
+    answer's out-values and an error buffer, with their addresses, and the pool of device
+    output buffers."""
+
+    __slots__ = ("layer", "layer_address", "answer", "answer_address", "size",
+                 "size_address", "error", "error_address", "outputs")
+
+    def __init__(self):
+        self.layer = LayerStruct()
+        self.layer_address = ctypes.addressof(self.layer)
+        self.answer = ctypes.c_void_p()
+        self.answer_address = ctypes.addressof(self.answer)
+        self.size = ctypes.c_size_t()
+        self.size_address = ctypes.addressof(self.size)
+        self.error = ctypes.create_string_buffer(ERROR_BYTES)
+        self.error_address = ctypes.addressof(self.error)
+        self.outputs = OutputPool()
 
 
 def torch_dtypes(torch: Any) -> None:
@@ -315,12 +317,19 @@ def stream_handle(stream: Any, device) -> Optional[int]:
         return stream if isinstance(stream, int) else int(stream.cuda_stream)
     if device is None:
         return None
-    import torch
+    raw = _RAW_STREAM[0]
+    if raw is None:
+        import torch
 
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # torch's own fast accessor
-    if raw is not None:
-        return int(raw(device.index if device.index is not None else 0))
-    return int(torch.cuda.current_stream(device).cuda_stream)
+        # torch's own fast accessor, else the public (slower) one.
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
+        _RAW_STREAM[0] = raw
+    index = device.index
+    return int(raw(index if index is not None else 0))
+
+
+_RAW_STREAM: list = [None]  # the current-stream accessor, found on first use
 
 
 def call_compress(lib: ctypes.CDLL, function: str, handle, settings: bytes,
@@ -407,7 +416,6 @@ class NativeSession:
         self._alive: List[Any] = []            # tensors and buffers kvtrimd may still read
         self._scratch = CallScratch()          # the packed layer of send (copied by the C
         self._layer = self._scratch.layer      # side), the answer's out-values, the error
-        self._output_pool = OutputPool()
         p, size = ctypes.c_void_p, ctypes.c_size_t
         self._send_call = raw_function(self._lib, "kvtrim_session_send", [p, p, p, p, size])
         self._answer_call = raw_function(self._lib, "kvtrim_session_answer",
@@ -430,7 +438,8 @@ class NativeSession:
             keys, values, queries = (None if t is None else t.cpu()
                                      for t in (keys, values, queries))
         packed = (pack_cuda_tensors(self._layer, keys, values, queries, layer_id,
-                                    softmax_scale, self._with_outputs, None, self._output_pool)
+                                    softmax_scale, self._with_outputs, None,
+                                    self._scratch.outputs)
                   if on_cuda and self.regions else None)
         if packed is not None:     # torch CUDA tensors: packed in one step, the struct reused
             address, keep, output = self._scratch.layer_address, (keys, values, queries), packed[0]

@@ -1,6 +1,6 @@
 """A prepared in-process call: kvtrim.local.Engine.prepare(policy, **settings) fixes the
-settings once, so each layer costs only its tensors' pointers, one output buffer and the C
-call (the hot loop of a worker compressing every layer of every prefill).
+settings once, so each layer costs only its tensors' pointers, a slice of a pooled output
+buffer and the C call (the hot loop of a worker compressing every layer of every prefill).
 
     call = engine.prepare(policy="dropkv", keep=0.2)
     for i, (k, v, q) in enumerate(layers):
@@ -49,7 +49,7 @@ class PreparedCompress:
         scratch = self._scratch()
         packed = _libkvtrim.pack_cuda_tensors(scratch.layer, keys, values, queries, layer_id,
                                               softmax_scale, self._with_outputs,
-                                              self._device_index)
+                                              self._device_index, scratch.outputs)
         if packed is None:
             return self._fallback(keys, values, queries, layer_id=layer_id,
                                   softmax_scale=softmax_scale, stream=stream).layers[0]
