@@ -22,6 +22,8 @@ constexpr size_t kMaxNameLength = 256;
 constexpr size_t kMaxRopeScalingJsonBytes = 4096;
 /// Longest header.rope_layout accepted ("rotate_half" or "interleaved").
 constexpr size_t kMaxRopeLayoutBytes = 32;
+/// Longest LU-KV profile manifest accepted (its three keys take ~50 bytes).
+constexpr size_t kMaxProfileManifestBytes = 4096;
 /// Highest tensor rank accepted (W_O is 2, query_cov and profiles are 3).
 constexpr int kMaxRank = 4;
 
@@ -95,6 +97,12 @@ absl::StatusOr<ProfileManifest> ParseProfileManifest(const std::string& json,
                                                      const std::string& field) {
   ProfileManifest manifest;
   if (json.empty()) return manifest;
+  if (json.size() > kMaxProfileManifestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", json.size(),
+                                                   " bytes, longer than the limit of ",
+                                                   kMaxProfileManifestBytes, ": ",
+                                                   QuoteClientText(json)));
+  }
   const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return absl::InvalidArgumentError(

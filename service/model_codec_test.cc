@@ -320,6 +320,11 @@ TEST(ModelCodecTest, ProfileManifests) {
   profile->set_manifest_json("[1]");
   EXPECT_STATUS(Assemble(stream).status(), absl::StatusCode::kInvalidArgument,
                 "weights[profile.snapkv].manifest_json: not a JSON object");
+  // A manifest has a limit of its own (4096 bytes), the message's bounded quote.
+  profile->set_manifest_json("{\"metric\": \"" + std::string(5000, 'm') + "\"}");
+  EXPECT_STATUS(Assemble(stream).status(), absl::StatusCode::kInvalidArgument,
+                "weights[profile.snapkv].manifest_json: 5014 bytes, longer than the limit of 4096");
+  EXPECT_LT(Assemble(stream).status().message().size(), 1024u);
   profile->set_manifest_json("");
   auto assembled = Assemble(stream);
   ASSERT_TRUE(assembled.ok()) << assembled.status();
@@ -332,10 +337,15 @@ TEST(ModelCodecTest, ProfileManifests) {
 // nlohmann's dump(), which recurses once per nesting level; a RegisterModel client's
 // manifest of a deeply nested array overflowed kvtrimd's stack.
 TEST(ModelCodecTest, DeeplyNestedManifestValueIsRefusedWithoutRecursion) {
-  const std::string nested = std::string(200000, '[') + std::string(200000, ']');
+  // Within the manifest's 4096-byte limit, as deep as it allows.
+  const std::string nested = std::string(2040, '[') + std::string(2040, ']');
   EXPECT_STATUS(ParseProfileManifest("{\"sink\": " + nested + "}", "m").status(),
                 absl::StatusCode::kInvalidArgument,
                 "m.sink: must be an integer >= 0, got a JSON array");
+  // The fuzzer's input itself is now refused by the limit before any parse.
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  EXPECT_STATUS(ParseProfileManifest("{\"sink\": " + deep + "}", "m").status(),
+                absl::StatusCode::kInvalidArgument, "m: 400010 bytes, longer than the limit");
   EXPECT_STATUS(ParseProfileManifest("{\"window\": 1.5}", "m").status(),
                 absl::StatusCode::kInvalidArgument, "m.window: must be an integer >= 0, got '1.5'");
 }
