@@ -1,27 +1,22 @@
 // Fuzz target: a Compress call's request. The input is the wire bytes of a CompressRequest;
-// it goes through the steps of service/rpc_compress.cc (decode the settings and every
-// layer, resolve the policy with the registered model, validate, compute on the CPU
-// backend, encode) and the answer's kept lists are checked: CSR offsets from 0 to the
+// it goes through the Compress RPC's own work (service::CompressRequestLayers: decode the
+// settings and every layer, resolve the policy with the registered model, validate, compute
+// on the CPU backend, encode) and the answer's kept lists are checked: CSR offsets from 0 to the
 // number of indices, each list ascending inside [0, n). With KVTRIM_FUZZ_VERBOSE set, each
 // input's status is printed (replaying a corpus).
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "fuzz/fuzz_service.h"
 #include "kvtrim/v1/packed_lists.h"
-#include "service/layer_runner.h"
-#include "service/settings_codec.h"
-#include "service/tensor_codec.h"
+#include "service/rpcs.h"
 
 namespace kvtrim::fuzz {
 namespace {
-
-using service::DecodedLayer;
 
 /// Largest request taken (kvtrimd's --max_message_bytes refuses larger ones before any
 /// decoding; lowered here to keep each run short).
@@ -74,63 +69,13 @@ void CheckResult(const v1::LayerResult& result) {
   }
 }
 
-/// CompressLayers of service/rpc_compress.cc without the call (deadline, metrics of the
-/// request): decode, validate, compute, encode into `response`.
+/// The Compress RPC's own work (service::CompressRequestLayers) without a call: nothing
+/// to cancel, regions of the fuzz service's client.
 absl::Status Compress(FuzzService& fuzz, const v1::CompressRequest& request,
                       v1::CompressResponse* response) {
-  service::ServiceCore& core = fuzz.core();
-  const auto start = std::chrono::steady_clock::now();
-  if (!request.has_settings()) return absl::InvalidArgumentError("settings: required");
-  auto settings = service::DecodeSettings(request.settings(), "settings",
-                                          core.default_numerics());
-  if (!settings.ok()) return settings.status();
-  if (request.layers_size() == 0) return absl::InvalidArgumentError("layers: empty");
-  std::vector<DecodedLayer> layers(static_cast<size_t>(request.layers_size()));
-  std::map<int32_t, int> first_index;
-  int32_t max_layer_id = 0;
-  const service::DecodeContext context = fuzz.MakeDecodeContext();
-  for (int i = 0; i < request.layers_size(); ++i) {
-    const std::string field = absl::StrCat("layers[", i, "]");
-    if (auto st = service::DecodeLayer(request.layers(i), core.engine().limits(), field,
-                                       context, &layers[static_cast<size_t>(i)]);
-        !st.ok()) {
-      return st;
-    }
-    const int32_t id = request.layers(i).layer_id();
-    if (!first_index.emplace(id, i).second) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".layer_id: duplicate"));
-    }
-    max_layer_id = std::max(max_layer_id, id);
-  }
-  if (settings->num_layers == 0) settings->num_layers = max_layer_id + 1;
-  auto policy = core.PreparePolicy(*settings, "settings");
-  if (!policy.ok()) return policy.status();
-
-  service::LayerRunner runner(core);
-  std::vector<LayerDecision> decisions;
-  if (policy->model_wide()) {
-    service::ModelWideScores buffered;
-    for (size_t i = 0; i < layers.size(); ++i) {
-      if (auto st = runner.Score(*policy, layers[i].request, absl::StrCat("layers[", i, "]"),
-                                 &buffered);
-          !st.ok()) {
-        return st;
-      }
-    }
-    auto decided = runner.DecideModelWide(*policy, &buffered);
-    if (!decided.ok()) return decided.status();
-    decisions = *std::move(decided);
-  } else {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      auto decision = runner.Compress(*policy, layers[i].request, absl::StrCat("layers[", i, "]"));
-      if (!decision.ok()) return decision.status();
-      decisions.push_back(*std::move(decision));
-    }
-  }
-  for (LayerDecision& decision : decisions) {
-    runner.Encode(policy->settings, start, &decision, response->add_layers());
-  }
-  return absl::OkStatus();
+  return service::CompressRequestLayers(
+      fuzz.core(), fuzz.MakeDecodeContext(),
+      [](const std::string&) { return absl::OkStatus(); }, request, response);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // decide model-wide), encode the answers. Runs on the work pool.
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,16 +16,14 @@
 
 namespace kvtrim::service {
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
-/// The whole request after admission; `response` is filled only on success.
-absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext& context,
-                            const std::string& tenant, const v1::CompressRequest& request,
-                            v1::CompressResponse* response) {
+absl::Status CompressRequestLayers(
+    ServiceCore& core, const DecodeContext& decode_context,
+    const std::function<absl::Status(const std::string&)>& alive,
+    const v1::CompressRequest& request, v1::CompressResponse* response) {
   const auto call_start = Clock::now();
-  if (auto st = CheckCallAlive(context, "decoding the request"); !st.ok()) return st;
+  if (auto st = alive("decoding the request"); !st.ok()) return st;
 
   // Decode: settings and every layer's tensor views (no copies), proto-level checks.
   int64_t bytes = 0;
@@ -42,7 +42,6 @@ absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext
   std::vector<double> decode_seconds(layers.size(), 0.0);
   std::map<int32_t, int> first_index;  // layer_id -> index of its first occurrence
   int32_t max_layer_id = 0;
-  const DecodeContext decode_context = core.MakeDecodeContext(context, tenant);
   for (int i = 0; i < request.layers_size(); ++i) {
     const std::string field = absl::StrCat("layers[", i, "]");
     const auto decode_start = Clock::now();
@@ -79,7 +78,7 @@ absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext
     ModelWideScores buffered;
     for (size_t i = 0; i < layers.size(); ++i) {
       const std::string field = absl::StrCat("layers[", i, "]");
-      if (auto st = CheckCallAlive(context, field); !st.ok()) return st;
+      if (auto st = alive(field); !st.ok()) return st;
       if (auto st = runner.Score(*policy, layers[i].request, field, &buffered); !st.ok()) {
         return st;
       }
@@ -90,7 +89,7 @@ absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext
   } else {
     for (size_t i = 0; i < layers.size(); ++i) {
       const std::string field = absl::StrCat("layers[", i, "]");
-      if (auto st = CheckCallAlive(context, field); !st.ok()) return st;
+      if (auto st = alive(field); !st.ok()) return st;
       auto decision = runner.Compress(*policy, layers[i].request, field);
       if (!decision.ok()) return decision.status();
       if (layers[i].host_output.has_value()) {
@@ -111,6 +110,18 @@ absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext
   const std::string label = core.PolicyLabel(settings->policy);
   for (const LayerDecision& decision : decisions) core.metrics().RecordLayer(label, decision);
   return absl::OkStatus();
+}
+
+namespace {
+
+/// The whole request after admission, with the call's deadline and cancellation checked.
+absl::Status CompressLayers(ServiceCore& core, const grpc::CallbackServerContext& context,
+                            const std::string& tenant, const v1::CompressRequest& request,
+                            v1::CompressResponse* response) {
+  return CompressRequestLayers(
+      core, core.MakeDecodeContext(context, tenant),
+      [&context](const std::string& step) { return CheckCallAlive(context, step); }, request,
+      response);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 // callback API: each starts its reactor; blocking work runs on ServiceCore::pool().
 #pragma once
 
+#include <functional>
+#include <string>
+
 #include "grpcpp/grpcpp.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 #include "service/service_core.h"
@@ -17,6 +20,16 @@ grpc::ServerUnaryReactor* StartListPolicies(ServiceCore& core, grpc::CallbackSer
 grpc::ServerUnaryReactor* StartCompress(ServiceCore& core, grpc::CallbackServerContext* context,
                                         const v1::CompressRequest* request,
                                         v1::CompressResponse* response);
+
+/// Compress's work after admission, without the call: decode the settings and every layer
+/// (regions through `decode`), resolve the policy once, compute the layers (or score them
+/// and decide model-wide), encode into `response` (filled only on success), record the
+/// metrics. `alive(step)` is asked before decoding and before each layer (the RPC: its
+/// deadline and cancellation). Used by StartCompress and the Compress fuzz target.
+absl::Status CompressRequestLayers(
+    ServiceCore& core, const DecodeContext& decode,
+    const std::function<absl::Status(const std::string&)>& alive,
+    const v1::CompressRequest& request, v1::CompressResponse* response);
 
 /// CompressSession: begin -> layer* -> finish (see KvtrimService::CompressSession).
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StartCompressSession(

@@ -414,8 +414,9 @@ class NativeSession:
         self.regions = bool(regions.value)
         self._with_outputs = with_outputs and self.regions
         self._alive: List[Any] = []            # tensors and buffers kvtrimd may still read
-        self._scratch = CallScratch()          # the packed layer of send (copied by the C
-        self._layer = self._scratch.layer      # side), the answer's out-values, the error
+        # The packed layer of send (copied by the C side), the answer's out-values, the error
+        # buffer and the pool of device output buffers.
+        self._scratch = CallScratch()
         p, size = ctypes.c_void_p, ctypes.c_size_t
         self._send_call = raw_function(self._lib, "kvtrim_session_send", [p, p, p, p, size])
         self._answer_call = raw_function(self._lib, "kvtrim_session_answer",
@@ -437,7 +438,7 @@ class NativeSession:
         if on_cuda and not self.regions:        # no lease: the tensors go as host copies
             keys, values, queries = (None if t is None else t.cpu()
                                      for t in (keys, values, queries))
-        packed = (pack_cuda_tensors(self._layer, keys, values, queries, layer_id,
+        packed = (pack_cuda_tensors(self._scratch.layer, keys, values, queries, layer_id,
                                     softmax_scale, self._with_outputs, None,
                                     self._scratch.outputs)
                   if on_cuda and self.regions else None)
