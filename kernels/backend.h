@@ -1,6 +1,7 @@
 // The compute interface a backend (CPU or GPU) implements for one validated layer.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,26 @@
 #include "kernels/policy_spec.h"
 
 namespace kvtrim {
+
+/// The output perturbation statistic of per-head kept lists on one layer whose inputs a
+/// backend holds for the duration of Backend::CompressByPerturbation: the computation,
+/// numerics mode and window rows of HeadStats.perturbation for that layer and settings.
+class PerturbationProbe {
+ public:
+  virtual ~PerturbationProbe() = default;
+  /// out [H_kv]: the statistic of head h's list indices[offsets[h] : offsets[h + 1]]
+  /// (offsets [H_kv + 1], int64; indices int32, ascending within each list). A statistic
+  /// that overflowed fp32 in fast numerics is returned as it came (NaN / Inf).
+  virtual absl::Status Evaluate(const std::vector<int64_t>& offsets,
+                                const std::vector<int32_t>& indices, std::vector<double>* out) = 0;
+};
+
+/// Decides one layer of an error-targeted budget from its raw scores (LayerScores with
+/// scores [H_kv, n], budget and numerics set) and a probe of the same layer: fills the kept
+/// lists, kept_per_head and perturbation of `out` (kernels/perturbation_budget.h).
+using PerturbationSearch =
+    std::function<absl::Status(const LayerScores& scores, PerturbationProbe& probe,
+                               LayerDecision* out)>;
 
 /// A compute backend. Inputs are already validated by PolicyEngine; implementations only
 /// compute. Must be safe to call from several threads at once.
@@ -59,6 +80,22 @@ class Backend {
     if (!decisions.ok()) return decisions.status();
     for (size_t i = 0; i < decisions->size(); ++i) (*decisions)[i].numerics = layers[i].numerics;
     return decisions;
+  }
+  /// Error-targeted budgets (Budget::by_perturbation): scores the layer (raw, as ScoreLayer),
+  /// then calls search(scores, probe, out) once with a probe that evaluates the perturbation
+  /// statistic of per-head lists on this layer as often as the search asks (the inputs are
+  /// read or staged once per call), and fills the rest of `out` as CompressLayer does
+  /// (numerics, perturbation_rows / _sampled, device, profile; the lists to the layer's output
+  /// target where it names one the backend writes). The layer has values and queries and the
+  /// settings ask for the statistic (the engine checked). The default answers UNIMPLEMENTED.
+  virtual absl::Status CompressByPerturbation(const ResolvedPolicy& policy,
+                                              const ValidatedLayer& layer,
+                                              const LayerBudget& budget,
+                                              const PerturbationSearch& search,
+                                              LayerDecision* out) {
+    (void)policy, (void)layer, (void)budget, (void)search, (void)out;
+    return absl::UnimplementedError(std::string(name()) +
+                                    " backend: max_perturbation budgets are not implemented");
   }
   /// The numerics modes this backend computes `scorer` + `allocator` in (ListPolicies).
   /// kExact is always among them. A request for kFast on a policy whose list lacks it is

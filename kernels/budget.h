@@ -5,11 +5,18 @@
 
 namespace kvtrim {
 
-/// A per-head budget as the API takes it: a kept fraction in (0, 1] or a kept token count.
+/// A per-head budget as the API takes it: a kept fraction in (0, 1] or a kept token count,
+/// or an error target (proto Budget.max_perturbation).
 struct Budget {
   bool by_fraction = true;
   double keep_fraction = 1.0;  // used when by_fraction
   int64_t keep_tokens = 0;     // used when !by_fraction
+  /// Error-targeted budget (kernels/perturbation_budget.h): each KV head keeps the fewest
+  /// tokens of its ranking whose output perturbation is <= `epsilon`, at most the cap. The
+  /// cap is the fraction budget above (by_fraction true, keep_fraction = max_keep_fraction),
+  /// so KeptCount and the protection rules see the cap k_cap.
+  bool by_perturbation = false;
+  double epsilon = 0;  // used when by_perturbation: finite, >= 0
 };
 
 /// Rule 2: tokens kept per head out of `n`: max(1, floor(f*n + 0.5)) in double precision,

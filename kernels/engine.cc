@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/client_text.h"
 #include "kernels/finite_scan.h"
+#include "kernels/perturbation_budget.h"
 
 namespace kvtrim {
 
@@ -40,7 +41,9 @@ PolicyEngine::PolicyEngine(const PolicyRegistry& registry, Backend& backend, Eng
 absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& settings,
                                                      const std::string& field_prefix) const {
   const Budget& b = settings.budget;
-  if (b.by_fraction) {
+  if (b.by_perturbation) {
+    if (auto st = CheckPerturbationBudgetNumbers(b, field_prefix); !st.ok()) return st;
+  } else if (b.by_fraction) {
     if (!(b.keep_fraction > 0.0 && b.keep_fraction <= 1.0)) {
       return absl::InvalidArgumentError(
           absl::StrCat(field_prefix, ".budget.keep_fraction: must be in (0, 1], got ",
@@ -68,7 +71,10 @@ absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& 
         field_prefix, ".block_size: BLOCK_ALIGNED needs block_size >= 1, got ",
         settings.block_size));
   }
-  return registry_.Resolve(settings, field_prefix);
+  absl::StatusOr<ResolvedPolicy> resolved = registry_.Resolve(settings, field_prefix);
+  if (!resolved.ok()) return resolved.status();
+  if (auto st = CheckPerturbationBudget(*resolved, field_prefix); !st.ok()) return st;
+  return resolved;
 }
 
 absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
@@ -204,6 +210,19 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
     return absl::InvalidArgumentError(absl::StrCat(field, ".queries: policy '", policy.name,
                                                    "' needs window queries [H_q, w, d]"));
   }
+  // An error-targeted budget evaluates the perturbation statistic, which reads both.
+  if (policy.settings.budget.by_perturbation) {
+    if (!v.shape.has_values) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".values: a max_perturbation budget needs values [H_kv, n, d] (the "
+                 "perturbation statistic reads them)"));
+    }
+    if (!v.shape.has_queries) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".queries: a max_perturbation budget needs window queries [H_q, w, d] (the "
+                 "perturbation statistic reads them)"));
+    }
+  }
   // The registered model's head layout, for policies that read it.
   const uint32_t needs = scorer.required_inputs | policy.allocator->required_inputs;
   if (policy.model != nullptr && (needs & kInputModel) != 0) {
@@ -311,7 +330,10 @@ LayerBudget BudgetFor(const ResolvedPolicy& policy, int64_t n) {
 
 bool ResolvedPolicy::model_wide() const {
   if (scorer == nullptr || scorer->kind != ScorerKind::kLaProx) return false;
-  if (settings.output_shape == OutputShape::kEqualCount) return false;
+  // Under max_perturbation LaProx ranks each head on its own, as EQUAL_COUNT does.
+  if (settings.output_shape == OutputShape::kEqualCount || settings.budget.by_perturbation) {
+    return false;
+  }
   const std::string& mode = params.Text("mode");
   return mode == "model" || mode == "model_raw";
 }
@@ -364,7 +386,17 @@ absl::StatusOr<LayerDecision> PolicyEngine::CompressValidated(const ResolvedPoli
   const LayerBudget budget = BudgetFor(policy, validated.shape.num_tokens);
   LayerDecision decision;
   const auto start = std::chrono::steady_clock::now();
-  if (auto st = backend_.CompressLayer(policy, validated, budget, &decision); !st.ok()) {
+  if (policy.settings.budget.by_perturbation) {
+    // The bisection is the engine's (backend-agnostic); the backend scores and evaluates.
+    const PerturbationSearch search = [&policy](const LayerScores& scores,
+                                                PerturbationProbe& probe, LayerDecision* out) {
+      return DecidePerturbationBudget(policy, scores, probe, out);
+    };
+    if (auto st = backend_.CompressByPerturbation(policy, validated, budget, search, &decision);
+        !st.ok()) {
+      return QualifyBackendError(st, field);
+    }
+  } else if (auto st = backend_.CompressLayer(policy, validated, budget, &decision); !st.ok()) {
     return QualifyBackendError(st, field);
   }
   decision.compute_seconds =

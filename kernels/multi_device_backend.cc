@@ -93,6 +93,16 @@ absl::Status MultiDeviceBackend::CompressLayer(const ResolvedPolicy& policy,
                   });
 }
 
+absl::Status MultiDeviceBackend::CompressByPerturbation(const ResolvedPolicy& policy,
+                                                        const ValidatedLayer& layer,
+                                                        const LayerBudget& budget,
+                                                        const PerturbationSearch& search,
+                                                        LayerDecision* out) {
+  return RunLayer(layer, /*model_wide=*/false, out, [&](Backend& backend) {
+    return backend.CompressByPerturbation(policy, layer, budget, search, out);
+  });
+}
+
 absl::Status MultiDeviceBackend::ScoreLayer(const ResolvedPolicy& policy,
                                             const ValidatedLayer& layer,
                                             const LayerBudget& budget, LayerScores* out) {

@@ -38,6 +38,9 @@ class MultiDeviceBackend final : public Backend {
                              const LayerBudget& budget, LayerDecision* out) override;
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, LayerScores* out) override;
+  absl::Status CompressByPerturbation(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                      const LayerBudget& budget, const PerturbationSearch& search,
+                                      LayerDecision* out) override;
   absl::Status ScoreLayerForModelWide(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                       const LayerBudget& budget, LayerScores* out) override;
   absl::StatusOr<std::vector<LayerDecision>> DecideModelWide(

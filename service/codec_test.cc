@@ -1,4 +1,6 @@
 // Unit tests of the proto codecs and the one status conversion.
+#include <cmath>
+
 #include "service/response_codec.h"
 #include "service/settings_codec.h"
 #include "service/status.h"
@@ -127,6 +129,48 @@ TEST(SettingsCodecTest, KeepTokensBudget) {
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(std::string(bad.status().message()),
               ::testing::HasSubstr("begin.budget.keep_tokens: must be >= 1, got -3"));
+}
+
+TEST(SettingsCodecTest, MaxPerturbationBudget) {
+  v1::CompressionSettings s = MakeSettings("dropkv");
+  s.mutable_budget()->mutable_max_perturbation()->set_epsilon(0.05);
+  auto out = DecodeSettings(s, "settings", Numerics::kFast);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->budget.by_perturbation);
+  EXPECT_EQ(out->budget.epsilon, 0.05);
+  EXPECT_TRUE(out->budget.by_fraction);      // the cap is a fraction budget
+  EXPECT_EQ(out->budget.keep_fraction, 1.0);  // max_keep_fraction unset (0) = 1
+  s.mutable_budget()->mutable_max_perturbation()->set_max_keep_fraction(0.4);
+  EXPECT_EQ(DecodeSettings(s, "settings", Numerics::kFast)->budget.keep_fraction, 0.4);
+  s.mutable_budget()->mutable_max_perturbation()->set_max_keep_fraction(1);
+  EXPECT_TRUE(DecodeSettings(s, "settings", Numerics::kFast).ok());
+  // Every refusal is INVALID_ARGUMENT naming the field, numbers printed exactly.
+  struct Bad {
+    double epsilon, cap;
+    std::string message;
+  };
+  const Bad bad[] = {
+      {std::nan(""), 0.5,
+       "begin.budget.max_perturbation.epsilon: must be finite and >= 0, got nan"},
+      {-0.1, 0.5, "begin.budget.max_perturbation.epsilon: must be finite and >= 0, got -0.1"},
+      {HUGE_VAL, 0.5, "begin.budget.max_perturbation.epsilon: must be finite and >= 0, got inf"},
+      {0.1, 1.5, "begin.budget.max_perturbation.max_keep_fraction: must be in (0, 1] (0 = 1), "
+                 "got 1.5"},
+      {0.1, 1.0000000000000002, "begin.budget.max_perturbation.max_keep_fraction: must be in "
+                                "(0, 1] (0 = 1), got 1.0000000000000002"},
+      {0.1, -0.5, "begin.budget.max_perturbation.max_keep_fraction: must be in (0, 1] (0 = 1), "
+                  "got -0.5"},
+      {0.1, std::nan(""), "begin.budget.max_perturbation.max_keep_fraction: must be in (0, 1] "
+                          "(0 = 1), got nan"},
+  };
+  for (const Bad& b : bad) {
+    s.mutable_budget()->mutable_max_perturbation()->set_epsilon(b.epsilon);
+    s.mutable_budget()->mutable_max_perturbation()->set_max_keep_fraction(b.cap);
+    auto refused = DecodeSettings(s, "begin", Numerics::kFast);
+    ASSERT_FALSE(refused.ok()) << b.message;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(refused.status().message()), b.message);
+  }
 }
 
 TEST(SettingsCodecTest, EmptyBudgetOneofIsRequired) {

@@ -32,9 +32,30 @@ absl::Status DecodeBudget(const v1::Budget& budget, const std::string& field, Bu
       out->keep_tokens = k;
       return absl::OkStatus();
     }
+    case v1::Budget::kMaxPerturbation: {
+      const double epsilon = budget.max_perturbation().epsilon();
+      if (!std::isfinite(epsilon) || epsilon < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".max_perturbation.epsilon: must be finite and >= 0, got ",
+            ExactNumber(epsilon)));
+      }
+      // 0 (unset) = 1: no cap below every token.
+      const double cap = budget.max_perturbation().max_keep_fraction();
+      if (std::isnan(cap) || cap < 0 || cap > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".max_perturbation.max_keep_fraction: must be in (0, 1] (0 = 1), got ",
+            ExactNumber(cap)));
+      }
+      out->by_fraction = true;
+      out->keep_fraction = cap == 0 ? 1.0 : cap;
+      out->by_perturbation = true;
+      out->epsilon = epsilon;
+      return absl::OkStatus();
+    }
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ": required; set keep_fraction in (0, 1] or keep_tokens >= 1"));
+          field, ": required; set keep_fraction in (0, 1], keep_tokens >= 1 or "
+                 "max_perturbation"));
   }
 }
 
@@ -97,7 +118,8 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
   }
   if (!settings.has_budget()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, ".budget: required; set keep_fraction in (0, 1] or keep_tokens >= 1"));
+        field, ".budget: required; set keep_fraction in (0, 1], keep_tokens >= 1 or "
+               "max_perturbation"));
   }
   if (auto st = DecodeBudget(settings.budget(), field + ".budget", &out.budget); !st.ok()) {
     return st;

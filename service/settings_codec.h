@@ -14,6 +14,9 @@ namespace kvtrim::service {
 ///   "<field>.budget"                  missing budget                  INVALID_ARGUMENT
 ///   "<field>.budget.keep_fraction"    NaN, <= 0 or > 1                INVALID_ARGUMENT
 ///   "<field>.budget.keep_tokens"      < 1                             INVALID_ARGUMENT
+///   "<field>.budget.max_perturbation.epsilon"   NaN, Inf or < 0       INVALID_ARGUMENT
+///   "<field>.budget.max_perturbation.max_keep_fraction"  NaN, < 0, > 1 INVALID_ARGUMENT
+///                                     (0 = 1: the cap is every token)
 ///   "<field>.sink_tokens" / ".recent_tokens"   negative               INVALID_ARGUMENT
 ///   "<field>.num_layers"              negative                        INVALID_ARGUMENT
 ///   "<field>.output_shape"            BLOCK_ALIGNED / EQUAL_COUNT     UNIMPLEMENTED

@@ -82,7 +82,7 @@ TEST(BuildSettingsTest, BudgetMustBeExactlyOne) {
   CompressOptions options;
   options.policy = "snapkv";
   EXPECT_EQ(BuildSettings(options).status().message(),
-            "give exactly one of --keep_fraction and --keep_tokens");
+            "give exactly one of --keep_fraction, --keep_tokens and --max_perturbation");
   options.keep_fraction = 0.5;
   options.keep_tokens = 3;
   EXPECT_EQ(BuildSettings(options).status().code(), absl::StatusCode::kInvalidArgument);
@@ -90,6 +90,26 @@ TEST(BuildSettingsTest, BudgetMustBeExactlyOne) {
   EXPECT_EQ(BuildSettings(options)->budget().keep_tokens(), 3);
   options.policy.clear();
   EXPECT_EQ(BuildSettings(options).status().message(), "--policy is required");
+}
+
+TEST(BuildSettingsTest, MaxPerturbationBudgetWithAndWithoutCap) {
+  CompressOptions options;
+  options.policy = "snapkv";
+  options.max_perturbation = 0.05;
+  auto settings = BuildSettings(options);
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  EXPECT_EQ(settings->budget().value_case(), v1::Budget::kMaxPerturbation);
+  EXPECT_DOUBLE_EQ(settings->budget().max_perturbation().epsilon(), 0.05);
+  EXPECT_DOUBLE_EQ(settings->budget().max_perturbation().max_keep_fraction(), 0.0);
+  options.max_keep = 0.5;
+  EXPECT_DOUBLE_EQ(BuildSettings(options)->budget().max_perturbation().max_keep_fraction(), 0.5);
+  options.keep_fraction = 0.5;
+  EXPECT_EQ(BuildSettings(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.keep_fraction.reset();
+  options.max_perturbation.reset();
+  options.keep_tokens = 3;
+  EXPECT_EQ(BuildSettings(options).status().message(),
+            "--max_keep is the cap of --max_perturbation; give both");
 }
 
 TEST(BuildSettingsTest, NumericsDefaultsToTheServersChoice) {

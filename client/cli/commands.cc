@@ -91,8 +91,14 @@ int CompressStreamed(Client& client, const v1::CompressionSettings& settings,
 
 absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& options) {
   if (options.policy.empty()) return absl::InvalidArgumentError("--policy is required");
-  if (options.keep_fraction.has_value() == options.keep_tokens.has_value()) {
-    return absl::InvalidArgumentError("give exactly one of --keep_fraction and --keep_tokens");
+  const int budgets = options.keep_fraction.has_value() + options.keep_tokens.has_value() +
+                      options.max_perturbation.has_value();
+  if (budgets != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --keep_fraction, --keep_tokens and --max_perturbation");
+  }
+  if (options.max_keep.has_value() && !options.max_perturbation.has_value()) {
+    return absl::InvalidArgumentError("--max_keep is the cap of --max_perturbation; give both");
   }
   absl::StatusOr<std::map<std::string, v1::ParamValue>> params = ParseParams(options.params);
   if (!params.ok()) return params.status();
@@ -106,8 +112,12 @@ absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& opt
   for (auto& [name, value] : *params) (*settings.mutable_policy()->mutable_params())[name] = value;
   if (options.keep_fraction.has_value()) {
     settings.mutable_budget()->set_keep_fraction(*options.keep_fraction);
-  } else {
+  } else if (options.keep_tokens.has_value()) {
     settings.mutable_budget()->set_keep_tokens(*options.keep_tokens);
+  } else {
+    v1::PerturbationBudget* target = settings.mutable_budget()->mutable_max_perturbation();
+    target->set_epsilon(*options.max_perturbation);
+    target->set_max_keep_fraction(options.max_keep.value_or(0.0));  // 0 = 1: no cap
   }
   if (options.sink_tokens.has_value()) settings.set_sink_tokens(*options.sink_tokens);
   if (options.recent_tokens.has_value()) settings.set_recent_tokens(*options.recent_tokens);

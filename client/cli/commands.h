@@ -22,8 +22,10 @@ enum ExitCode : int {
 /// What `kvtrim compress` was asked to do, as parsed from its flags.
 struct CompressOptions {
   std::string policy;                  // preset or "SCORER+ALLOCATOR"
-  std::optional<double> keep_fraction;  // in (0, 1]; exactly one of the two budgets
+  std::optional<double> keep_fraction;  // in (0, 1]; exactly one of the three budgets
   std::optional<int64_t> keep_tokens;   // >= 1 per head
+  std::optional<double> max_perturbation;  // epsilon >= 0: Budget.max_perturbation
+  std::optional<double> max_keep;       // its cap in (0, 1]; with max_perturbation only
   std::string params;                  // "name=value,..." overrides
   bool session = false;                // CompressSession instead of unary Compress
   std::optional<int32_t> sink_tokens;   // unset = policy default

@@ -44,6 +44,12 @@ ABSL_FLAG(std::optional<double>, keep_fraction, std::nullopt,
           "tokens count inside it");
 ABSL_FLAG(std::optional<int64_t>, keep_tokens, std::nullopt,
           "compress: tokens kept per head (>= 1, clamped to n); instead of --keep_fraction");
+ABSL_FLAG(std::optional<double>, max_perturbation, std::nullopt,
+          "compress: error target epsilon >= 0 instead of a count: each head keeps the fewest "
+          "tokens of its ranking whose output perturbation is <= epsilon (needs values and "
+          "queries in --input)");
+ABSL_FLAG(std::optional<double>, max_keep, std::nullopt,
+          "compress: with --max_perturbation, the cap as a fraction in (0, 1] (default 1)");
 ABSL_FLAG(std::string, param, "", "compress: parameter overrides, name=value,name=value");
 ABSL_FLAG(bool, session, false, "compress: stream the layers over one CompressSession");
 ABSL_FLAG(std::optional<int32_t>, sink_tokens, std::nullopt,
@@ -161,6 +167,8 @@ int main(int argc, char** argv) {
   compress.policy = absl::GetFlag(FLAGS_policy);
   compress.keep_fraction = absl::GetFlag(FLAGS_keep_fraction);
   compress.keep_tokens = absl::GetFlag(FLAGS_keep_tokens);
+  compress.max_perturbation = absl::GetFlag(FLAGS_max_perturbation);
+  compress.max_keep = absl::GetFlag(FLAGS_max_keep);
   compress.params = absl::GetFlag(FLAGS_param);
   compress.session = absl::GetFlag(FLAGS_session);
   compress.sink_tokens = absl::GetFlag(FLAGS_sink_tokens);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/fast/fast_perturbation.h"
 #include "kernels/cpu/perturbation.h"
+#include "kernels/cpu/perturbation_probe.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/finite_scan.h"
 
@@ -174,26 +175,29 @@ void CpuBackend::ExactPerturbation(const ValidatedLayer& layer, LayerDecision* d
   decision->perturbation_sampled = false;
 }
 
+absl::Status CpuBackend::ScoreForDecision(const ResolvedPolicy& policy, const CpuLayer& cpu,
+                                          const LayerBudget& budget, LayerScores* scores,
+                                          FastRowOutputs* rows) {
+  scores->layer_id = cpu.layer_id;
+  scores->num_layers = cpu.num_layers;
+  scores->num_heads = cpu.shape.num_kv_heads;
+  scores->num_tokens = cpu.shape.num_tokens;
+  scores->budget = budget;
+  return ScoreRawIn(policy.settings.numerics, policy, cpu, &scores->scores, &scores->critical,
+                    &scores->numerics, rows);
+}
+
 absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                                        const LayerBudget& budget, LayerDecision* out) {
   const CpuLayer cpu = CpuLayer::From(layer, /*widen_keys_values=*/!RunsFast(policy));
-  LayerScores scores;
-  scores.layer_id = cpu.layer_id;
-  scores.num_layers = cpu.num_layers;
-  scores.num_heads = cpu.shape.num_kv_heads;
-  scores.num_tokens = cpu.shape.num_tokens;
-  scores.budget = budget;
   using Clock = std::chrono::steady_clock;
   const auto since = [](Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
   auto stage_start = Clock::now();
+  LayerScores scores;
   FastRowOutputs rows;  // the window rows' full outputs, where a fast scorer has them
-  if (auto st = ScoreRawIn(policy.settings.numerics, policy, cpu, &scores.scores,
-                           &scores.critical, &scores.numerics, &rows);
-      !st.ok()) {
-    return st;
-  }
+  if (auto st = ScoreForDecision(policy, cpu, budget, &scores, &rows); !st.ok()) return st;
   const double score_seconds = since(stage_start);
   stage_start = Clock::now();
   if (policy.scorer->kind == ScorerKind::kLaProx) {
@@ -237,6 +241,41 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     out->perturbation_sampled = out->perturbation_rows < w;
     out->profile.perturbation = since(stage_start);
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CompressByPerturbation(const ResolvedPolicy& policy,
+                                                const ValidatedLayer& layer,
+                                                const LayerBudget& budget,
+                                                const PerturbationSearch& search,
+                                                LayerDecision* out) {
+  const CpuLayer cpu = CpuLayer::From(layer, /*widen_keys_values=*/!RunsFast(policy));
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  auto stage_start = Clock::now();
+  LayerScores scores;
+  FastRowOutputs rows;  // the window rows' full outputs, where a fast scorer has them
+  if (auto st = ScoreForDecision(policy, cpu, budget, &scores, &rows); !st.ok()) return st;
+  const double score_seconds = since(stage_start);
+  stage_start = Clock::now();
+  // The statistic's rows and numerics, as CompressLayer computes HeadStats.perturbation.
+  const auto w = static_cast<int32_t>(cpu.shape.window_rows);
+  const bool fast = scores.numerics == Numerics::kFast;
+  const int32_t stat_rows =
+      fast && policy.settings.perturbation_sampled ? std::min(w, kSampledPerturbationRows) : w;
+  const bool reuse = fast && rows.rows_per_head == stat_rows && !rows.outputs.empty();
+  CpuPerturbationProbe probe(cpu, fast, stat_rows, reuse ? rows.outputs.data() : nullptr,
+                             pool_);
+  if (auto st = search(scores, probe, out); !st.ok()) return st;
+  out->numerics = scores.numerics;
+  out->perturbation_rows = stat_rows;
+  out->perturbation_sampled = stat_rows < w;
+  out->device = -1;
+  if (fast && !AllFinite(out->perturbation)) ExactPerturbation(layer, out);
+  out->profile.score = score_seconds;
+  out->profile.perturbation = since(stage_start);  // the search: mostly the statistic
   return absl::OkStatus();
 }
 

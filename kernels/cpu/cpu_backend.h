@@ -25,6 +25,13 @@ class CpuBackend final : public Backend {
 
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                           const LayerBudget& budget, LayerScores* out) override;
+  /// Scores as CompressLayer does, then runs `search` with a CpuPerturbationProbe in the
+  /// scores' numerics (fast: over the rows settings.perturbation chooses; fast DropKV's own
+  /// row outputs reused). A fast final statistic that overflowed fp32 is recomputed exact,
+  /// as CompressLayer does.
+  absl::Status CompressByPerturbation(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                      const LayerBudget& budget, const PerturbationSearch& search,
+                                      LayerDecision* out) override;
 
   /// Scores alone, protection applied (used by tests and benchmarks): scores [H_kv, n].
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const CpuLayer& layer,
@@ -61,6 +68,12 @@ class CpuBackend final : public Backend {
   /// True when `policy` asks for fast numerics and its scorer has them: every read of its
   /// keys and values then goes through the fast kernels (which widen tiles themselves).
   bool RunsFast(const ResolvedPolicy& policy) const;
+  /// The raw scores of `cpu` for a decision (CompressLayer, CompressByPerturbation): every
+  /// LayerScores field but resident from the layer and `budget`, scores [H_kv, n] in the
+  /// settings' numerics; `rows` receives the window rows' outputs a fast scorer computed.
+  absl::Status ScoreForDecision(const ResolvedPolicy& policy, const CpuLayer& cpu,
+                                const LayerBudget& budget, LayerScores* scores,
+                                FastRowOutputs* rows);
   /// True when `kind` has fast CPU numerics (fast_scorers_, or the model-aware scorers).
   bool HasFastPath(ScorerKind kind) const;
 

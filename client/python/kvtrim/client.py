@@ -350,7 +350,8 @@ class Client:
         """Compresses one layer (keys [H_kv, n, d], values [H_kv, n, d], queries [H_q, w, d])
         or several (`layers`) and returns the kept indices per KV head and their statistics.
 
-        Settings are build_settings' keywords: keep= or keep_tokens=, params=, sink_tokens=,
+        Settings are build_settings' keywords: keep=, keep_tokens= or max_perturbation=
+        (with max_keep=), params=, sink_tokens=,
         recent_tokens=, output_shape=, num_layers=, model_digest=, numerics=, perturbation=,
         seed=, block_size=, request_id=, profile=, packed=. Answers are NumPy int64 arrays,
         or torch tensors on the keys' device for CUDA inputs. KvtrimError on failure (its

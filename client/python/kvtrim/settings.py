@@ -47,11 +47,32 @@ def per_head_answer(settings: Mapping[str, Any]) -> bool:
                                       pb.OUTPUT_SHAPE_UNSPECIFIED)
 
 
+def _budget(keep: Optional[float], keep_tokens: Optional[int],
+            max_perturbation: Optional[float], max_keep: Optional[float]) -> pb.Budget:
+    """The Budget of exactly one of keep / keep_tokens / max_perturbation (+ max_keep)."""
+    given = [keep is not None, keep_tokens is not None, max_perturbation is not None]
+    if sum(given) != 1:
+        raise invalid_argument("settings.budget",
+                               "give exactly one of keep, keep_tokens or max_perturbation")
+    if max_keep is not None and max_perturbation is None:
+        raise invalid_argument("settings.budget.max_perturbation.max_keep_fraction",
+                               "max_keep is the cap of a max_perturbation budget; give both")
+    if keep is not None:
+        return pb.Budget(keep_fraction=float(keep))
+    if keep_tokens is not None:
+        return pb.Budget(keep_tokens=int(keep_tokens))
+    cap = 0.0 if max_keep is None else float(max_keep)  # 0 = 1: no cap below n
+    return pb.Budget(max_perturbation=pb.PerturbationBudget(
+        epsilon=float(max_perturbation), max_keep_fraction=cap))
+
+
 def build_settings(
     policy: str,
     *,
     keep: Optional[float] = None,
     keep_tokens: Optional[int] = None,
+    max_perturbation: Optional[float] = None,
+    max_keep: Optional[float] = None,
     params: Optional[Mapping[str, ParamValue]] = None,
     sink_tokens: Optional[int] = None,
     recent_tokens: Optional[int] = None,
@@ -71,7 +92,12 @@ def build_settings(
     Args:
       policy: a preset ("dropkv", "snapkv", ...) or "SCORER+ALLOCATOR" (ListPolicies).
       keep: fraction of each layer's n tokens kept per KV head, in (0, 1].
-      keep_tokens: tokens kept per KV head instead (exactly one of keep / keep_tokens).
+      keep_tokens: tokens kept per KV head instead.
+      max_perturbation: an error target epsilon >= 0 instead: each KV head keeps the fewest
+        tokens of its ranking whose output perturbation is <= epsilon (Budget.max_perturbation;
+        needs values and queries, per-head output, perturbation not "off").
+        Exactly one of keep / keep_tokens / max_perturbation.
+      max_keep: with max_perturbation only: the cap, a fraction in (0, 1] (None = 1).
       params: parameter overrides, e.g. {"window": 32, "pooling": "max"}.
       sink_tokens, recent_tokens: protected first / last tokens (None = policy default).
       output_shape: "per_head" (default), "shared", "block_aligned" or "equal_count".
@@ -87,10 +113,7 @@ def build_settings(
     """
     if not isinstance(policy, str) or not policy:
         raise invalid_argument("settings.policy.name", "required (a preset or SCORER+ALLOCATOR)")
-    if (keep is None) == (keep_tokens is None):
-        raise invalid_argument("settings.budget", "give exactly one of keep or keep_tokens")
-    budget = (pb.Budget(keep_fraction=float(keep)) if keep is not None
-              else pb.Budget(keep_tokens=int(keep_tokens)))
+    budget = _budget(keep, keep_tokens, max_perturbation, max_keep)
     selection = pb.PolicySelection(name=policy)
     for name, value in (params or {}).items():
         selection.params[name].CopyFrom(param_value(value, f"settings.policy.params[{name}]"))

@@ -128,3 +128,61 @@ def test_auto_transport_falls_back_to_inline(plain_server, layers):
             client.compress(k, v, q, policy="dropkv", keep=0.2, transport="regions")
     assert error.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert auto.layers[0].kept_counts == [51] * 4
+
+
+def test_max_perturbation_budget(server, layers):
+    """An error target per KV head: within epsilon unless capped, each head's list the
+    keep_tokens = k list; unary and session agree; the refusals name their field."""
+    k, v, q = layers[1]
+    n = k.shape[1]
+    cap = int(np.floor(0.5 * n + 0.5))
+    with kvtrim.Client(server.address) as client:
+        at_cap = client.compress(k, v, q, policy="dropkv", keep=0.5, numerics="exact")
+        epsilon = 1.2 * float(np.median([h.perturbation for h in at_cap.layers[0].heads]))
+        result = client.compress(k, v, q, policy="dropkv", max_perturbation=epsilon,
+                                 max_keep=0.5, numerics="exact")
+        layer = result.layers[0]
+        assert layer.kept_counts == [len(kept) for kept in layer.kept]
+        assert any(count < cap for count in layer.kept_counts)
+        for h, (kept, stats) in enumerate(zip(layer.kept, layer.heads)):
+            assert 8 <= stats.kept <= cap  # dropkv's window of 8 is protected
+            if stats.kept < cap:
+                assert stats.perturbation <= epsilon
+            fixed = client.compress(k, v, q, policy="dropkv", keep_tokens=stats.kept,
+                                    numerics="exact")
+            assert kept.tolist() == fixed.layers[0].kept[h].tolist()
+            assert stats.perturbation == fixed.layers[0].heads[h].perturbation
+        with client.session(policy="dropkv", max_perturbation=epsilon, max_keep=0.5,
+                            numerics="exact") as s:
+            s.send(k, v, q, layer_id=0)
+        streamed = s.finish()
+        assert [k.tolist() for k in streamed.layers[0].kept] == lists(result)[0]
+        uncapped = client.compress(k, v, q, policy="dropkv", max_perturbation=epsilon)
+        assert all(count <= n for count in uncapped.layers[0].kept_counts)
+
+        e = refused(client.compress, k, v, q, policy="dropkv", max_perturbation=float("nan"))
+        assert (e.code, e.field) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                     "settings.budget.max_perturbation.epsilon")
+        e = refused(client.compress, k, v, q, policy="dropkv", max_perturbation=-1.0)
+        assert e.field == "settings.budget.max_perturbation.epsilon"
+        e = refused(client.compress, k, v, q, policy="dropkv", max_perturbation=0.1, max_keep=1.5)
+        assert e.field == "settings.budget.max_perturbation.max_keep_fraction"
+        e = refused(client.compress, k, v, q, policy="dropkv", max_perturbation=0.1,
+                    perturbation="off")
+        assert e.field == "settings.perturbation"
+        e = refused(client.compress, k, v, q, policy="dropkv", max_perturbation=0.1,
+                    output_shape="equal_count")
+        assert e.field == "settings.output_shape"
+        e = refused(client.compress, k, None, q, policy="knorm", max_perturbation=0.1)
+        assert e.field == "layers[0].values"
+        e = refused(client.compress, k, v, q, policy="dropkv", keep=0.2, max_perturbation=0.1)
+        assert e.field == "settings.budget"
+        e = refused(client.compress, k, v, q, policy="dropkv", keep=0.2, max_keep=0.5)
+        assert e.field == "settings.budget.max_perturbation.max_keep_fraction"
+
+
+def refused(call, *args, **kwargs):
+    """The KvtrimError `call` raises."""
+    with pytest.raises(kvtrim.KvtrimError) as error:
+        call(*args, **kwargs)
+    return error.value

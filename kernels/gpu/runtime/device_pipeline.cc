@@ -247,6 +247,16 @@ void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, Layer
   plan->total_indices = 0;
 }
 
+void PlanPerturbationSearch(LayerPlan* plan) {
+  const int64_t heads = plan->num_heads;
+  plan->host_decide = true;
+  plan->decision = DecisionPlan{};
+  plan->adakv = plan->shared = plan->block = false;
+  plan->counts.assign(static_cast<size_t>(heads), 0);
+  plan->output_shape = OutputShape::kPerHead;
+  plan->total_indices = heads * plan->num_tokens;
+}
+
 DeviceLayer MakeDeviceLayer(const LayerPlan& plan, const LayerShape& shape, DType dtype,
                             float softmax_scale, int32_t layer_id, uint64_t seed,
                             const void* keys, const void* values, const void* queries) {

@@ -103,6 +103,12 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
 /// scorer itself reads.
 void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan);
 
+/// Narrows a plan to an error-targeted budget's search (GpuBackend::CompressByPerturbation):
+/// the scores come back raw, the host's search decides, and each of its per-head lists goes
+/// back to the device for the statistic: host_decide, no allocator or device decision, one
+/// list per head and an indices region of H_kv * n for the uploads.
+void PlanPerturbationSearch(LayerPlan* plan);
+
 /// Bits of the inputs (1 keys, 2 values) that the layer's scorer launch checks for NaN / Inf
 /// itself when DeviceLayer::finite_flag is set: the fast attention scorers (SnapKV, H2O,
 /// TOVA, DropKV on LaunchScore's fast plan) on 16-bit inputs read every element of K in

@@ -146,16 +146,41 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   outputs.decision = out;
   const absl::Status status = Run(policy, layer, budget, outputs);
   out->device = options_.device;  // after Run: a host decision replaces *out whole
-  // A fast statistic that overflowed fp32 (finite inputs near 1e19: NaN) is recomputed in
-  // fp64 on the host where the tensors can be read there (host and host shm tensors; a
-  // cuda_ipc layer keeps its NaN, which the metrics skip).
-  if (status.ok() && !AllFinite(out->perturbation) && !layer.has_device_tensors() &&
-      !out->output_written) {
+  if (status.ok()) return RecomputeNonFinitePerturbation(layer, out);
+  return status;
+}
+
+absl::Status GpuBackend::RecomputeNonFinitePerturbation(const ValidatedLayer& layer,
+                                                        LayerDecision* out) {
+  if (AllFinite(out->perturbation) || layer.has_device_tensors() || out->output_written) {
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<char>> storage;
+  auto host = HostOnlyLayer(layer, options_.device, &storage);
+  if (!host.ok()) return host.status();
+  cpu_fallback_->ExactPerturbation(*host, out);
+  return absl::OkStatus();
+}
+
+absl::Status GpuBackend::CompressByPerturbation(const ResolvedPolicy& policy,
+                                                const ValidatedLayer& layer,
+                                                const LayerBudget& budget,
+                                                const PerturbationSearch& search,
+                                                LayerDecision* out) {
+  if (layer.shape.head_dim > kMaxGpuHeadDim) {
     std::vector<std::vector<char>> storage;
     auto host = HostOnlyLayer(layer, options_.device, &storage);
     if (!host.ok()) return host.status();
-    cpu_fallback_->ExactPerturbation(*host, out);
+    return cpu_fallback_->CompressByPerturbation(policy, *host, budget, search, out);
   }
+  Outputs outputs;
+  outputs.decision = out;
+  outputs.search = &search;
+  const absl::Status status = Run(policy, layer, budget, outputs);
+  out->device = options_.device;
+  // As CompressLayer: a final fast statistic that overflowed fp32 is recomputed in fp64 where
+  // the host can read the tensors (the search counted it as above epsilon).
+  if (status.ok()) return RecomputeNonFinitePerturbation(layer, out);
   return status;
 }
 

@@ -71,6 +71,16 @@ class GpuBackend final : public Backend {
   /// (device_decision.h), bit-identical to kernels/decide.h. Only the kept lists come back.
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
+  /// Error-targeted budgets: the raw scores come back once, the host runs `search`, and each
+  /// of its evaluations uploads the per-head lists and runs the device's perturbation kernels
+  /// (exact: LaunchPerturbation, fp64; fast: LaunchFastPerturbation over the rows settings
+  /// .perturbation chooses) on the inputs staged once for the call, on one worker. Layers
+  /// with d > kMaxGpuHeadDim run on the CPU backend, as in CompressLayer; so does the fp64
+  /// recomputation of a final fast statistic that overflowed fp32 (host tensors only).
+  /// Errors: CompressLayer's.
+  absl::Status CompressByPerturbation(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                      const LayerBudget& budget, const PerturbationSearch& search,
+                                      LayerDecision* out) override;
   /// Raw scores [H_kv, n] (no protection) and, for CriticalKV, critical [H_kv, n], copied
   /// back. Same errors as CompressLayer.
   absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
@@ -135,6 +145,11 @@ class GpuBackend final : public Backend {
 
   /// What one call computes (layer_run.h).
   using Outputs = RunOutputs;
+
+  /// After a successful run: a fast statistic that overflowed fp32 (finite inputs near
+  /// 1e19: NaN) is recomputed in fp64 on the host where the host can read the tensors (host
+  /// and host shm tensors; a cuda_ipc layer keeps its NaN, which the metrics skip).
+  absl::Status RecomputeNonFinitePerturbation(const ValidatedLayer& layer, LayerDecision* out);
 
   /// Runs one layer on a checked-out context (its device current) into `outputs`: a LayerRun's
   /// Plan, Stage, Enqueue and Fetch.

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/expected_attention_stats.h"
@@ -36,6 +38,14 @@ absl::Status LayerRun::Plan() {
   plan_ = *std::move(plan);
   const bool decide = outputs_.decision != nullptr;
   if (!decide) PlanScoresOnly(policy_, shape, &plan_);
+  if (outputs_.search != nullptr) {
+    if (!decide || !plan_.perturbation) {
+      return absl::InternalError(
+          "LayerRun: a max_perturbation search needs a decision and the perturbation statistic "
+          "(values, queries, settings.perturbation on)");
+    }
+    PlanPerturbationSearch(&plan_);
+  }
   device_decision_ = decide && plan_.decision.kind != DecisionKind::kNone;
   download_ = (!decide && outputs_.resident == nullptr) ||
               (decide && plan_.host_decide && !device_decision_);
@@ -440,6 +450,7 @@ absl::Status LayerRun::FetchDownload() {
     outputs_.raw->critical = std::move(critical);
     return absl::OkStatus();
   }
+  if (outputs_.search != nullptr) return SearchOnHost(std::move(scores), std::move(critical));
   LayerDecision* out = outputs_.decision;
   KVTRIM_RETURN_IF_ERROR(DecideOnHost(policy_, plan_, layer_.layer_id, layer_.num_layers, budget_,
                                       std::move(scores), std::move(critical), out));
@@ -451,28 +462,37 @@ absl::Status LayerRun::FetchDownload() {
 }
 
 absl::Status LayerRun::HostDecisionPerturbation(LayerDecision* out) {
+  KVTRIM_RETURN_IF_ERROR(ListsPerturbation(out->offsets, out->indices, &out->perturbation));
+  out->perturbation_rows = plan_.perturbation_rows;
+  out->perturbation_sampled = plan_.perturbation_sampled;
+  return absl::OkStatus();
+}
+
+absl::Status LayerRun::ListsPerturbation(const std::vector<int64_t>& offsets,
+                                         const std::vector<int32_t>& indices,
+                                         std::vector<double>* out) {
   // The host's lists go back to the device for the perturbation statistic.
   cudaStream_t stream = context_.stream();
   char* pinned = context_.transfer().data();
   const size_t heads = static_cast<size_t>(layer_.shape.num_kv_heads);
-  const size_t host_lists = out->offsets.size() - 1;
-  if (host_lists != 1 && host_lists != heads) {
+  const size_t host_lists = offsets.size() - 1;
+  if (offsets.empty() || (host_lists != 1 && host_lists != heads)) {
     return absl::InternalError(
         absl::StrCat("host decision has ", host_lists, " lists for ", heads, " heads"));
   }
-  if (out->indices.size() > static_cast<size_t>(plan_.total_indices)) {
+  if (indices.size() > static_cast<size_t>(plan_.total_indices)) {
     return absl::InternalError("host decision holds more indices than the layer has tokens");
   }
-  std::memcpy(pinned + pinned_.offsets, out->offsets.data(), out->offsets.size() * sizeof(int64_t));
-  std::memcpy(pinned + pinned_.indices, out->indices.data(), out->indices.size() * sizeof(int32_t));
+  std::memcpy(pinned + pinned_.offsets, offsets.data(), offsets.size() * sizeof(int64_t));
+  std::memcpy(pinned + pinned_.indices, indices.data(), indices.size() * sizeof(int32_t));
   KVTRIM_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(buffers_.offsets, pinned + pinned_.offsets,
-                      out->offsets.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
+                      offsets.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream),
       "cudaMemcpyAsync(offsets)");
-  if (!out->indices.empty()) {
+  if (!indices.empty()) {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(buffers_.indices, pinned + pinned_.indices,
-                        out->indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+                        indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync(indices)");
   }
   KVTRIM_RETURN_IF_ERROR(EnqueuePerturbation(
@@ -482,7 +502,49 @@ absl::Status LayerRun::HostDecisionPerturbation(LayerDecision* out) {
   KVTRIM_RETURN_IF_ERROR(
       CopyBack(pinned_.perturbation, buffers_.perturbation, heads * sizeof(double)));
   KVTRIM_RETURN_IF_ERROR(context_.Synchronize());
-  out->perturbation = Pinned<double>(pinned_.perturbation, heads);
+  *out = Pinned<double>(pinned_.perturbation, heads);
+  return absl::OkStatus();
+}
+
+namespace {
+
+/// A PerturbationProbe over LayerRun::ListsPerturbation (a private member, bound by the run).
+class ListsProbe final : public PerturbationProbe {
+ public:
+  using Evaluator = std::function<absl::Status(const std::vector<int64_t>&,
+                                               const std::vector<int32_t>&,
+                                               std::vector<double>*)>;
+  explicit ListsProbe(Evaluator evaluate) : evaluate_(std::move(evaluate)) {}
+  /// The statistic of the lists on the run's staged layer, out [H_kv].
+  absl::Status Evaluate(const std::vector<int64_t>& offsets, const std::vector<int32_t>& indices,
+                        std::vector<double>* out) override {
+    return evaluate_(offsets, indices, out);
+  }
+
+ private:
+  Evaluator evaluate_;
+};
+
+}  // namespace
+
+absl::Status LayerRun::SearchOnHost(std::vector<float> scores, std::vector<float> critical) {
+  KVTRIM_RETURN_IF_ERROR(HostNaNStatus(plan_, scores, critical));
+  LayerScores layer;
+  layer.layer_id = layer_.layer_id;
+  layer.num_layers = layer_.num_layers;
+  layer.num_heads = plan_.num_heads;
+  layer.num_tokens = plan_.num_tokens;
+  layer.scores = std::move(scores);
+  layer.critical = std::move(critical);
+  layer.budget = budget_;
+  layer.numerics = plan_.numerics;
+  ListsProbe probe([this](const std::vector<int64_t>& offsets,
+                          const std::vector<int32_t>& indices, std::vector<double>* out) {
+    return ListsPerturbation(offsets, indices, out);
+  });
+  LayerDecision* out = outputs_.decision;
+  KVTRIM_RETURN_IF_ERROR((*outputs_.search)(layer, probe, out));
+  out->numerics = plan_.numerics;
   out->perturbation_rows = plan_.perturbation_rows;
   out->perturbation_sampled = plan_.perturbation_sampled;
   return absl::OkStatus();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/backend.h"
 #include "kernels/decide.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/device_decision.h"
@@ -30,9 +31,13 @@
 
 namespace kvtrim::gpu {
 
-/// What a run answers; exactly one output is set.
+/// What a run answers; exactly one output is set (`search` comes with `decision`).
 struct RunOutputs {
   LayerDecision* decision = nullptr;               // kept lists (+ perturbation): CompressLayer
+  /// With `decision`: an error-targeted budget's search decides the layer on the host from
+  /// its raw scores, each of its evaluations one perturbation launch on the staged inputs
+  /// (CompressByPerturbation).
+  const PerturbationSearch* search = nullptr;
   std::vector<float>* protected_scores = nullptr;  // [H_kv, n] protected scores (diagnostics)
   LayerScores* raw = nullptr;                      // raw scores (+ critical): ScoreLayer
   LayerScores* resident = nullptr;                 // LaProx candidates kept on the device
@@ -113,6 +118,13 @@ class LayerRun {
   absl::Status FetchDecision();
   /// The host decision's lists back on the device and the perturbation on them.
   absl::Status HostDecisionPerturbation(LayerDecision* out);
+  /// The statistic of host lists (offsets [L + 1], L = 1 or H_kv; indices) on the staged
+  /// layer: uploaded, one perturbation launch, out [H_kv] copied back (synchronised).
+  absl::Status ListsPerturbation(const std::vector<int64_t>& offsets,
+                                 const std::vector<int32_t>& indices, std::vector<double>* out);
+  /// FetchDownload's end for an error-targeted budget: outputs_.search over the raw scores
+  /// with a probe of ListsPerturbation, then the decision's numerics and rows.
+  absl::Status SearchOnHost(std::vector<float> scores, std::vector<float> critical);
   /// A typed view of the pinned buffer at `at`.
   template <typename T>
   std::vector<T> Pinned(size_t at, size_t count) const;
