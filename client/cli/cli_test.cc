@@ -1,8 +1,10 @@
-// Tests of the CLI's argument parsing, --param parsing and request settings.
+// Tests of the CLI's argument parsing, --param parsing, request settings and printing.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "client/cli/commands.h"
@@ -162,6 +164,102 @@ TEST(PrintTest, PoliciesPrintTheirShapesAndNumericsModes) {
   EXPECT_NE(out.str().find("  shapes:    per_head, equal_count  numerics: fast, exact\n"),
             std::string::npos)
       << out.str();
+}
+
+/// A layer answer of `kept` per KV head over `n` tokens, with `perturbation` per head when
+/// given (one value per head) and `compute_seconds`.
+v1::LayerResult SummaryLayer(int64_t n, const std::vector<int32_t>& kept,
+                             const std::vector<double>& perturbation, double compute_seconds) {
+  v1::LayerResult layer;
+  layer.set_num_tokens(n);
+  layer.set_compute_seconds(compute_seconds);
+  for (size_t h = 0; h < kept.size(); ++h) {
+    v1::HeadStats* head = layer.add_heads();
+    head->set_kept(kept[h]);
+    if (h < perturbation.size()) head->set_perturbation(perturbation[h]);
+  }
+  return layer;
+}
+
+TEST(SummaryTest, BudgetLabelNamesEachKindOfBudget) {
+  v1::Budget budget;
+  budget.set_keep_fraction(0.2);
+  EXPECT_EQ(BudgetLabel(budget), "0.2");
+  budget.set_keep_tokens(64);
+  EXPECT_EQ(BudgetLabel(budget), "64 tokens");
+  budget.mutable_max_perturbation()->set_epsilon(0.2);
+  EXPECT_EQ(BudgetLabel(budget), "eps=0.2");
+  budget.mutable_max_perturbation()->set_max_keep_fraction(0.5);
+  EXPECT_EQ(BudgetLabel(budget), "eps=0.2,max=0.5");
+  EXPECT_EQ(BudgetLabel(v1::Budget()), "-");
+}
+
+TEST(SummaryTest, TotalsKeptAndCachedOverLayersAndMeansThePerturbationOverHeads) {
+  CompressOptions options;
+  options.policy = "dropkv";
+  options.max_perturbation = 0.2;
+  absl::StatusOr<v1::CompressionSettings> settings = BuildSettings(options);
+  ASSERT_TRUE(settings.ok()) << settings.status();
+  const CompressSummary summary =
+      Summarize(*settings, {SummaryLayer(100, {10, 30}, {0.1, 0.2}, 0.001),
+                            SummaryLayer(50, {5, 15}, {0.3, 0.4}, 0.0025)});
+  EXPECT_EQ(summary.policy, "dropkv");
+  EXPECT_EQ(summary.budget, "eps=0.2");
+  EXPECT_EQ(summary.kept, 60);
+  EXPECT_EQ(summary.cached, 300);
+  ASSERT_TRUE(summary.mean_perturbation.has_value());
+  EXPECT_DOUBLE_EQ(*summary.mean_perturbation, 0.25);
+  EXPECT_DOUBLE_EQ(summary.compute_seconds, 0.0035);
+
+  // Heads without the statistic (no values or queries, --noperturbation) are left out of
+  // the mean; with none at all the mean is unset.
+  EXPECT_DOUBLE_EQ(*Summarize(*settings, {SummaryLayer(10, {1, 2}, {0.5}, 0)}).mean_perturbation,
+                   0.5);
+  EXPECT_FALSE(
+      Summarize(*settings, {SummaryLayer(10, {1, 2}, {}, 0)}).mean_perturbation.has_value());
+}
+
+TEST(SummaryTest, HeaderAndRowsLineUp) {
+  CompressSummary summary;
+  summary.policy = "streaming_llm";
+  summary.budget = "0.2";
+  summary.kept = 1020;
+  summary.cached = 5120;
+  summary.mean_perturbation = 0.98765;
+  summary.compute_seconds = 0.0021234;
+  std::ostringstream header, row, empty_row;
+  PrintSummaryHeader(header);
+  PrintSummaryRow(summary, row);
+  summary.mean_perturbation.reset();
+  summary.cached = 0;
+  summary.kept = 0;
+  PrintSummaryRow(summary, empty_row);
+  EXPECT_EQ(header.str(), "policy           keep            kept tokens         perturbation"
+                          "   server compute ms\n");
+  EXPECT_EQ(row.str(), "streaming_llm    0.2             1020/5120 (19.9%)         0.9877"
+                       "               2.123\n");
+  EXPECT_EQ(empty_row.str(), "streaming_llm    0.2             0/0 (0.0%)                     -"
+                             "               2.123\n");
+  // Every column ends where its header ends, an error target with a cap included.
+  EXPECT_EQ(row.str().size(), header.str().size());
+  summary.budget = "eps=0.1,max=0.5";
+  std::ostringstream capped_row;
+  PrintSummaryRow(summary, capped_row);
+  EXPECT_EQ(capped_row.str().size(), header.str().size()) << capped_row.str();
+}
+
+TEST(SummaryTest, SummaryHeaderWithoutSummaryIsAUsageError) {
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect("127.0.0.1:1");
+  ASSERT_TRUE(client.ok()) << client.status();
+  CompressOptions options;
+  options.policy = "dropkv";
+  options.keep_fraction = 0.2;
+  options.input = "unused.safetensors";
+  options.summary_header = true;
+  std::ostringstream out, err;
+  EXPECT_EQ(RunCompress(**client, options, out, err), kExitUsage);
+  EXPECT_EQ(err.str(), "usage error: --summary_header is the header of --summary; give both\n");
+  EXPECT_EQ(out.str(), "");
 }
 
 }  // namespace

@@ -34,6 +34,14 @@ void PrintTotals(const std::vector<v1::LayerResult>& layers, std::ostream& out) 
                          layers.size(), in, kept, in > 0 ? 100.0 * kept / in : 0.0);
 }
 
+/// Prints `layers` as one summary table row, after the table's header when asked.
+void PrintSummary(const v1::CompressionSettings& settings,
+                  const std::vector<v1::LayerResult>& layers, const CompressOptions& options,
+                  std::ostream& out) {
+  if (options.summary_header) PrintSummaryHeader(out);
+  PrintSummaryRow(Summarize(settings, layers), out);
+}
+
 int CompressUnary(Client& client, const v1::CompressionSettings& settings,
                   std::vector<v1::LayerInput> layers, const CompressOptions& options,
                   std::ostream& out, std::ostream& err) {
@@ -44,6 +52,10 @@ int CompressUnary(Client& client, const v1::CompressionSettings& settings,
   absl::StatusOr<v1::CompressResponse> response = client.Compress(request);
   const double rtt = absl::ToDoubleSeconds(absl::Now() - start);
   if (!response.ok()) return RpcError(err, "Compress", response.status());
+  if (options.summary) {
+    PrintSummary(settings, {response->layers().begin(), response->layers().end()}, options, out);
+    return kExitOk;
+  }
   out << absl::StrFormat("Compress policy=%s backend=%s numerics_asked=%s layers=%d "
                          "call_rtt=%.6fs\n",
                          settings.policy().name(), response->backend(),
@@ -69,6 +81,10 @@ int CompressStreamed(Client& client, const v1::CompressionSettings& settings,
   absl::StatusOr<SessionResult> result = (*session)->Finish();
   const double total = absl::ToDoubleSeconds(absl::Now() - start);
   if (!result.ok()) return RpcError(err, "CompressSession", result.status());
+  if (options.summary) {
+    PrintSummary(settings, result->layers, options, out);
+    return kExitOk;
+  }
   out << absl::StrFormat("CompressSession policy=%s backend=%s numerics_asked=%s layers=%d "
                          "session_time=%.6fs\n",
                          settings.policy().name(), result->summary.backend(),
@@ -156,6 +172,10 @@ int RunCompress(Client& client, const CompressOptions& options, std::ostream& ou
     err << "usage error: --input is required\n";
     return kExitUsage;
   }
+  if (options.summary_header && !options.summary) {
+    err << "usage error: --summary_header is the header of --summary; give both\n";
+    return kExitUsage;
+  }
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(options.input);
   if (!file.ok()) {
     err << "input error: " << file.status().message() << "\n";
@@ -176,7 +196,7 @@ int RunCompress(Client& client, const CompressOptions& options, std::ostream& ou
     }
     absl::StatusOr<std::string> digest = client.RegisterModel(*std::move(bundle));
     if (!digest.ok()) return RpcError(err, "RegisterModel", digest.status());
-    out << "model " << *digest << "\n";
+    if (!options.summary) out << "model " << *digest << "\n";
     settings->set_model_digest(*digest);
   }
   return options.session

@@ -41,6 +41,8 @@ struct CompressOptions {
   std::string numerics;                // "fast" | "exact" | "" (the server's default)
   bool perturbation = true;             // false: PERTURBATION_OFF (skip the statistic)
   bool packed_answer = true;            // answer_encoding PACKED (false: REPEATED)
+  bool summary = false;                 // print one summary row instead of the layers
+  bool summary_header = false;          // with summary: the table's column header first
 };
 
 /// The request settings of `options`. INVALID_ARGUMENT (a usage error) for a missing
@@ -55,7 +57,9 @@ int RunPolicies(Client& client, std::ostream& out, std::ostream& err);
 
 /// `kvtrim compress`: reads the input file, registers --model when given, sends the layers
 /// (unary or one session) and prints each layer's result with its compute and round-trip
-/// time and the numerics mode that computed it.
+/// time and the numerics mode that computed it; with `options.summary`, only one table row
+/// totalled over the layers (print.h's PrintSummaryRow), after its header with
+/// `options.summary_header`. kExitUsage for summary_header without summary.
 int RunCompress(Client& client, const CompressOptions& options, std::ostream& out,
                 std::ostream& err);
 

@@ -3,6 +3,7 @@
 //   kvtrim --target=ADDR health
 //   kvtrim --target=ADDR policies
 //   kvtrim --target=ADDR compress --policy=NAME --keep_fraction=F --input=FILE.safetensors
+//   kvtrim --target=ADDR compress ... --summary [--summary_header]   (one table row)
 //   kvtrim --target=ADDR register-model --model=BUNDLE.safetensors   (prints the digest)
 //   kvtrim --target=ADDR models
 //   kvtrim --target=ADDR delete-model DIGEST
@@ -75,6 +76,12 @@ ABSL_FLAG(bool, packed_answer, true,
           "compress: ask for the kept lists as packed little-endian bytes (answer_encoding "
           "PACKED, read in place by client/kept_lists.h); --nopacked_answer asks for the "
           "repeated offsets / indices fields");
+ABSL_FLAG(bool, summary, false,
+          "compress: print one table row instead of the per-layer report: policy, keep, kept / "
+          "cached tokens over layers and KV heads, mean perturbation over heads and layers, "
+          "server compute ms summed over layers");
+ABSL_FLAG(bool, summary_header, false,
+          "compress: with --summary, print the table's column header before the row");
 // --model (a model bundle .safetensors, client/model_bundle.h) is defined in
 // client/cli_profile.cc and shared by register-model, compress and profile.
 ABSL_DECLARE_FLAG(std::string, model);
@@ -89,7 +96,7 @@ std::string Usage() {
       "  policies   list every policy with parts, inputs and parameters\n"
       "  compress   send the layers of --input (unary Compress, or --session) and print\n"
       "             per layer: n, numerics mode, kept and perturbation per head, compute and\n"
-      "             round-trip time;\n"
+      "             round-trip time (--summary: one table row over all layers instead);\n"
       "             with --model=BUNDLE, registers the model first and names its digest\n"
       "  register-model  register --model=BUNDLE.safetensors and print its digest\n"
       "  models     list the registered models\n"
@@ -183,5 +190,7 @@ int main(int argc, char** argv) {
   compress.numerics = absl::GetFlag(FLAGS_numerics);
   compress.perturbation = absl::GetFlag(FLAGS_perturbation);
   compress.packed_answer = absl::GetFlag(FLAGS_packed_answer);
+  compress.summary = absl::GetFlag(FLAGS_summary);
+  compress.summary_header = absl::GetFlag(FLAGS_summary_header);
   return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
 }

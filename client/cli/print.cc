@@ -78,6 +78,13 @@ std::string ParamSummary(const v1::ParamSpec& p) {
   }
 }
 
+/// One line of the summary table: the column widths shared by its header and its rows.
+std::string SummaryLine(const std::string& policy, const std::string& keep,
+                        const std::string& kept, const std::string& perturbation,
+                        const std::string& time) {
+  return absl::StrFormat("%-16s %-15s %-19s %12s %19s\n", policy, keep, kept, perturbation, time);
+}
+
 }  // namespace
 
 void PrintPolicies(const v1::ListPoliciesResponse& response, std::ostream& out) {
@@ -162,6 +169,61 @@ void PrintModels(const v1::ListModelsResponse& response, std::ostream& out) {
         h.rope_scaling_json().empty() ? "" : absl::StrCat(" rope_scaling=", h.rope_scaling_json()),
         model.weights_size(), absl::StrJoin(model.weights(), ", "));
   }
+}
+
+std::string BudgetLabel(const v1::Budget& budget) {
+  switch (budget.value_case()) {
+    case v1::Budget::kKeepFraction:
+      return absl::StrFormat("%g", budget.keep_fraction());
+    case v1::Budget::kKeepTokens:
+      return absl::StrCat(budget.keep_tokens(), " tokens");
+    case v1::Budget::kMaxPerturbation: {
+      const v1::PerturbationBudget& target = budget.max_perturbation();
+      std::string label = absl::StrFormat("eps=%g", target.epsilon());
+      if (target.max_keep_fraction() > 0) {
+        absl::StrAppend(&label, absl::StrFormat(",max=%g", target.max_keep_fraction()));
+      }
+      return label;
+    }
+    default:
+      return "-";
+  }
+}
+
+CompressSummary Summarize(const v1::CompressionSettings& settings,
+                          const std::vector<v1::LayerResult>& layers) {
+  CompressSummary summary;
+  summary.policy = settings.policy().name();
+  summary.budget = BudgetLabel(settings.budget());
+  double perturbation_sum = 0;
+  int64_t perturbation_heads = 0;
+  for (const v1::LayerResult& layer : layers) {
+    summary.cached += layer.num_tokens() * layer.heads_size();
+    summary.compute_seconds += layer.compute_seconds();
+    for (const v1::HeadStats& head : layer.heads()) {
+      summary.kept += head.kept();
+      if (!head.has_perturbation()) continue;
+      perturbation_sum += head.perturbation();
+      ++perturbation_heads;
+    }
+  }
+  if (perturbation_heads > 0) summary.mean_perturbation = perturbation_sum / perturbation_heads;
+  return summary;
+}
+
+void PrintSummaryHeader(std::ostream& out) {
+  out << SummaryLine("policy", "keep", "kept tokens", "perturbation", "server compute ms");
+}
+
+void PrintSummaryRow(const CompressSummary& summary, std::ostream& out) {
+  const std::string kept = absl::StrFormat(
+      "%d/%d (%.1f%%)", summary.kept, summary.cached,
+      summary.cached > 0 ? 100.0 * summary.kept / summary.cached : 0.0);
+  const std::string perturbation = summary.mean_perturbation.has_value()
+                                       ? absl::StrFormat("%.4f", *summary.mean_perturbation)
+                                       : "-";
+  out << SummaryLine(summary.policy, summary.budget, kept, perturbation,
+                     absl::StrFormat("%.3f", 1e3 * summary.compute_seconds));
 }
 
 }  // namespace kvtrim::cli

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -239,6 +240,35 @@ TEST_F(ModelRestartTest, CliRegistersListsDeletesAndCompressesWithAModel) {
   EXPECT_NE(out.find("numerics_asked=fast"), std::string::npos) << out;
   EXPECT_NE(out.find("layer 4  n=256  output=PER_HEAD  numerics=fast"), std::string::npos)
       << out;
+  // --summary: the same compression as one table row over every layer and KV head, after its
+  // header; no per-layer report and no model line.
+  out.clear();
+  ASSERT_EQ(RunCli(absl::StrCat(target, " compress --policy=laprox --keep_fraction=0.25 --input=",
+                                KVTRIM_SAMPLE_PATH, " --model=", bundle,
+                                " --session --summary --summary_header"),
+                   &out),
+            0)
+      << out;
+  EXPECT_EQ(out.rfind("policy           keep            kept tokens         perturbation", 0),
+            0u)
+      << out;
+  EXPECT_NE(out.find("\nlaprox           0.25            1280/5120 (25.0%) "), std::string::npos)
+      << out;
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 2) << out;
+  // An error-targeted budget: its row names epsilon and the mean perturbation is within it.
+  out.clear();
+  ASSERT_EQ(RunCli(absl::StrCat(target, " compress --policy=dropkv --max_perturbation=0.2 --input=",
+                                KVTRIM_SAMPLE_PATH, " --summary"),
+                   &out),
+            0)
+      << out;
+  ASSERT_EQ(out.rfind("dropkv           eps=0.2         ", 0), 0u) << out;
+  std::istringstream row(out.substr(33));
+  std::string kept, percent;
+  double perturbation = -1;
+  row >> kept >> percent >> perturbation;
+  EXPECT_GT(perturbation, 0) << out;
+  EXPECT_LE(perturbation, 0.2) << out;
   out.clear();
   EXPECT_EQ(RunCli(absl::StrCat(target, " compress --policy=knorm --keep_fraction=0.25 --input=",
                                 KVTRIM_SAMPLE_PATH, " --numerics=quick"),
