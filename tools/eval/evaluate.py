@@ -157,10 +157,11 @@ def lm_samples(args, device):
 
 
 def run_lm(args, model, client, digest, budgets, device) -> dict:
-    """NLL per budget point (and full cache) over the held-out windows."""
-    sums = {i: {"nll": 0.0, "kept": 0.0, "pert": 0.0, "seconds": 0.0}
-            for i in range(len(budgets.points))}
-    full = 0.0
+    """NLL per budget point (and full cache) over the held-out windows, with each point's
+    per-window NLLs and the standard error of its paired difference from the full cache."""
+    per_window = {i: [] for i in range(len(budgets.points))}
+    sums = {i: {"kept": 0.0, "pert": 0.0, "seconds": 0.0} for i in range(len(budgets.points))}
+    full = []
     for prompt, cont in lm_samples(args, device):
         prefix = model.prefill(prompt, args.window)
         # The prefill's last logits (full cache) predict cont[0]: left out. The inputs
@@ -170,24 +171,32 @@ def run_lm(args, model, client, digest, budgets, device) -> dict:
         def nll(masks):
             logits = model.extend(cont[:, :-1], prefix, masks)
             return float(torch.nn.functional.cross_entropy(logits.float(), targets))
-        full += nll(None)
+        full.append(nll(None))
         for i, point in enumerate(budgets.points):
             start = time.perf_counter()
             result = compress(client, prefix, point, digest, args.window)
             sums[i]["seconds"] += time.perf_counter() - start
-            sums[i]["nll"] += nll(keep_masks(result, prefix, device))
+            per_window[i].append(nll(keep_masks(result, prefix, device)))
             sums[i]["kept"] += kept_fraction(result, prefix)
             sums[i]["pert"] += mean_perturbation(result)
     count = args.samples
+    full_array = np.array(full)
     rows = []
     for i, point in enumerate(budgets.points):
         s = sums[i]
+        values = np.array(per_window[i])
+        delta = values - full_array
         rows.append({"policy": point["policy"], "kind": point["kind"], "value": point["value"],
-                     "nll": s["nll"] / count, "perplexity": math.exp(s["nll"] / count),
+                     "nll": float(values.mean()), "perplexity": math.exp(values.mean()),
+                     "nll_increase": float(delta.mean()),
+                     "nll_increase_stderr": float(delta.std(ddof=1) / math.sqrt(count))
+                     if count > 1 else float("nan"),
+                     "nll_per_window": [round(v, 6) for v in per_window[i]],
                      "kept_fraction": s["kept"] / count, "perturbation": s["pert"] / count,
                      "call_seconds": s["seconds"] / count})
-    return {"full_cache_nll": full / count, "full_cache_perplexity": math.exp(full / count),
-            "rows": rows}
+    return {"full_cache_nll": float(full_array.mean()),
+            "full_cache_perplexity": math.exp(full_array.mean()),
+            "full_cache_nll_per_window": [round(v, 6) for v in full], "rows": rows}
 
 
 def run_retrieval(args, model, client, digest, budgets, device) -> dict:

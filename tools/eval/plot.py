@@ -6,7 +6,8 @@
   retrieval JSON -> PREFIX_fraction.png (accuracy vs keep fraction per policy, averaged over
                     tasks and lengths) and PREFIX_targeted.png (as for lm, accuracy).
 Usage: python tools/eval/plot.py docs/bench/quality_lm.json docs/quality/lm
-It also prints the Markdown table of the figures.
+It also prints the Markdown tables of the figures (for lm runs also the NLL increase over
+the full cache ± the standard error of that paired difference over the windows).
 """
 
 from __future__ import annotations
@@ -101,6 +102,30 @@ def table(record: dict) -> str:
     return "\n".join(lines)
 
 
+def increase_table(record: dict) -> str:
+    """Markdown (lm runs): per policy and keep fraction, the NLL increase over the full cache
+    ± the standard error of that paired difference over the windows."""
+    rows = [r for r in record["rows"] if "nll_increase" in r]
+    if not rows:
+        return ""
+    fractions = sorted({r["value"] for r in rows if r["kind"] == "fraction"})
+    cell = {(r["policy"], r["kind"], r["value"]): r for r in rows}
+    lines = ["| policy | " + " | ".join(f"keep {v:g}" for v in fractions) + " |",
+             "|---|" + "---|" * len(fractions)]
+    for policy in sorted({r["policy"] for r in rows if r["kind"] == "fraction"}):
+        cells = [f"{cell[(policy, 'fraction', v)]['nll_increase']:+.4f} ± "
+                 f"{cell[(policy, 'fraction', v)]['nll_increase_stderr']:.4f}"
+                 for v in fractions]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    epsilons = sorted({r["value"] for r in rows if r["kind"] == "max_perturbation"})
+    for policy in sorted({r["policy"] for r in rows if r["kind"] == "max_perturbation"}):
+        cells = [f"eps {v:g}: {cell[(policy, 'max_perturbation', v)]['nll_increase']:+.4f} ± "
+                 f"{cell[(policy, 'max_perturbation', v)]['nll_increase_stderr']:.4f}"
+                 for v in epsilons]
+        lines.append(f"\n{policy}, max_perturbation: " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def main() -> None:
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -109,6 +134,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)
     draw(record, sys.argv[2])
     print(table(record))
+    print(increase_table(record))
 
 
 if __name__ == "__main__":
