@@ -1,6 +1,7 @@
 // The max_perturbation bisection (perturbation_budget.h) on fake statistics: monotone and
 // not, the cap, epsilon 0, the protected floor, bad bounds; and the rankings' prefixes.
 #include "kernels/perturbation_budget.h"
+#include "kernels/perturbation_budget_reference.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +13,6 @@
 namespace kvtrim {
 namespace {
 
-using HeadE = std::function<double(int64_t k)>;
-
 /// An evaluator from one fake E per head; counts every call's counts in `calls`.
 CountEvaluator Fake(const std::vector<HeadE>& heads, std::vector<std::vector<int64_t>>* calls) {
   return [heads, calls](const std::vector<int64_t>& counts, std::vector<double>* values) {
@@ -21,21 +20,6 @@ CountEvaluator Fake(const std::vector<HeadE>& heads, std::vector<std::vector<int
     for (size_t h = 0; h < heads.size(); ++h) (*values)[h] = heads[h](counts[h]);
     return absl::OkStatus();
   };
-}
-
-/// The rule of the proto comment for one head, written out on its own: the reference.
-int64_t ReferenceK(const HeadE& e, int64_t k_min, int64_t k_cap, double epsilon) {
-  if (!(e(k_cap) <= epsilon)) return k_cap;
-  int64_t lo = k_min, hi = k_cap;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (e(mid) <= epsilon) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  return lo;
 }
 
 TEST(BisectKeptCountsTest, MonotoneGivesTheSmallestKWithinEpsilon) {

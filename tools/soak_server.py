@@ -70,16 +70,16 @@ def copy_binaries(build_dir: str, dest: str) -> Dict[str, dict]:
     return found
 
 
-def start_kvtrimd(binary: str, tmp: str, extra: List[str], env: Dict[str, str]
-                  ) -> Tuple[subprocess.Popen, dict]:
+def start_kvtrimd(binary: str, tmp: str, extra: List[str], env: Dict[str, str],
+                  backend: str = "cpu") -> Tuple[subprocess.Popen, dict]:
     """Starts kvtrimd on 127.0.0.1 port 0 (metrics too) with a port file and a data dir
-    under `tmp`, host shm allowed, CPU backend, `env` added to its environment; returns
-    the process and its paths."""
+    under `tmp`, host shm allowed, `backend` (cpu or gpu), `env` added to its environment;
+    returns the process and its paths."""
     paths = {"port_file": os.path.join(tmp, "kvtrimd.ports"),
              "data_dir": os.path.join(tmp, "data"), "log": os.path.join(tmp, "kvtrimd.log")}
     argv = [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
             f"--port_file={paths['port_file']}", f"--data_dir={paths['data_dir']}",
-            "--allow_client_shm", "--backend=cpu", *extra]
+            "--allow_client_shm", f"--backend={backend}", *extra]
     with open(paths["log"], "w") as log:
         proc = subprocess.Popen(child_prefix() + argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=dict(os.environ, **env))

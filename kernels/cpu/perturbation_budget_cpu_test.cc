@@ -17,6 +17,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/engine.h"
 #include "kernels/perturbation_budget.h"
+#include "kernels/perturbation_budget_reference.h"
 #include "kernels/random_layer_test_util.h"
 #include "kernels/registry.h"
 
@@ -120,19 +121,7 @@ class PerturbationBudgetBruteForceTest : public ::testing::Test {
                                   std::to_string(epsilon);
         // The rule on the table.
         auto e = [&](int64_t k) { return table[static_cast<size_t>(k)].perturbation[h]; };
-        int64_t expect = cap;
-        if (e(cap) <= epsilon) {
-          int64_t lo = k_min, hi = cap;
-          while (lo < hi) {
-            const int64_t mid = lo + (hi - lo) / 2;
-            if (e(mid) <= epsilon) {
-              hi = mid;
-            } else {
-              lo = mid + 1;
-            }
-          }
-          expect = lo;
-        }
+        const int64_t expect = ReferenceK(e, k_min, cap, epsilon);
         const int64_t k = decision->kept_per_head[h];
         EXPECT_EQ(k, expect) << where;
         EXPECT_EQ(Head(*decision, h), Head(table[static_cast<size_t>(k)], h)) << where;

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,9 +38,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import corpus  # noqa: E402
 import tasks  # noqa: E402
 from gqa import GqaDecoder, Prefix  # noqa: E402
+from soak_server import start_kvtrimd, stop_kvtrimd, wait_ready  # noqa: E402
 
 import kvtrim  # noqa: E402
 
@@ -51,25 +52,6 @@ MODEL_AWARE = ("criticalkv", "laprox", "expected_attention")
 KEEPS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 TARGETED = ("dropkv", "snapkv")
-
-
-def start_kvtrimd(binary: str, directory: str, backend: str) -> tuple:
-    """kvtrimd on a free loopback port in `directory`: (process, address)."""
-    port_file = os.path.join(directory, "kvtrimd.ports")
-    log = open(os.path.join(directory, "kvtrimd.log"), "w")
-    process = subprocess.Popen(
-        [binary, "--listen=127.0.0.1:0", "--metrics_listen=", f"--port_file={port_file}",
-         f"--backend={backend}", f"--data_dir={os.path.join(directory, 'data')}",
-         "--allow_client_shm", f"--max_message_bytes={256 << 20}"],
-        stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while not os.path.exists(port_file):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("kvtrimd did not start; see " + log.name)
-        time.sleep(0.05)
-    time.sleep(0.05)
-    fields = dict(line.split("=", 1) for line in open(port_file).read().split())
-    return process, fields["grpc"]
 
 
 def register_model(client, model_dir: str, calibration: torch.Tensor) -> str:
@@ -99,7 +81,8 @@ def keep_masks(result, prefix: Prefix, device) -> List[torch.Tensor]:
 
 
 class Budgets:
-    """The (policy, budget) points of a run: label -> compress() keywords."""
+    """The (policy, budget) points of a run: each a dict of policy, kind (fraction or
+    max_perturbation), value and the compress() keywords."""
 
     def __init__(self, policies, keeps, epsilons, targeted):
         self.points = []
@@ -113,7 +96,7 @@ class Budgets:
                                     "kwargs": {"max_perturbation": eps}})
 
 
-def compress(client, prefix: Prefix, point: dict, digest: Optional[str], window: int):
+def compress(client, prefix: Prefix, point: dict, digest: Optional[str]):
     """One Compress call over every layer of `prefix` for one budget point."""
     layers = [(prefix.keys[i], prefix.values[i], prefix.queries[i])
               for i in range(len(prefix.keys))]
@@ -174,7 +157,7 @@ def run_lm(args, model, client, digest, budgets, device) -> dict:
         full.append(nll(None))
         for i, point in enumerate(budgets.points):
             start = time.perf_counter()
-            result = compress(client, prefix, point, digest, args.window)
+            result = compress(client, prefix, point, digest)
             sums[i]["seconds"] += time.perf_counter() - start
             per_window[i].append(nll(keep_masks(result, prefix, device)))
             sums[i]["kept"] += kept_fraction(result, prefix)
@@ -215,7 +198,7 @@ def run_retrieval(args, model, client, digest, budgets, device) -> dict:
                 prefix = model.prefill(ids, args.window)
                 full += int(int(model.extend(tail, prefix)[-1].argmax()) == sample.answer)
                 for i, point in enumerate(budgets.points):
-                    result = compress(client, prefix, point, digest, args.window)
+                    result = compress(client, prefix, point, digest)
                     logits = model.extend(tail, prefix, keep_masks(result, prefix, device))
                     right[i] += int(int(logits[-1].argmax()) == sample.answer)
                     kept[i] += kept_fraction(result, prefix)
@@ -262,7 +245,9 @@ def main() -> None:
     target = args.target
     if args.kvtrimd:
         backend = args.backend or ("gpu" if device.type == "cuda" else "cpu")
-        process, target = start_kvtrimd(args.kvtrimd, workdir, backend)
+        process, paths = start_kvtrimd(args.kvtrimd, workdir,
+                                       [f"--max_message_bytes={256 << 20}"], {}, backend)
+        target = wait_ready(process, paths["port_file"], 60)["grpc"]
     started = time.time()
     try:
         with kvtrim.Client(target) as client:
@@ -279,8 +264,7 @@ def main() -> None:
                 result = run(args, model, client, digest, budgets, device)
     finally:
         if process is not None:
-            process.terminate()
-            process.wait(30)
+            stop_kvtrimd(process, paths["port_file"], 30)
     record = {"task": args.task, "model": args.model, "samples": args.samples,
               "window": args.window, "seconds": round(time.time() - started, 1),
               "device": torch.cuda.get_device_name() if device.type == "cuda"

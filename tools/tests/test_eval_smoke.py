@@ -14,8 +14,10 @@ torch = pytest.importorskip("torch")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools" / "eval"))
+sys.path.insert(1, str(ROOT / "tools"))
 
 import evaluate  # noqa: E402
+import soak_server  # noqa: E402
 import tasks  # noqa: E402
 from gqa import GqaConfig, GqaDecoder  # noqa: E402
 
@@ -29,12 +31,12 @@ KVTRIMD = BUILD / "service" / "kvtrimd"
 def client(tmp_path_factory):
     if not KVTRIMD.exists():
         pytest.skip(f"{KVTRIMD} not built")
-    process, address = evaluate.start_kvtrimd(str(KVTRIMD), str(tmp_path_factory.mktemp("d")),
-                                              "cpu")
+    process, paths = soak_server.start_kvtrimd(str(KVTRIMD), str(tmp_path_factory.mktemp("d")),
+                                               [], {})
+    address = soak_server.wait_ready(process, paths["port_file"], 60)["grpc"]
     with kvtrim.Client(address) as c:
         yield c
-    process.terminate()
-    process.wait(30)
+    soak_server.stop_kvtrimd(process, paths["port_file"], 30)
 
 
 def lm_args(**overrides):
