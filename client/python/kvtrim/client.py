@@ -311,13 +311,21 @@ class Client:
             self._local and sum(v.nbytes for v in views) >= self.region_min_bytes)
         return "regions" if wants and self._local and self._regions_usable() else "inline"
 
-    def _encode_regions(self, layer: Layer, prefix: str, output=None) -> EncodedLayer:
+    def _stage_host_views(self, all_views: Sequence[Dict[str, TensorView]]) -> Dict[int, Any]:
+        """Stages (copies) every host view of `all_views` that is not already in a shared
+        segment into the staging segment, in one call: {id(view): (region id, offset)}. One
+        call for the whole request, because each stage() call rewrites the segment from its
+        start. Call with the shared lock held until the answer has arrived."""
+        staged = [v for views in all_views for v in views.values()
+                  if not v.on_cuda and self._shared.find(v) is None]
+        return dict(zip(map(id, staged), self._shared.stage(staged))) if staged else {}
+
+    def _encode_regions(self, layer: Layer, views: Dict[str, TensorView], placed: Dict[int, Any],
+                        output=None) -> EncodedLayer:
         """A layer as region slices: CUDA tensors by CUDA IPC, host arrays in a shared
-        segment in place, other host arrays staged (copied) into the staging segment.
-        `output`: a uint8 device buffer kvtrim writes the kept lists into."""
-        views = layer.views(prefix)
-        staged = [v for v in views.values() if not v.on_cuda and self._shared.find(v) is None]
-        placed = dict(zip(map(id, staged), self._shared.stage(staged))) if staged else {}
+        segment in place, other host arrays at the staging places `placed`
+        (_stage_host_views of the same `views` objects). `output`: a uint8 device buffer
+        kvtrim writes the kept lists into."""
         ready = None
         if any(v.on_cuda for v in views.values()):
             if self._cuda is None:
@@ -410,8 +418,10 @@ class Client:
             self.lease()
             outputs = self._output_buffers(layers, settings)
             with self._shared.lock:
-                encoded = [self._encode_regions(layer, f"layers[{i}]", out)
-                           for i, (layer, out) in enumerate(zip(layers, outputs))]
+                all_views = [layer.views(f"layers[{i}]") for i, layer in enumerate(layers)]
+                placed = self._stage_host_views(all_views)
+                encoded = [self._encode_regions(layer, views, placed, out)
+                           for layer, views, out in zip(layers, all_views, outputs)]
                 return self._unary_compress(settings, encoded, True, device, timeout, outputs)
         views = [layer.views(f"layers[{i}]") for i, layer in enumerate(layers)]
         total = sum(v.nbytes for layer_views in views for v in layer_views.values())
@@ -510,7 +520,7 @@ class Client:
             # that would need staging goes inline (the staging segment is rewritten by every
             # staged call, and a session's layers are in flight together).
             if use_regions and all(v.on_cuda or self._shared.find(v) for v in views.values()):
-                return self._encode_regions(layer, "layer")
+                return self._encode_regions(layer, views, {})
             if sum(v.nbytes for v in views.values()) > self.chunk_bytes:
                 return encode_chunked(layer, views, self.chunk_bytes)
             return encode_inline(layer, views)

@@ -36,6 +36,22 @@ def test_transports_agree(server, layers, policy, params):
     assert lists(inline) == lists(regions) == lists(in_place)
 
 
+def test_staged_layers_of_one_call_keep_their_own_data(server, layers):
+    """Several host layers staged into shared memory in one call: each layer's answer is its
+    own (a regression: every layer was staged at the segment's start, so all five were
+    scored on the last layer's data)."""
+    with kvtrim.Client(server.address) as client:
+        regions = client.compress(layers=layers, policy="snapkv", keep=0.5, num_layers=5,
+                                  transport="regions")
+        inline = client.compress(layers=layers, policy="snapkv", keep=0.5, num_layers=5,
+                                 transport="inline")
+        alone = [client.compress(k, v, q, policy="snapkv", keep=0.5, layer_id=i,
+                                 transport="regions") for i, (k, v, q) in enumerate(layers)]
+    assert lists(regions) == lists(inline)
+    assert lists(regions) == [lists(result)[0] for result in alone]
+    assert len({str(layer) for layer in lists(regions)}) == 5
+
+
 def test_strided_shared_array_is_read_in_place(server, layers):
     """A [n, H_kv, d] cache (a worker's token-major layout) viewed as [H_kv, n, d]."""
     k, v, q = layers[2]
