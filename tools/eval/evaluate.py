@@ -11,8 +11,11 @@ answer's kept lists become per-head masks and the continuation runs on the evict
   lm:        prompt = `prompt` bytes of held-out text, then NLL (nats per byte) of the next
              `continuation` bytes, teacher-forced, every one of them read from the evicted
              cache. Reported: mean NLL and perplexity exp(NLL).
-  retrieval: prompt = tasks.eval_set(...) at each length; `=` appended, the value predicted
-             from the evicted cache. Reported: exact-match accuracy.
+  retrieval: prompt = tasks.eval_set(...) at each length, ending with the question `? k`
+             (inside the query window the policies read); the whole prompt is compressed,
+             then the question's two tokens are encoded again over the evicted context (their
+             own positions, the context restricted to the kept entries) and the logits at k
+             must give the value. Reported: exact-match accuracy.
 
 Usage (a running kvtrimd, or --kvtrimd PATH to start one on a free port):
   python tools/eval/evaluate.py --task lm --model models/kjv-byte-lm --kvtrimd \
@@ -82,18 +85,37 @@ def keep_masks(result, prefix: Prefix, device) -> List[torch.Tensor]:
 
 class Budgets:
     """The (policy, budget) points of a run: each a dict of policy, kind (fraction or
-    max_perturbation), value and the compress() keywords."""
+    max_perturbation), value and the compress() keywords. `params` maps a policy to the
+    parameter overrides sent with each of its calls (policy_params)."""
 
-    def __init__(self, policies, keeps, epsilons, targeted):
+    def __init__(self, policies, keeps, epsilons, targeted, params=None):
         self.points = []
+        params = params or {}
+
+        def kwargs(policy, budget):
+            extra = {"params": params[policy]} if params.get(policy) else {}
+            return {**budget, **extra}
         for policy in policies:
             for keep in keeps:
                 self.points.append({"policy": policy, "kind": "fraction", "value": keep,
-                                    "kwargs": {"keep": keep}})
+                                    "kwargs": kwargs(policy, {"keep": keep})})
         for policy in targeted:
             for eps in epsilons:
                 self.points.append({"policy": policy, "kind": "max_perturbation", "value": eps,
-                                    "kwargs": {"max_perturbation": eps}})
+                                    "kwargs": kwargs(policy, {"max_perturbation": eps})})
+
+
+def policy_params(client, policies, window: int) -> dict:
+    """{policy: {"window": window}} for every listed policy that has a `window` parameter
+    (ListPolicies), so that their observation window is the last `window` query rows; {}
+    when window is 0 (each policy's own default)."""
+    if window <= 0:
+        return {}
+    out = {}
+    for info in client.list_policies().policies:
+        if info.name in policies and any(p.name == "window" for p in info.params):
+            out[info.name] = {"window": window}
+    return out
 
 
 def compress(client, prefix: Prefix, point: dict, digest: Optional[str]):
@@ -194,12 +216,15 @@ def run_retrieval(args, model, client, digest, budgets, device) -> dict:
             full = 0
             for sample in samples:
                 ids = torch.from_numpy(sample.ids).to(device)[None]
-                tail = torch.from_numpy(tasks.answer_ids(sample)).to(device)[None]
                 prefix = model.prefill(ids, args.window)
-                full += int(int(model.extend(tail, prefix)[-1].argmax()) == sample.answer)
+                full += int(int(prefix.last_logits.argmax()) == sample.answer)
+                context = prefix.truncated(n - tasks.QUESTION_TAIL)
+                question = ids[:, n - tasks.QUESTION_TAIL:]
                 for i, point in enumerate(budgets.points):
                     result = compress(client, prefix, point, digest)
-                    logits = model.extend(tail, prefix, keep_masks(result, prefix, device))
+                    masks = [m[:, :context.length]
+                             for m in keep_masks(result, prefix, device)]
+                    logits = model.extend(question, context, masks)
                     right[i] += int(int(logits[-1].argmax()) == sample.answer)
                     kept[i] += kept_fraction(result, prefix)
                     pert[i] += mean_perturbation(result)
@@ -225,6 +250,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--window", type=int, default=32,
                         help="window query rows sent (>= the policies' own window, 32)")
+    parser.add_argument("--policy_window", type=int, default=0,
+                        help="observation window of every policy that has one (params.window);"
+                        " 0: each policy's default. Retrieval uses 2, the question `? k`")
     parser.add_argument("--prompt", type=int, default=768)
     parser.add_argument("--continuation", type=int, default=256)
     parser.add_argument("--lengths", default="4096,8192,16384")
@@ -239,8 +267,6 @@ def main() -> None:
     model = GqaDecoder.load(args.model, device)
     split = lambda text: [x for x in text.split(",") if x]  # noqa: E731
     policies = split(args.policies)
-    budgets = Budgets(policies, [float(k) for k in split(args.keeps)],
-                      [float(e) for e in split(args.epsilons)], split(args.targeted))
     process, workdir = None, tempfile.mkdtemp(prefix="kvtrim-eval-")
     target = args.target
     if args.kvtrimd:
@@ -251,6 +277,10 @@ def main() -> None:
     started = time.time()
     try:
         with kvtrim.Client(target) as client:
+            targeted = split(args.targeted)
+            budgets = Budgets(policies, [float(k) for k in split(args.keeps)],
+                              [float(e) for e in split(args.epsilons)], targeted,
+                              policy_params(client, policies + targeted, args.policy_window))
             digest = None
             if any(p in MODEL_AWARE for p in policies):
                 if args.task == "lm":
@@ -266,7 +296,8 @@ def main() -> None:
         if process is not None:
             stop_kvtrimd(process, paths["port_file"], 30)
     record = {"task": args.task, "model": args.model, "samples": args.samples,
-              "window": args.window, "seconds": round(time.time() - started, 1),
+              "window": args.window, "policy_window": args.policy_window,
+              "seconds": round(time.time() - started, 1),
               "device": torch.cuda.get_device_name() if device.type == "cuda"
               else f"CPU {platform.machine()}, {os.cpu_count()} cores",
               "kvtrimd_backend": args.backend or ("gpu" if device.type == "cuda" else "cpu"),

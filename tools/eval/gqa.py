@@ -142,6 +142,11 @@ class Prefix:
     def length(self) -> int:
         return int(self.keys[0].shape[1])
 
+    def truncated(self, length: int) -> "Prefix":
+        """The cache of the first `length` positions only (last_logits kept as they were)."""
+        return Prefix([k[:, :length] for k in self.keys], [v[:, :length] for v in self.values],
+                      self.queries, self.last_logits)
+
 
 class GqaDecoder(nn.Module):
     """The decoder, `model.*` / `lm_head` named as LlamaForCausalLM."""

@@ -2,7 +2,8 @@
 clock budget, and writes them with their training record.
 
   retrieval: a GQA decoder on tasks.py's kv_lookup and needle tasks, a length curriculum from
-             128 to 16384 tokens; full-cache accuracy measured at 4K, 8K and 16K at the end.
+             256 to 16384 tokens gated on answer accuracy (Curriculum); full-cache accuracy
+             measured at 4K, 8K and 16K at the end.
   lm:        a byte-level GQA language model on the KJV corpus (corpus.py; the held-out tail
              never seen), 1024-byte crops; the weights kept are those of the best NLL on a
              validation slice (the 64 KiB before the held-out tail, also never trained on:
@@ -46,25 +47,75 @@ def learning_rate(progress: float, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (progress - 0.03) / 0.97))))
 
 
-def retrieval_length(progress: float, rng: np.random.Generator) -> int:
-    """The curriculum: short sequences first, every length up to 16K in the second half."""
-    if progress < 0.15:
-        choices = [128, 256, 512]
-    elif progress < 0.35:
-        choices = [512, 1024, 2048]
-    elif progress < 0.55:
-        choices = [1024, 2048, 4096, 8192]
-    else:
-        choices = [2048, 4096, 8192, 16384]
-    return int(rng.choice(choices))
+def retrieval_learning_rate(step: int, progress: float, decay_from: float, peak: float) -> float:
+    """Linear warm-up over 200 steps, the peak while the curriculum climbs, then cosine decay
+    to 10 % of peak from `decay_from` (the budget fraction where the last gate was passed, at
+    most 0.8) to the end of the budget."""
+    if step < 200:
+        return peak * (step + 1) / 200
+    if progress <= decay_from:
+        return peak
+    done = min(1.0, (progress - decay_from) / max(1e-9, 1.0 - decay_from))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * done)))
 
 
-def retrieval_batch(progress, rng, device):
-    """One training batch of a random task and curriculum length."""
-    n = retrieval_length(progress, rng)
-    task = tasks.TASKS[int(rng.integers(0, 2))]
-    ids, targets = tasks.training_batch(rng, task, n, max(1, TOKENS_PER_STEP // n))
+CURRICULUM = (256, 512, 1024, 2048, 4096, 8192, 16384)
+RETRIEVAL_TOKENS_PER_STEP = 32768
+
+
+class Curriculum:
+    """A length curriculum gated on accuracy: training stays at a length until the running
+    accuracy of the answers (an exponential average over steps) reaches `gate`, then moves to
+    the next length; a quarter of the batches revisit a shorter length already passed. Past the
+    last gate every batch takes a length of the upper half at random."""
+
+    def __init__(self, gate: float = 0.95, smoothing: float = 0.05, min_steps: int = 50):
+        self.stage, self.gate, self.smoothing, self.min_steps = 0, gate, smoothing, min_steps
+        self.accuracy, self.steps_here, self.passed = 0.0, 0, []
+
+    @property
+    def done(self) -> bool:
+        return self.stage >= len(CURRICULUM)
+
+    def length(self, rng: np.random.Generator) -> int:
+        """The next batch's sequence length."""
+        if self.done:
+            return int(rng.choice(CURRICULUM[len(CURRICULUM) // 2:]))
+        if self.stage > 0 and rng.random() < 0.25:
+            return CURRICULUM[int(rng.integers(0, self.stage))]
+        return CURRICULUM[self.stage]
+
+    def record(self, length: int, accuracy: float, step: int, seconds: float) -> None:
+        """Takes one batch's answer accuracy; advances the stage when its gate is passed."""
+        if self.done or length != CURRICULUM[self.stage]:
+            return
+        self.steps_here += 1
+        self.accuracy += self.smoothing * (accuracy - self.accuracy)
+        if self.steps_here >= self.min_steps and self.accuracy >= self.gate:
+            self.passed.append({"length": length, "step": step, "seconds": round(seconds, 1)})
+            print(json.dumps({"passed": self.passed[-1]}), flush=True)
+            self.stage, self.accuracy, self.steps_here = self.stage + 1, 0.0, 0
+
+
+def retrieval_batch(length: int, rng, device, step: int, induction_rows: int):
+    """One training batch of `length` tokens (the task alternates by step), with
+    `induction_rows` rows of tasks.repeat_batch at 256 tokens appended when the length is 256
+    (the dense induction signal of the curriculum's first stages)."""
+    task = tasks.TASKS[step % 2]
+    ids, targets = tasks.training_batch(rng, task, length,
+                                        max(1, RETRIEVAL_TOKENS_PER_STEP // length))
+    batches = [(ids, targets)]
+    if induction_rows and length == 256:
+        batches.append(tasks.repeat_batch(rng, length, induction_rows))
+    ids = np.concatenate([b[0] for b in batches])
+    targets = np.concatenate([b[1] for b in batches])
     return torch.from_numpy(ids).to(device), torch.from_numpy(targets).to(device)
+
+
+def answer_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """Exact-match accuracy of the argmax at the answered positions (targets != IGNORE)."""
+    answered = targets != tasks.IGNORE
+    return float((logits.argmax(-1)[answered] == targets[answered]).float().mean())
 
 
 def lm_batch(train: np.ndarray, rng, device, length: int = 1024):
@@ -87,9 +138,7 @@ def retrieval_accuracy(model, device, seed: int, lengths, count: int) -> dict:
                 ids = torch.from_numpy(sample.ids).to(device)[None]
                 with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
                     prefix = model.prefill(ids, 1)
-                    tail = torch.from_numpy(tasks.answer_ids(sample)).to(device)[None]
-                    logits = model.extend(tail, prefix)
-                right += int(int(logits[-1].argmax()) == sample.answer)
+                right += int(int(prefix.last_logits.argmax()) == sample.answer)
             out[f"{task}@{n}"] = right / count
     return out
 
@@ -114,6 +163,11 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--induction_rows", type=int, default=64,
+                        help="retrieval: rows of tasks.repeat_batch added to each 256-token "
+                        "batch during the first two curriculum stages")
+    parser.add_argument("--gate", type=float, default=0.95,
+                        help="retrieval: running answer accuracy that passes a curriculum length")
     parser.add_argument("--corpus", default=".corpus/kjv.txt")
     parser.add_argument("--eval_count", type=int, default=50)
     parser.add_argument("--resume", default="", help="a directory save() wrote: start from it")
@@ -136,16 +190,23 @@ def main() -> None:
                                   weight_decay=0.1)
     budget = args.minutes * 60.0
     start, step, curve = time.time(), 0, []
+    curriculum, decay_from = Curriculum(gate=args.gate), 0.8
     while True:
         progress = (time.time() - start) / budget
         if progress >= 1.0:
             break
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(progress, args.lr)
         if args.model == "retrieval":
-            ids, targets = retrieval_batch(progress, rng, device)
+            if curriculum.done:
+                decay_from = min(decay_from, progress)
+            rate = retrieval_learning_rate(step, progress, decay_from, args.lr)
+            early = curriculum.stage < 2
+            ids, targets = retrieval_batch(curriculum.length(rng), rng, device, step,
+                                           args.induction_rows if early else 0)
         else:
+            rate = learning_rate(progress, args.lr)
             ids, targets = lm_batch(train, rng, device)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
             logits = model(ids)
         loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
@@ -155,9 +216,16 @@ def main() -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
+        if args.model == "retrieval":
+            lookup = slice(0, RETRIEVAL_TOKENS_PER_STEP // int(ids.shape[1]))
+            accuracy = answer_accuracy(logits.detach()[lookup], targets[lookup])
+            curriculum.record(int(ids.shape[1]), accuracy, step, time.time() - start)
         if step % 50 == 0:
             curve.append({"step": step, "seconds": round(time.time() - start, 1),
-                          "length": int(ids.shape[1]), "loss": round(float(loss.detach()), 4)})
+                          "length": int(ids.shape[1]), "loss": round(float(loss.detach()), 4),
+                          "lr": round(rate, 6)})
+            if args.model == "retrieval":
+                curve[-1]["accuracy"] = round(accuracy, 4)
             if args.model == "lm" and step % 200 == 0:
                 model.eval()
                 nll = heldout_nll(model, device, validation)
@@ -172,10 +240,13 @@ def main() -> None:
         model.load_state_dict(best[2])
     record = {"model": args.model, "config": cfg.__dict__, "parameters": parameter_count(model),
               "seed": args.seed, "steps": step, "minutes": args.minutes, "lr": args.lr,
-              "tokens_per_step": TOKENS_PER_STEP, "resumed_from": args.resume or None,
+              "tokens_per_step": (RETRIEVAL_TOKENS_PER_STEP if args.model == "retrieval"
+                                  else TOKENS_PER_STEP), "resumed_from": args.resume or None,
               "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "curve": curve}
     if args.model == "retrieval":
+        record["curriculum"] = {"gate": args.gate, "passed": curriculum.passed,
+                                "induction_rows": args.induction_rows}
         record["full_cache_accuracy"] = retrieval_accuracy(model, device, 99, (4096, 8192, 16384),
                                                            args.eval_count)
     else:
