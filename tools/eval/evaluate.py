@@ -51,21 +51,31 @@ import kvtrim  # noqa: E402
 
 POLICIES = ("streaming_llm", "random", "knorm", "keydiff", "snapkv", "h2o", "tova", "pyramidkv",
             "adakv", "dropkv", "criticalkv", "laprox", "expected_attention")
-MODEL_AWARE = ("criticalkv", "laprox", "expected_attention")
+MODEL_AWARE = ("criticalkv", "laprox", "expected_attention", "lukv")
 KEEPS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 EPSILONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 TARGETED = ("dropkv", "snapkv")
 
 
-def register_model(client, model_dir: str, calibration: torch.Tensor) -> str:
-    """Registers the model (W_O, RoPE, query statistics of `calibration` ids [1, t]) and
-    returns its digest."""
+def register_model(client, model_dir: str, calibration: torch.Tensor,
+                   lukv_profile: str = "") -> str:
+    """Registers the model (W_O, RoPE, query statistics of `calibration` ids [1, t], and the
+    LU-KV profile `kvtrim profile` wrote at `lukv_profile`, if given) and returns its
+    digest."""
     import kvtrim.hf
     from transformers import LlamaForCausalLM
     hf = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
     with torch.no_grad():
         stats = kvtrim.hf.query_statistics(hf, calibration)
-    return client.register_model(kvtrim.hf.model_bundle(hf, stats, name="kvtrim-eval"))
+    bundle = kvtrim.hf.model_bundle(hf, stats, name="kvtrim-eval")
+    if lukv_profile:
+        with open(lukv_profile + ".json") as f:
+            manifest = json.load(f)
+        name = f"profile.{manifest['metric']}"
+        extra = kvtrim.models.ModelBundle.from_arrays(bundle.header, {name: np.load(lukv_profile)})
+        bundle.weights.update(extra.weights)
+        bundle.manifests[name] = json.dumps({k: manifest[k] for k in ("metric", "sink", "window")})
+    return client.register_model(bundle)
 
 
 def keep_masks(result, prefix: Prefix, device) -> List[torch.Tensor]:
@@ -250,6 +260,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--window", type=int, default=32,
                         help="window query rows sent (>= the policies' own window, 32)")
+    parser.add_argument("--lukv_profile", default="",
+                        help="an LU-KV profile (.npy with its .json manifest, `kvtrim profile` on "
+                        "lukv_calibration.py's dumps) registered with the model, for lukv")
     parser.add_argument("--policy_window", type=int, default=0,
                         help="observation window of every policy that has one (params.window);"
                         " 0: each policy's default. Retrieval uses 2, the question `? k`")
@@ -288,7 +301,7 @@ def main() -> None:
                 else:
                     calib = torch.from_numpy(tasks.eval_set(args.seed + 1000, "kv_lookup",
                                                             1024, 1)[0].ids)[None]
-                digest = register_model(client, args.model, calib)
+                digest = register_model(client, args.model, calib, args.lukv_profile)
             run = run_lm if args.task == "lm" else run_retrieval
             with torch.no_grad():
                 result = run(args, model, client, digest, budgets, device)
