@@ -163,9 +163,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--induction_rows", type=int, default=64,
-                        help="retrieval: rows of tasks.repeat_batch added to each 256-token "
-                        "batch during the first two curriculum stages")
+    parser.add_argument("--induction_rows", type=int, default=128,
+                        help="retrieval: rows of tasks.repeat_batch added to every 256-token "
+                        "batch until the 512-token gate is passed")
     parser.add_argument("--gate", type=float, default=0.95,
                         help="retrieval: running answer accuracy that passes a curriculum length")
     parser.add_argument("--corpus", default=".corpus/kjv.txt")
