@@ -50,6 +50,9 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
     guard_.ReleaseSlot();
     Finish(status);
   }
+  /// The client cancelled or its deadline passed: the slot goes back at once, although the
+  /// work may still be running (the client can open its next call now; CallGuard).
+  void OnCancel() override { guard_.ReleaseSlot(); }
   void OnDone() override { delete this; }
 
  private:

@@ -85,6 +85,11 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     RequestReadOnce();
   }
 
+  /// The client cancelled or its deadline passed: the slot goes back at once, although a
+  /// layer may still be computing (the client can open its next call now; CallGuard). The
+  /// session then ends at its next step, and counts for a drain until gRPC is done.
+  void OnCancel() override { guard_.ReleaseSlot(); }
+
   void OnReadDone(bool ok) override {
     auto incoming = std::make_shared<Incoming>();
     incoming->received = Clock::now();

@@ -167,9 +167,11 @@ class CallGuard {
   /// The caller's tenant ("" without bearer tokens).
   const std::string& tenant() const { return tenant_; }
   /// Gives the call's --max_inflight / --max_leases slot back now, as its final status is
-  /// handed to gRPC: a client that sends its next call as soon as it has the answer must
-  /// find the slot free (gRPC destroys the reactor, and with it this guard, only later).
-  /// The call still counts for a drain until the guard is destroyed. Idempotent.
+  /// handed to gRPC or when the client cancels: a client that sends its next call as soon
+  /// as it has the answer (or has given up) must find the slot free (gRPC destroys the
+  /// reactor, and with it this guard, only later; a cancelled call's work may still be
+  /// finishing its current step). The call still counts for a drain until the guard is
+  /// destroyed. Idempotent and thread-safe.
   void ReleaseSlot();
 
  private:

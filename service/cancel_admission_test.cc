@@ -1,0 +1,69 @@
+// Admission and cancellation: a call the client cancelled gives its --max_inflight slot back
+// at once, even while its work is still inside the backend (the client may already be
+// opening its next call; the soak saw such clients refused a limit they never exceeded).
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "service/scripted_backend.h"
+#include "service/test_util.h"
+
+namespace kvtrim::service::testing {
+namespace {
+
+/// Polls (bounded) until no call holds an inflight slot; true when that happened.
+bool WaitForNoInflight(const Server& server, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (server.service().inflight() != 0) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+Config OneInflight() {
+  Config config = TestConfig();
+  config.max_inflight = 1;
+  return config;
+}
+
+TEST(CancelAdmissionTest, CancelledUnaryCallFreesItsSlotWhileItsLayerIsStillRunning) {
+  Fixture f(OneInflight());
+  ASSERT_NE(f.server, nullptr);
+  grpc::ClientContext context;
+  v1::CompressResponse response;
+  auto held = std::async(std::launch::async, [&] {
+    return f.stub->Compress(&context, RequestForLayer(kBlockingLayer), &response);
+  });
+  f.backend->WaitUntilBlocked();
+  EXPECT_EQ(f.server->service().inflight(), 1);
+  context.TryCancel();
+  EXPECT_EQ(held.get().error_code(), grpc::StatusCode::CANCELLED);
+  // The layer is still blocked inside the backend, yet the slot is free for the next call.
+  EXPECT_TRUE(WaitForNoInflight(*f.server, std::chrono::seconds(10)));
+  const grpc::Status next = CallCompress(*f.stub, RequestForLayer(0));
+  EXPECT_TRUE(next.ok()) << next.error_message();
+  f.backend->Release();
+}
+
+TEST(CancelAdmissionTest, CancelledSessionFreesItsSlotWhileItsLayerIsStillRunning) {
+  Fixture f(OneInflight());
+  ASSERT_NE(f.server, nullptr);
+  const v1::CompressRequest request = RequestForLayer(kBlockingLayer);
+  grpc::ClientContext context;
+  auto stream = f.stub->CompressSession(&context);
+  ASSERT_TRUE(stream->Write(SessionBegin(request.settings())));
+  ASSERT_TRUE(stream->Write(SessionLayer(request.layers(0))));
+  f.backend->WaitUntilBlocked();
+  EXPECT_EQ(f.server->service().inflight(), 1);
+  context.TryCancel();
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitForNoInflight(*f.server, std::chrono::seconds(10)));
+  std::vector<v1::SessionResponse> responses;
+  const grpc::Status next = CallSession(*f.stub, RequestForLayer(0), /*finish=*/true, &responses);
+  EXPECT_TRUE(next.ok()) << next.error_message();
+  f.backend->Release();
+}
+
+}  // namespace
+}  // namespace kvtrim::service::testing
