@@ -1,6 +1,7 @@
-// Admission and cancellation: a call the client cancelled gives its --max_inflight slot back
-// at once, even while its work is still inside the backend (the client may already be
-// opening its next call; the soak saw such clients refused a limit they never exceeded).
+// Admission: a session's --max_inflight slot is free before its last message (summary or
+// error) reaches the client, and a call the client cancelled gives its slot back at once,
+// even while its work is still inside the backend. In both cases the client may already be
+// opening its next call; the soak saw such clients refused a limit they never exceeded.
 #include <chrono>
 #include <future>
 #include <thread>
@@ -63,6 +64,52 @@ TEST(CancelAdmissionTest, CancelledSessionFreesItsSlotWhileItsLayerIsStillRunnin
   const grpc::Status next = CallSession(*f.stub, RequestForLayer(0), /*finish=*/true, &responses);
   EXPECT_TRUE(next.ok()) << next.error_message();
   f.backend->Release();
+}
+
+/// Reads `stream` until a message for which `last` holds; false if the stream ends first.
+template <class Stream, class Predicate>
+bool ReadUntil(Stream& stream, Predicate last) {
+  v1::SessionResponse response;
+  while (stream.Read(&response)) {
+    if (last(response)) return true;
+  }
+  return false;
+}
+
+TEST(CancelAdmissionTest, SessionSummaryArrivesWithTheSlotAlreadyFree) {
+  auto server = StartServer(OneInflight());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  const v1::CompressRequest request = RequestForLayer(0);
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext context;
+    auto stream = stub->CompressSession(&context);
+    ASSERT_TRUE(stream->Write(SessionBegin(request.settings())));
+    ASSERT_TRUE(stream->Write(SessionLayer(request.layers(0))));
+    ASSERT_TRUE(stream->Write(SessionFinish()));
+    ASSERT_TRUE(ReadUntil(*stream, [](const auto& r) { return r.has_finished(); }));
+    ASSERT_EQ(server->service().inflight(), 0) << "session " << i;
+    stream->WritesDone();
+    ASSERT_TRUE(stream->Finish().ok());
+  }
+}
+
+TEST(CancelAdmissionTest, SessionErrorArrivesWithTheSlotAlreadyFree) {
+  auto server = StartServer(OneInflight());
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::Kvtrim::NewStub(Connect(*server));
+  v1::CompressRequest request = RequestForLayer(0);
+  request.mutable_layers(0)->mutable_keys()->mutable_inline_data()->resize(100);
+  for (int i = 0; i < 100; ++i) {
+    grpc::ClientContext context;
+    auto stream = stub->CompressSession(&context);
+    ASSERT_TRUE(stream->Write(SessionBegin(request.settings())));
+    stream->Write(SessionLayer(request.layers(0)));
+    ASSERT_TRUE(ReadUntil(*stream, [](const auto& r) { return r.has_error(); }));
+    ASSERT_EQ(server->service().inflight(), 0) << "session " << i;
+    stream->WritesDone();
+    ASSERT_EQ(stream->Finish().error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
 }
 
 }  // namespace

@@ -405,6 +405,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     }
     v1::SessionResponse response;
     *response.mutable_finished() = summary_;
+    guard_.ReleaseSlot();  // before the summary: a client may open its next call on reading it
     Send(SerializeSessionResponse(response));
     return absl::OkStatus();
   }
@@ -423,6 +424,9 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
   /// (`tell_client`), then the call finishes with the same status. Once.
   void End(const absl::Status& status, bool tell_client) {
     if (ended_.exchange(true)) return;
+    // The slot goes back before the last message: a client may open its next call as soon as
+    // it reads the `error` (or, on success, the summary FinishSession sent).
+    guard_.ReleaseSlot();
     const grpc::Status wire = ToGrpcStatus(status);
     if (!status.ok() && tell_client) {
       v1::SessionResponse failure;
@@ -433,7 +437,6 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     core_.LogServerError(Rpc::kCompressSession, request_id_, status);
     core_.metrics().RecordRequest(Rpc::kCompressSession, label_, status.code(),
                                   SecondsSince(start_));
-    guard_.ReleaseSlot();  // the client may open its next session as soon as it has this one's
     FinishAfterWrites(wire);
   }
 
