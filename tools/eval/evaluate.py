@@ -72,8 +72,7 @@ def register_model(client, model_dir: str, calibration: torch.Tensor,
         with open(lukv_profile + ".json") as f:
             manifest = json.load(f)
         name = f"profile.{manifest['metric']}"
-        extra = kvtrim.models.ModelBundle.from_arrays(bundle.header, {name: np.load(lukv_profile)})
-        bundle.weights.update(extra.weights)
+        bundle.weights[name] = kvtrim.models.Weight.of(np.load(lukv_profile), name)
         bundle.manifests[name] = json.dumps({k: manifest[k] for k in ("metric", "sink", "window")})
     return client.register_model(bundle)
 

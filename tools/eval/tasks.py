@@ -1,7 +1,8 @@
 """Synthetic long-context retrieval tasks for the retrieval model (NumPy, seeded, vectorised).
 
-Vocabulary (3072 ids): 0 pad, 1 BOS, 2 ';' (end of record), 3 '=', 4 '?' (question),
-5 '#' (needle marker), 16..2063 keys, 2064..2575 values, 2576..3071 filler.
+Vocabulary (3072 ids): 0 pad, 1 BOS, 2 ';' (end of record), 3 '=' (unused since records are
+`k v ;`), 4 '?' (question), 5 '#' (needle marker), 16..2063 keys, 2064..2575 values,
+2576..3071 filler.
 A record is `k v ;`; keys are distinct within a prompt, values are not.
 
 Tasks (n = prompt length in tokens, the cache the policies compress):
