@@ -46,6 +46,11 @@ ABSL_FLAG(int32_t, workers,
 ABSL_FLAG(int32_t, max_inflight, 64,
           "Most Compress and CompressSession calls served at once (1 .. 1048576); more get "
           "RESOURCE_EXHAUSTED \"max_inflight\".");
+ABSL_FLAG(int32_t, admission_wait_ms, 200,
+          "How long a Compress or CompressSession call that finds all --max_inflight slots "
+          "taken waits for one before it gets RESOURCE_EXHAUSTED \"max_inflight\" "
+          "(0 .. 60000; 0 = refused at once). It absorbs calls whose cancellation or deadline "
+          "the server has not seen yet; at most --max_inflight calls wait at once.");
 ABSL_FLAG(int32_t, max_leases, 1024,
           "Most Regions leases (open Regions streams of zero-copy clients) held at once "
           "(1 .. 1048576); more get RESOURCE_EXHAUSTED \"max_leases\". An idle lease holds "
@@ -134,6 +139,9 @@ ABSL_FLAG(int64_t, host_buffer_pool_bytes, int64_t{1} << 30,
           "copies of 1 MiB or more) kept for the next layers, in idle bytes at most (0 .. 2^40; "
           "0 = every layer allocates afresh). Reused pages are already mapped: a 64 MiB shm "
           "read no longer page-faults.");
+ABSL_FLAG(int32_t, host_buffer_idle_s, 30,
+          "Seconds a buffer of that pool may stay unused before it is freed, so that the "
+          "memory kept follows the recent load (0 .. 86400; 0 = kept until reused).");
 ABSL_FLAG(int64_t, max_pinned_buffer_bytes, int64_t{8} << 30,
           "With the GPU backend, the pooled host buffers that a session's chunked tensors are "
           "received into are page-locked once, when created, so that the GPU copies each layer "
@@ -154,7 +162,7 @@ namespace {
 /// Every kvtrimd flag, in --help order.
 constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_file",
                                      "max_message_bytes",
-                                     "workers",         "max_inflight",   "max_leases",
+                                     "workers",         "max_inflight",   "admission_wait_ms", "max_leases",
                                      "backend",
                                      "numerics",        "drain_timeout_s",
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
@@ -165,7 +173,8 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "allow_client_shm", "max_regions_per_client",
                                      "max_pinned_shm_bytes", "max_layer_bytes",
                                      "session_read_ahead", "session_parallel_layers",
-                                     "host_buffer_pool_bytes", "max_pinned_buffer_bytes"};
+                                     "host_buffer_pool_bytes", "host_buffer_idle_s",
+                                     "max_pinned_buffer_bytes"};
 
 /// absl's own usage/flagfile flags: left to absl::ParseCommandLine. The bool says whether
 /// the flag takes a value ("--flagfile f" consumes the next argument).
@@ -284,6 +293,9 @@ absl::Status Config::Validate() const {
   }
   if (auto st = CheckRange("workers", workers, 1, 1024); !st.ok()) return st;
   if (auto st = CheckRange("max_inflight", max_inflight, 1, 1 << 20); !st.ok()) return st;
+  if (auto st = CheckRange("admission_wait_ms", admission_wait_ms, 0, 60000); !st.ok()) {
+    return st;
+  }
   if (auto st = CheckRange("max_leases", max_leases, 1, 1 << 20); !st.ok()) return st;
   if (auto st = CheckRange("http2_window_bytes", http2_window_bytes, 0, 1 << 30); !st.ok()) {
     return st;
@@ -313,6 +325,9 @@ absl::Status Config::Validate() const {
   }
   if (auto st = CheckRange("session_read_ahead", session_read_ahead, 1, 64); !st.ok()) return st;
   if (auto st = CheckRange("session_parallel_layers", session_parallel_layers, 1, 16); !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("host_buffer_idle_s", host_buffer_idle_s, 0, 86400); !st.ok()) {
     return st;
   }
   if (auto st = CheckRange("host_buffer_pool_bytes", host_buffer_pool_bytes, 0,
@@ -501,6 +516,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   config.workers = absl::GetFlag(FLAGS_workers);
   config.max_inflight = absl::GetFlag(FLAGS_max_inflight);
+  config.admission_wait_ms = absl::GetFlag(FLAGS_admission_wait_ms);
   config.max_leases = absl::GetFlag(FLAGS_max_leases);
   config.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout_s);
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
@@ -526,6 +542,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.session_read_ahead = absl::GetFlag(FLAGS_session_read_ahead);
   config.session_parallel_layers = absl::GetFlag(FLAGS_session_parallel_layers);
   config.host_buffer_pool_bytes = absl::GetFlag(FLAGS_host_buffer_pool_bytes);
+  config.host_buffer_idle_s = absl::GetFlag(FLAGS_host_buffer_idle_s);
   config.max_pinned_buffer_bytes = absl::GetFlag(FLAGS_max_pinned_buffer_bytes);
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend == "auto") {

@@ -41,6 +41,9 @@ struct Config {
   int workers = 1;
   /// Most Compress + CompressSession calls served at once; more get RESOURCE_EXHAUSTED.
   int max_inflight = 64;
+  /// Milliseconds a Compress / CompressSession call that finds every max_inflight slot
+  /// taken waits for one before it is refused (0: at once).
+  int admission_wait_ms = 200;
   /// Most Regions leases held at once; more get RESOURCE_EXHAUSTED "max_leases".
   int max_leases = 1024;
   /// Requested backend (auto resolves to cpu in a build without CUDA).
@@ -98,6 +101,8 @@ struct Config {
   /// Host buffers of finished layers (host shm reads, assembled chunks) kept for reuse by the
   /// next ones, at most these many idle bytes together; 0 = every layer allocates afresh.
   int64_t host_buffer_pool_bytes = int64_t{1} << 30;
+  /// Seconds a pooled host buffer may stay unused before it is freed (0 = kept until reused).
+  int host_buffer_idle_s = 30;
   /// With the GPU backend, pooled buffers that chunked tensors arrive in are page-locked
   /// while the locked ones (idle or in use) stay within this many bytes; 0 = never.
   int64_t max_pinned_buffer_bytes = int64_t{8} << 30;

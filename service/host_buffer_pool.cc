@@ -1,5 +1,7 @@
 #include "service/host_buffer_pool.h"
 
+#include <vector>
+
 namespace kvtrim::service {
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
@@ -72,7 +74,7 @@ void HostBufferPool::Release(std::unique_ptr<uint32_t[]> words, size_t capacity_
     std::lock_guard<std::mutex> lock(mutex_);
     if (idle_bytes_ + capacity_words * 4 <= max_idle_bytes_) {
       idle_bytes_ += capacity_words * 4;
-      idle_.emplace(capacity_words, Idle{std::move(words), page_locked});
+      idle_.emplace(capacity_words, Idle{std::move(words), page_locked, Clock::now()});
       return;
     }
     if (page_locked) locked_bytes_ -= capacity_words * 4;
@@ -84,6 +86,31 @@ HostBufferPool::~HostBufferPool() {
   for (auto& [capacity, idle] : idle_) {
     if (idle.page_locked) locker_.unlock(idle.words.get());
   }
+}
+
+size_t HostBufferPool::ExpireIdle(Clock::time_point now) {
+  if (idle_lifetime_ == Clock::duration::zero()) return 0;
+  std::vector<Idle> expired;
+  size_t freed = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = idle_.begin(); it != idle_.end();) {
+      if (now - it->second.since <= idle_lifetime_) {
+        ++it;
+        continue;
+      }
+      const size_t bytes = it->first * 4;
+      idle_bytes_ -= bytes;
+      if (it->second.page_locked) locked_bytes_ -= bytes;
+      freed += bytes;
+      expired.push_back(std::move(it->second));
+      it = idle_.erase(it);
+    }
+  }
+  for (Idle& idle : expired) {
+    if (idle.page_locked) locker_.unlock(idle.words.get());
+  }
+  return freed;  // `expired` frees the words on return
 }
 
 size_t HostBufferPool::idle_bytes() const {

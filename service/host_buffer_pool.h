@@ -6,6 +6,7 @@
 // in chunks goes to the device by one DMA from the buffer it was received into.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -63,19 +64,24 @@ struct HostMemoryLocker {
 /// The pool: idle buffers by capacity, at most `max_idle_bytes` of them together. Buffers
 /// under `min_pooled_bytes` come from the heap and are not kept. With a `locker`, each new
 /// pooled buffer is page-locked while the locked buffers (idle or in use) stay within
-/// `max_locked_bytes`, and unlocked when freed. Thread-safe; create it with std::make_shared
-/// (buffers hold a reference to it).
+/// `max_locked_bytes`, and unlocked when freed. ExpireIdle frees the buffers idle for
+/// longer than `idle_lifetime` (zero: none), so that what the pool keeps follows the recent
+/// load, not the largest it ever saw. Thread-safe; create it with std::make_shared (buffers
+/// hold a reference to it).
 class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
  public:
+  using Clock = std::chrono::steady_clock;
   /// Capacities are rounded up to this (similar sizes share buffers).
   static constexpr size_t kGranuleBytes = size_t{2} << 20;
 
   explicit HostBufferPool(size_t max_idle_bytes, size_t min_pooled_bytes = size_t{1} << 20,
-                          HostMemoryLocker locker = {}, size_t max_locked_bytes = 0)
+                          HostMemoryLocker locker = {}, size_t max_locked_bytes = 0,
+                          Clock::duration idle_lifetime = Clock::duration::zero())
       : max_idle_bytes_(max_idle_bytes),
         min_pooled_bytes_(min_pooled_bytes),
         locker_(std::move(locker)),
-        max_locked_bytes_(locker_.lock ? max_locked_bytes : 0) {}
+        max_locked_bytes_(locker_.lock ? max_locked_bytes : 0),
+        idle_lifetime_(idle_lifetime) {}
   /// Unlocks and frees the idle buffers.
   ~HostBufferPool();
 
@@ -85,6 +91,10 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
 
   /// A buffer of at least `bytes` from the heap, freed when destroyed (no pool).
   static HostBuffer FromHeap(size_t bytes);
+
+  /// Unlocks and frees the buffers idle since before `now - idle_lifetime` (none when the
+  /// lifetime is zero); returns the bytes freed.
+  size_t ExpireIdle(Clock::time_point now = Clock::now());
 
   /// Bytes held by idle buffers now.
   size_t idle_bytes() const;
@@ -99,6 +109,7 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   struct Idle {
     std::unique_ptr<uint32_t[]> words;
     bool page_locked = false;
+    Clock::time_point since;  // when it was given back
   };
   /// Keeps `words` for reuse while the idle bytes stay within the cap; unlocks and frees
   /// it otherwise.
@@ -111,6 +122,7 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   const size_t min_pooled_bytes_;
   const HostMemoryLocker locker_;
   const size_t max_locked_bytes_;  // 0: nothing is locked
+  const Clock::duration idle_lifetime_;  // zero: idle buffers are kept until reused
   mutable std::mutex mutex_;
   std::multimap<size_t, Idle> idle_;  // by capacity in words
   size_t idle_bytes_ = 0;

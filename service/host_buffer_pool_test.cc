@@ -148,5 +148,37 @@ TEST(HostBufferPoolTest, ALockedBufferPastTheIdleCapIsUnlockedWhenFreed) {
   EXPECT_TRUE(fake.locked.empty());
 }
 
+TEST(HostBufferPoolTest, BuffersIdleLongerThanTheLifetimeAreFreedAndUnlocked) {
+  FakeLocker fake;
+  using Clock = HostBufferPool::Clock;
+  auto pool = std::make_shared<HostBufferPool>(64 * kMiB, kMiB, fake.Locker(), 64 * kMiB,
+                                               std::chrono::seconds(30));
+  HostBuffer old_one = pool->Acquire(4 * kMiB);
+  HostBuffer recent = pool->Acquire(8 * kMiB);
+  old_one = HostBuffer();
+  const auto old_since = Clock::now();
+  recent = HostBuffer();
+  EXPECT_EQ(pool->idle_bytes(), 12 * kMiB);
+  EXPECT_EQ(pool->ExpireIdle(old_since + std::chrono::seconds(29)), 0u);  // not yet
+  // Both idle past 30 s by now + 31 s; the 4 MiB one certainly, the 8 MiB one too.
+  EXPECT_EQ(pool->ExpireIdle(Clock::now() + std::chrono::seconds(31)), 12 * kMiB);
+  EXPECT_EQ(pool->idle_bytes(), 0u);
+  EXPECT_EQ(pool->locked_bytes(), 0u);
+  EXPECT_EQ(fake.unlocks, 2);
+  EXPECT_TRUE(fake.locked.empty());
+  // A buffer in use is never expired, and a reused one starts its idle time again.
+  HostBuffer in_use = pool->Acquire(2 * kMiB);
+  EXPECT_EQ(pool->ExpireIdle(Clock::now() + std::chrono::hours(1)), 0u);
+  in_use = HostBuffer();
+  EXPECT_EQ(pool->idle_bytes(), 2 * kMiB);
+}
+
+TEST(HostBufferPoolTest, ZeroLifetimeKeepsIdleBuffers) {
+  auto pool = std::make_shared<HostBufferPool>(64 * kMiB);
+  { HostBuffer b = pool->Acquire(4 * kMiB); }
+  EXPECT_EQ(pool->ExpireIdle(HostBufferPool::Clock::now() + std::chrono::hours(24)), 0u);
+  EXPECT_EQ(pool->idle_bytes(), 4 * kMiB);
+}
+
 }  // namespace
 }  // namespace kvtrim::service

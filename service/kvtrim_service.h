@@ -108,6 +108,10 @@ class KvtrimService final : public KvtrimCallbackBase {
   ModelStore& models() { return core_.models(); }
   /// Calls admitted and not yet finished (Compress + CompressSession).
   int inflight() const { return core_.inflight(); }
+  /// Frees the host buffers idle for longer than --host_buffer_idle_s; returns the bytes.
+  size_t ExpireIdleBuffers() { return core_.ExpireIdleBuffers(); }
+  /// Calls waiting for a --max_inflight slot (--admission_wait_ms).
+  int admission_waiting() const { return core_.admission_waiting(); }
   /// Regions leases held now.
   int leases() const { return core_.leases(); }
 

@@ -45,7 +45,10 @@ int main(int argc, char** argv) {
     std::cerr << "kvtrimd: cannot start: " << server.status().message() << std::endl;
     return 1;
   }
-  // Freed heap memory back to the system every 10 s (no RSS creep under sustained load).
-  kvtrim::service::MemoryTrimmer trimmer(std::chrono::seconds(10));
+  // Every 10 s: host buffers idle too long freed, then freed heap memory back to the system
+  // (no RSS creep under sustained load).
+  kvtrim::service::Server* running = server->get();
+  kvtrim::service::MemoryTrimmer trimmer(std::chrono::seconds(10),
+                                         [running] { running->ExpireIdleBuffers(); });
   return kvtrim::service::RunUntilSignal(**server, std::cout);
 }

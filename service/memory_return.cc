@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <cstdlib>
+#include <utility>
 
 namespace kvtrim::service {
 
@@ -11,11 +12,14 @@ void TuneAllocator() {
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
 }
 
-MemoryTrimmer::MemoryTrimmer(std::chrono::milliseconds period) : period_(period) {
+MemoryTrimmer::MemoryTrimmer(std::chrono::milliseconds period,
+                             std::function<void()> before_trim)
+    : period_(period), before_trim_(std::move(before_trim)) {
   thread_ = std::thread([this] {
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_requested_.wait_for(lock, period_, [this] { return stop_; })) {
       lock.unlock();
+      if (before_trim_) before_trim_();
       malloc_trim(0);
       lock.lock();
       ++trims_;

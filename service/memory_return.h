@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -16,11 +17,13 @@ namespace kvtrim::service {
 /// MALLOC_MMAP_THRESHOLD_ in the environment. Call once at start-up, before threads start.
 void TuneAllocator();
 
-/// A thread calling malloc_trim(0) every `period` (freed arena memory back to the
-/// system), stopped and joined by the destructor.
+/// A thread calling `before_trim` (may be empty: e.g. freeing caches idle too long) and
+/// then malloc_trim(0) every `period` (freed arena memory back to the system), stopped and
+/// joined by the destructor.
 class MemoryTrimmer {
  public:
-  explicit MemoryTrimmer(std::chrono::milliseconds period);
+  explicit MemoryTrimmer(std::chrono::milliseconds period,
+                         std::function<void()> before_trim = nullptr);
   ~MemoryTrimmer();
   MemoryTrimmer(const MemoryTrimmer&) = delete;
   MemoryTrimmer& operator=(const MemoryTrimmer&) = delete;
@@ -30,6 +33,7 @@ class MemoryTrimmer {
 
  private:
   std::chrono::milliseconds period_;
+  std::function<void()> before_trim_;
   mutable std::mutex mutex_;
   std::condition_variable stop_requested_;
   bool stop_ = false;

@@ -12,7 +12,7 @@ constexpr Rpc kAllRpcs[] = {Rpc::kListPolicies,  Rpc::kCompress,   Rpc::kCompres
                             Rpc::kRegisterModel, Rpc::kListModels, Rpc::kDeleteModel,
                             Rpc::kRegions};
 constexpr Stage kAllStages[] = {Stage::kDecode, Stage::kValidate, Stage::kCompute,
-                                Stage::kEncode};
+                                Stage::kEncode, Stage::kAdmission};
 
 /// Index of `mode` in PolicySeries::layers (0 fast, 1 exact).
 size_t NumericsIndex(Numerics mode) { return mode == Numerics::kFast ? 0 : 1; }
@@ -73,6 +73,7 @@ const char* StageName(Stage stage) {
     case Stage::kValidate: return "validate";
     case Stage::kCompute: return "compute";
     case Stage::kEncode: return "encode";
+    case Stage::kAdmission: return "admission";
   }
   return "unknown";
 }
@@ -90,7 +91,8 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
                             .Register(*registry_)),
       stage_duration_(prometheus::BuildHistogram()
                           .Name("kvtrim_stage_duration_seconds")
-                          .Help("Time spent per stage (decode|validate|compute|encode), seconds")
+                          .Help("Time spent per stage (decode|validate|compute|encode|"
+                                "admission), seconds")
                           .Register(*registry_)),
       layers_(prometheus::BuildCounter()
                   .Name("kvtrim_layers_total")

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,7 +37,10 @@ enum class Stage {
   kValidate,  // policy resolution, service checks and the engine's per-layer validation
   kCompute,   // backend scoring, allocation, selection (LayerDecision::compute_seconds)
   kEncode,    // kernel decision -> proto response
+  kAdmission,  // waiting for a --max_inflight slot (per call; 0 when one was free at once)
 };
+/// How many Stage values there are.
+inline constexpr size_t kStageCount = static_cast<size_t>(Stage::kAdmission) + 1;
 /// Lower-case label value of `stage` ("decode").
 const char* StageName(Stage stage);
 
@@ -126,7 +130,7 @@ class Metrics {
   prometheus::Gauge* leases_ = nullptr;
   prometheus::Gauge* pinned_shm_bytes_ = nullptr;
   prometheus::Gauge* pinned_buffer_bytes_ = nullptr;
-  std::array<prometheus::Histogram*, 4> stage_{};          // by Stage
+  std::array<prometheus::Histogram*, kStageCount> stage_{};  // by Stage
   prometheus::Gauge* inflight_ = nullptr;
 
   std::mutex mutex_;  // guards series_

@@ -40,8 +40,14 @@ class UnaryCall final : public grpc::ServerUnaryReactor {
  public:
   UnaryCall(ServiceCore& core, CallSlot slot, const grpc::ServerContextBase& context)
       : guard_(core, slot, context) {}
-  /// OK when the call was admitted (authenticated, not draining, under its limit).
+  /// OK when the call was admitted (authenticated, not draining, under its limit) or may
+  /// wait for a slot (AwaitSlot).
   const absl::Status& admitted() const { return guard_.status(); }
+  /// The final admission (CallGuard::AwaitSlot): blocks up to --admission_wait_ms for a
+  /// call that found every slot taken. Off gRPC's threads only.
+  const absl::Status& AwaitSlot(const grpc::ServerContextBase& context) {
+    return guard_.AwaitSlot(context);
+  }
   /// The caller's tenant ("" without bearer tokens).
   const std::string& tenant() const { return guard_.tenant(); }
   /// Gives the call's admission slot back before its status goes out (CallGuard), then

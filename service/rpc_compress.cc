@@ -133,7 +133,7 @@ grpc::ServerUnaryReactor* StartCompress(ServiceCore& core, grpc::CallbackServerC
   auto* call = new UnaryCall(core, CallSlot::kInflight, *context);
   auto run = [&core, call, context, request, response, start] {
     const std::string label = core.PolicyLabel(request->settings().policy().name());
-    absl::Status status = call->admitted();
+    absl::Status status = call->AwaitSlot(*context);
     if (status.ok()) status = CompressLayers(core, *context, call->tenant(), *request, response);
     if (!status.ok()) response->Clear();
     core.LogServerError(Rpc::kCompress, request->settings().request_id(), status);
@@ -141,7 +141,7 @@ grpc::ServerUnaryReactor* StartCompress(ServiceCore& core, grpc::CallbackServerC
     call->FinishCall(ToGrpcStatus(status));
   };
   if (call->admitted().ok()) {
-    core.pool().Post(std::move(run));
+    core.pool().Post(std::move(run));  // waits there for a slot when every one is taken
   } else {
     run();  // refused: answered at once, on gRPC's thread
   }

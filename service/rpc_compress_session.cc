@@ -82,7 +82,21 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
       End(guard_.status(), /*tell_client=*/false);
       return;
     }
-    RequestReadOnce();
+    if (!guard_.must_wait()) {
+      guard_.AwaitSlot(*context_);  // admitted already: records the (zero) wait
+      RequestReadOnce();
+      return;
+    }
+    // Nothing is read before the call holds a slot; the wait for one blocks a pool thread.
+    Hold();
+    front_lane_.Post([this] {
+      if (const absl::Status& admitted = guard_.AwaitSlot(*context_); admitted.ok()) {
+        RequestReadOnce();
+      } else {
+        End(admitted, /*tell_client=*/false);
+      }
+      Release();
+    });
   }
 
   /// The client cancelled or its deadline passed: the slot goes back at once, although a

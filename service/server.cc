@@ -145,6 +145,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   auth_tenants_ = service_options.tokens ? service_options.tokens->tenants() : 0;
   service_options.max_inflight = config_.max_inflight;
   service_options.max_leases = config_.max_leases;
+  service_options.admission_wait = std::chrono::milliseconds(config_.admission_wait_ms);
   service_options.default_numerics = config_.numerics;
   service_ = std::make_unique<KvtrimService>(*engine_, *backend_, *metrics_, *models_,
                                              service_options, &log);
@@ -167,6 +168,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   transport_options.session_read_ahead = config_.session_read_ahead;
   transport_options.session_parallel_layers = config_.session_parallel_layers;
   transport_options.host_buffer_pool_bytes = static_cast<size_t>(config_.host_buffer_pool_bytes);
+  transport_options.host_buffer_idle = std::chrono::seconds(config_.host_buffer_idle_s);
   if (device_mapper_ != nullptr && config_.max_pinned_buffer_bytes > 0) {
     DeviceMapper* mapper = device_mapper_.get();  // outlives the service (declared first)
     transport_options.buffer_locker = {

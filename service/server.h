@@ -87,6 +87,9 @@ class Server {
   Metrics& metrics() { return *metrics_; }
   /// The gRPC service (tests read inflight()).
   const KvtrimService& service() const { return *service_; }
+  /// Frees pooled host buffers idle for longer than --host_buffer_idle_s (kvtrimd calls it
+  /// every 10 s, before returning freed heap memory to the system); returns the bytes.
+  size_t ExpireIdleBuffers() { return service_->ExpireIdleBuffers(); }
   /// The registered models (loaded from --data_dir at start-up).
   ModelStore& models() { return *models_; }
   /// The validated configuration the server runs with.

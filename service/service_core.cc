@@ -29,13 +29,17 @@ ServiceCore::ServiceCore(const PolicyEngine& engine, const Backend& backend, Met
       metrics_(metrics),
       models_(models),
       options_{std::max(1, options.max_inflight), std::max(1, options.max_leases),
+               std::max(std::chrono::milliseconds(0), options.admission_wait),
                options.default_numerics, options.tokens},
-      error_log_(error_log) {
+      error_log_(error_log),
+      inflight_(options_.max_inflight, options_.max_inflight),
+      leases_(options_.max_leases, 0) {
   // An admitted session runs its front end, its compute lane and its layer jobs (two by
   // default, --session_parallel_layers) at once; the rest is model registration. Past the
   // cap, tasks queue: none of them waits for a queued one, so the cap bounds threads, not
-  // progress.
-  pool_ = std::make_unique<WorkPool>(4 * options_.max_inflight + 16);
+  // progress. Calls waiting for admission (at most max_inflight) block a thread each on
+  // top of that.
+  pool_ = std::make_unique<WorkPool>(5 * options_.max_inflight + 16);
   EncodePolicies(engine_.registry(), backend, &policies_);
   for (const auto& info : policies_.policies()) policy_names_.insert(info.name());
 }
@@ -46,8 +50,13 @@ void ServiceCore::SetTransports(RegionRegistry* regions, TransportOptions option
   buffers_ = options.host_buffer_pool_bytes > 0
                  ? std::make_shared<HostBufferPool>(options.host_buffer_pool_bytes,
                                                     size_t{1} << 20, options.buffer_locker,
-                                                    options.max_pinned_buffer_bytes)
+                                                    options.max_pinned_buffer_bytes,
+                                                    options.host_buffer_idle)
                  : nullptr;
+}
+
+size_t ServiceCore::ExpireIdleBuffers() {
+  return buffers_ != nullptr ? buffers_->ExpireIdle() : 0;
 }
 
 std::string ServiceCore::PolicyLabel(const std::string& name) const {
@@ -146,13 +155,17 @@ bool ServiceCore::WaitIdle(std::chrono::steady_clock::time_point deadline) {
 
 namespace {
 
-/// Takes one slot of `counter` when it is below `limit`.
-bool TryAcquire(std::atomic<int>& counter, int limit) {
-  int current = counter.load();
-  while (current < limit) {
-    if (counter.compare_exchange_weak(current, current + 1)) return true;
+/// The refusal of a Compress / CompressSession call for want of a --max_inflight slot.
+absl::Status InflightRefusal(int max_inflight, std::chrono::milliseconds waited) {
+  if (waited.count() == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_inflight: ", max_inflight,
+        " Compress/CompressSession calls are already in flight; retry with backoff"));
   }
-  return false;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "max_inflight: ", max_inflight, " Compress/CompressSession calls stayed in flight for ",
+      "the whole admission wait (--admission_wait_ms=", waited.count(),
+      "); retry with backoff"));
 }
 
 }  // namespace
@@ -184,17 +197,18 @@ CallGuard::CallGuard(ServiceCore& core, CallSlot slot, const grpc::ServerContext
     case CallSlot::kNone:
       return;
     case CallSlot::kInflight:
-      admitted_ = TryAcquire(core_.inflight_, core_.options_.max_inflight);
+      admitted_ = core_.inflight_.TryAcquire();
       if (admitted_) {
         core_.metrics_.InflightChanged(+1);
+      } else if (core_.options_.admission_wait.count() > 0 &&
+                 core_.inflight_.StartWaiting()) {
+        waiting_ = true;  // AwaitSlot decides
       } else {
-        status_ = absl::ResourceExhaustedError(absl::StrCat(
-            "max_inflight: ", core_.options_.max_inflight,
-            " Compress/CompressSession calls are already in flight; retry with backoff"));
+        status_ = InflightRefusal(core_.options_.max_inflight, std::chrono::milliseconds(0));
       }
       return;
     case CallSlot::kLease:
-      admitted_ = TryAcquire(core_.leases_, core_.options_.max_leases);
+      admitted_ = core_.leases_.TryAcquire();
       if (!admitted_) {
         status_ = absl::ResourceExhaustedError(absl::StrCat(
             "max_leases: ", core_.options_.max_leases,
@@ -204,17 +218,41 @@ CallGuard::CallGuard(ServiceCore& core, CallSlot slot, const grpc::ServerContext
   }
 }
 
+const absl::Status& CallGuard::AwaitSlot(const grpc::ServerContextBase& context) {
+  if (slot_ != CallSlot::kInflight || !status_.ok()) return status_;
+  if (waiting_) {
+    waiting_ = false;
+    const auto wait = core_.options_.admission_wait;
+    const bool taken = core_.inflight_.AwaitSlot(
+        arrived_ + wait, [&context] { return context.IsCancelled(); });
+    if (taken) {
+      admitted_ = true;
+      core_.metrics_.InflightChanged(+1);
+      // A cancellation seen before the slot was taken found nothing to release (OnCancel).
+      if (context.IsCancelled()) ReleaseSlot();
+    }
+    if (auto alive = CheckCallAlive(context, "admission"); !alive.ok()) {
+      status_ = alive;
+    } else if (!taken) {
+      status_ = InflightRefusal(core_.options_.max_inflight, wait);
+    }
+  }
+  core_.metrics_.ObserveStage(Stage::kAdmission, SecondsSince(arrived_));
+  return status_;
+}
+
 void CallGuard::ReleaseSlot() {
   if (!admitted_.exchange(false)) return;
   if (slot_ == CallSlot::kInflight) {
-    core_.inflight_.fetch_sub(1);
+    core_.inflight_.Release();
     core_.metrics_.InflightChanged(-1);
   } else {
-    core_.leases_.fetch_sub(1);
+    core_.leases_.Release();
   }
 }
 
 CallGuard::~CallGuard() {
+  if (waiting_) core_.inflight_.StopWaiting();  // AwaitSlot never ran
   ReleaseSlot();
   if (counted_) {
     std::lock_guard<std::mutex> lock(core_.calls_mutex_);

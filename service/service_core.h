@@ -17,6 +17,7 @@
 #include "grpcpp/grpcpp.h"
 #include "kernels/engine.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
+#include "service/admission_gate.h"
 #include "service/bearer_tokens.h"
 #include "service/host_buffer_pool.h"
 #include "service/metrics.h"
@@ -42,6 +43,10 @@ struct ServiceOptions {
   int max_inflight = 64;
   /// --max_leases (>= 1): the most Regions leases (open Regions streams) held at once.
   int max_leases = 1024;
+  /// --admission_wait_ms: how long a Compress / CompressSession call arriving with every
+  /// --max_inflight slot taken waits for one before it is refused (0: refused at once). At
+  /// most max_inflight calls wait at once; more are refused at once.
+  std::chrono::milliseconds admission_wait{200};
   /// --numerics: the mode of requests that leave settings.numerics unspecified.
   Numerics default_numerics = Numerics::kFast;
   /// --auth_tokens_file: every kvtrim.v1 call must carry a listed bearer token, and its
@@ -55,6 +60,8 @@ struct TransportOptions {
   int session_read_ahead = 2;                        // --session_read_ahead
   int session_parallel_layers = 2;                   // --session_parallel_layers
   size_t host_buffer_pool_bytes = size_t{1} << 30;  // --host_buffer_pool_bytes (0 = none)
+  /// --host_buffer_idle_s: pooled buffers idle longer are freed (ExpireIdleBuffers; 0 = kept).
+  std::chrono::seconds host_buffer_idle{30};
   /// Page-locks the pool's buffers for the devices (empty: none are), within
   /// max_pinned_buffer_bytes (--max_pinned_buffer_bytes).
   HostMemoryLocker buffer_locker;
@@ -115,11 +122,15 @@ class ServiceCore {
   void CountTransportBytes(const TransportBytes& bytes);
   /// Publishes the region and lease counts (kvtrim_regions, kvtrim_region_leases).
   void PublishRegionMetrics();
+  /// Frees the host buffers idle for longer than --host_buffer_idle_s; returns the bytes.
+  size_t ExpireIdleBuffers();
 
   /// Calls admitted and not yet finished (Compress + CompressSession).
-  int inflight() const { return inflight_.load(); }
+  int inflight() const { return inflight_.in_use(); }
+  /// Calls waiting for a --max_inflight slot now.
+  int admission_waiting() const { return inflight_.waiting(); }
   /// Leases (Regions streams) held now.
-  int leases() const { return leases_.load(); }
+  int leases() const { return leases_.in_use(); }
   /// New calls of every RPC are refused UNAVAILABLE "draining" from now on. Irreversible.
   void StartDraining();
   /// Blocks until no call that a drain waits for is running, or `deadline`; true if idle.
@@ -137,8 +148,8 @@ class ServiceCore {
   RegionRegistry* regions_ = nullptr;
   TransportOptions transport_options_;
   std::shared_ptr<HostBufferPool> buffers_;  // host shm reads, chunks, misaligned copies
-  std::atomic<int> inflight_{0};
-  std::atomic<int> leases_{0};
+  AdmissionGate inflight_;  // --max_inflight; waiters for --admission_wait_ms
+  AdmissionGate leases_;    // --max_leases; no waiting
   std::mutex calls_mutex_;              // guards active_calls_ and draining_
   std::condition_variable calls_idle_;  // signalled when active_calls_ drops to 0
   int active_calls_ = 0;
@@ -162,8 +173,18 @@ class CallGuard {
   CallGuard(const CallGuard&) = delete;
   CallGuard& operator=(const CallGuard&) = delete;
 
-  /// OK when the call may proceed, else why not.
+  /// OK when the call may proceed (or, for a kInflight call that found every slot taken,
+  /// wait for one: AwaitSlot), else why not.
   const absl::Status& status() const { return status_; }
+  /// A kInflight call's admission, final: OK once it holds a slot. One that found every slot
+  /// taken waits here up to --admission_wait_ms (blocking: call it off gRPC's threads) and
+  /// gets RESOURCE_EXHAUSTED "max_inflight" if none came free, or CANCELLED / DEADLINE_
+  /// EXCEEDED when its client gave up meanwhile. Records the wait (stage "admission").
+  /// Other calls: status(). Call once, before the call's work.
+  const absl::Status& AwaitSlot(const grpc::ServerContextBase& context);
+  /// True from the construction of a kInflight call that found every slot taken and may
+  /// wait for one, until its AwaitSlot.
+  bool must_wait() const { return waiting_; }
   /// The caller's tenant ("" without bearer tokens).
   const std::string& tenant() const { return tenant_; }
   /// Gives the call's --max_inflight / --max_leases slot back now, as its final status is
@@ -178,7 +199,9 @@ class CallGuard {
   ServiceCore& core_;
   CallSlot slot_;
   bool counted_ = false;   // in active_calls_
+  bool waiting_ = false;   // a waiter of inflight_ until AwaitSlot
   std::atomic<bool> admitted_{false};  // holds a slot of its limit
+  std::chrono::steady_clock::time_point arrived_ = std::chrono::steady_clock::now();
   absl::Status status_;
   std::string tenant_;
 };

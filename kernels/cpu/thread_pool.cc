@@ -8,7 +8,8 @@ thread_local bool in_parallel_body = false;
 }  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
-  for (int i = 1; i < num_threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
+  const int threads = num_threads > 1 ? num_threads : 1;
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -56,7 +57,7 @@ void ThreadPool::WorkerLoop() {
 
 void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& body) {
   if (count <= 0) return;
-  if (workers_.empty() || count == 1 || in_parallel_body) {
+  if (in_parallel_body) {
     for (int64_t i = 0; i < count; ++i) body(i);
     return;
   }
@@ -69,8 +70,11 @@ void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& 
     remaining_ = count;
     ++generation_;
   }
-  work_cv_.notify_all();
-  RunChunks();
+  if (count == 1) {
+    work_cv_.notify_one();
+  } else {
+    work_cv_.notify_all();
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return remaining_ == 0; });
   body_ = nullptr;

@@ -12,10 +12,13 @@ namespace kvtrim {
 
 /// Runs ParallelFor loops on a fixed set of threads. One loop runs at a time per pool;
 /// concurrent callers queue. Safe to call from any thread, but not re-entrantly from
-/// inside a loop body (nested calls run inline).
+/// inside a loop body (nested calls run inline). Loop bodies run only on the pool's own
+/// threads, never on the caller's: the kernels' per-thread scratch (thread_local buffers
+/// sized to the largest layer a thread has computed) then exists on these threads only,
+/// not on every service thread that ever asked for a layer.
 class ThreadPool {
  public:
-  /// `num_threads` <= 1 runs everything inline on the caller.
+  /// max(1, num_threads) threads; the caller of ParallelFor waits while they run the loop.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -24,7 +27,7 @@ class ThreadPool {
   /// Calls body(i) for i in [0, count), spread over the threads; returns when all are done.
   void ParallelFor(int64_t count, const std::function<void(int64_t)>& body);
 
-  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+  int num_threads() const { return static_cast<int>(workers_.size()); }
 
  private:
   void WorkerLoop();
