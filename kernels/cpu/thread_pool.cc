@@ -17,41 +17,24 @@ ThreadPool::~ThreadPool() {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
-  work_cv_.notify_all();
+  work_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunks() {
-  const bool was_inside = in_parallel_body;
-  in_parallel_body = true;
-  while (true) {
-    int64_t i;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (next_ >= count_) break;
-      i = next_++;
-    }
-    (*body_)(i);
-    bool last;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      last = --remaining_ == 0;
-    }
-    if (last) done_cv_.notify_all();
-  }
-  in_parallel_body = was_inside;
-}
-
 void ThreadPool::WorkerLoop() {
-  uint64_t seen = 0;
+  in_parallel_body = true;  // nested ParallelFor calls from a body run inline
+  std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-    }
-    RunChunks();
+    work_.wait(lock, [this] { return stop_ || !loops_.empty(); });
+    if (stop_) return;
+    Loop* loop = loops_.front();
+    const int64_t i = loop->next++;
+    if (loop->next == loop->count) loops_.pop_front();
+    lock.unlock();
+    (*loop->body)(i);
+    lock.lock();
+    // Notified under the lock: the caller may return (and destroy `loop`) right after.
+    if (--loop->remaining == 0) loop->done.notify_one();
   }
 }
 
@@ -61,23 +44,18 @@ void ThreadPool::ParallelFor(int64_t count, const std::function<void(int64_t)>& 
     for (int64_t i = 0; i < count; ++i) body(i);
     return;
   }
-  std::lock_guard<std::mutex> loop_lock(loop_mutex_);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    body_ = &body;
-    count_ = count;
-    next_ = 0;
-    remaining_ = count;
-    ++generation_;
-  }
-  if (count == 1) {
-    work_cv_.notify_one();
-  } else {
-    work_cv_.notify_all();
-  }
+  Loop loop;
+  loop.body = &body;
+  loop.count = count;
+  loop.remaining = count;
   std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return remaining_ == 0; });
-  body_ = nullptr;
+  loops_.push_back(&loop);
+  if (count == 1) {
+    work_.notify_one();
+  } else {
+    work_.notify_all();
+  }
+  loop.done.wait(lock, [&loop] { return loop.remaining == 0; });
 }
 
 }  // namespace kvtrim

@@ -3,6 +3,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -10,15 +11,17 @@
 
 namespace kvtrim {
 
-/// Runs ParallelFor loops on a fixed set of threads. One loop runs at a time per pool;
-/// concurrent callers queue. Safe to call from any thread, but not re-entrantly from
-/// inside a loop body (nested calls run inline). Loop bodies run only on the pool's own
-/// threads, never on the caller's: the kernels' per-thread scratch (thread_local buffers
-/// sized to the largest layer a thread has computed) then exists on these threads only,
-/// not on every service thread that ever asked for a layer.
+/// Runs ParallelFor loops on a fixed set of threads. Loops of concurrent callers share the
+/// threads: chunks are taken loop after loop in the order the loops arrived, so a thread
+/// never idles while any loop has a chunk left (a one-chunk loop does not hold the others
+/// up). Safe to call from any thread; a nested call from inside a loop body runs inline.
+/// Loop bodies run only on the pool's own threads, never on the caller's: the kernels'
+/// per-thread scratch (thread_local buffers sized to the largest layer a thread has
+/// computed) then exists on these threads only, not on every service thread that ever
+/// asked for a layer.
 class ThreadPool {
  public:
-  /// max(1, num_threads) threads; the caller of ParallelFor waits while they run the loop.
+  /// max(1, num_threads) threads; the caller of ParallelFor waits while they run its loop.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -30,19 +33,21 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()); }
 
  private:
+  /// One caller's loop, on its stack while it waits.
+  struct Loop {
+    const std::function<void(int64_t)>* body = nullptr;
+    int64_t count = 0;
+    int64_t next = 0;       // the next chunk to hand out
+    int64_t remaining = 0;  // chunks not yet finished
+    std::condition_variable done;
+  };
+
   void WorkerLoop();
-  void RunChunks();
 
   std::vector<std::thread> workers_;
-  std::mutex loop_mutex_;  // serialises loops
-  std::mutex mutex_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  const std::function<void(int64_t)>* body_ = nullptr;
-  int64_t count_ = 0;
-  int64_t next_ = 0;
-  int64_t remaining_ = 0;
-  uint64_t generation_ = 0;
+  std::mutex mutex_;               // guards what follows and every queued Loop's counters
+  std::condition_variable work_;   // a loop was queued, or stop
+  std::deque<Loop*> loops_;        // loops with chunks left to hand out, oldest first
   bool stop_ = false;
 };
 

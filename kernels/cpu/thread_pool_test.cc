@@ -3,6 +3,8 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -63,6 +65,26 @@ TEST(ThreadPoolTest, ConcurrentCallersEachGetTheirWholeLoop) {
   }
   for (auto& t : callers) t.join();
   for (int64_t sum : sums) EXPECT_EQ(sum, 50 * 4950);
+}
+
+TEST(ThreadPoolTest, OneChunkLoopsOfConcurrentCallersRunAtTheSameTime) {
+  // Each body waits (bounded) for the other: a pool running one loop at a time fails this.
+  ThreadPool pool(2);
+  std::mutex mutex;
+  std::condition_variable arrived;
+  int inside = 0;
+  auto body = [&](int64_t) {
+    std::unique_lock<std::mutex> lock(mutex);
+    ++inside;
+    arrived.notify_all();
+    return arrived.wait_for(lock, std::chrono::seconds(5), [&] { return inside == 2; });
+  };
+  bool met[2] = {false, false};
+  std::thread other([&] { pool.ParallelFor(1, [&](int64_t i) { met[0] = body(i); }); });
+  pool.ParallelFor(1, [&](int64_t i) { met[1] = body(i); });
+  other.join();
+  EXPECT_TRUE(met[0]);
+  EXPECT_TRUE(met[1]);
 }
 
 TEST(ThreadPoolTest, EmptyLoopCallsNothing) {
