@@ -57,6 +57,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
     }
   }
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (!options.tls_server_name.empty()) {
+    if (options.credentials == nullptr) {
+      return absl::InvalidArgumentError("tls_server_name: needs TLS credentials");
+    }
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
   std::shared_ptr<grpc::ChannelCredentials> creds =
       options.credentials ? options.credentials : grpc::InsecureChannelCredentials();
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, creds, args);

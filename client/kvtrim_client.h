@@ -52,6 +52,10 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::ZeroDuration();
   /// Channel credentials; null means insecure (plaintext), the sidecar's default.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  /// With TLS credentials: the name kvtrimd's certificate is checked against instead of the
+  /// target's host (e.g. a probe dialing 127.0.0.1 of a certificate for kvtrim.kvtrim.svc).
+  /// Empty: the target's host.
+  std::string tls_server_name;
   /// Bearer token of kvtrimd's --auth_tokens_file, sent with every call as
   /// `authorization: Bearer <token>`; empty: none.
   std::string auth_token;

@@ -146,6 +146,11 @@ TEST_F(ClientTest, ConnectRejectsBadArguments) {
   ClientOptions options;
   options.max_message_bytes = 0;
   EXPECT_EQ(Client::Connect(target_, options).status().code(), absl::StatusCode::kInvalidArgument);
+  ClientOptions plaintext_with_name;
+  plaintext_with_name.tls_server_name = "kvtrim.kvtrim.svc";  // a TLS option without TLS
+  const auto named = Client::Connect(target_, plaintext_with_name);
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(named.status().message().find("tls_server_name"), std::string::npos);
 }
 
 TEST_F(ClientTest, ConnectWithTimeoutFailsOnAClosedPort) {

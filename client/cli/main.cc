@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA(s) that kvtrimd's certifi
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM file of this client's certificate (mutual TLS; with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name kvtrimd's certificate must carry, when it differs from --target's host (e.g. "
+          "a probe inside the pod dialing 127.0.0.1); implies --tls");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding this tenant's bearer token (kvtrimd --auth_tokens_file), sent with "
           "every call; a file rather than a flag value keeps it out of the process list");
@@ -144,11 +147,13 @@ int main(int argc, char** argv) {
   options.session_deadline = options.default_deadline;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   if (absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca).empty() ||
-      !absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty()) {
+      !absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty() ||
+      !absl::GetFlag(FLAGS_tls_server_name).empty()) {
     auto credentials = kvtrim::cli::TlsChannelCredentials(
         absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
     if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
     options.credentials = *credentials;
+    options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     auto token = kvtrim::cli::ReadAuthTokenFile(absl::GetFlag(FLAGS_auth_token_file));

@@ -37,6 +37,9 @@ class TlsConfig:
     root_certificates: Optional[bytes] = None
     certificate_chain: Optional[bytes] = None
     private_key: Optional[bytes] = None
+    # The name kvtrimd's certificate must carry when it differs from the target's host
+    # (grpc.ssl_target_name_override); None: the target's host.
+    server_name: Optional[str] = None
 
     def credentials(self) -> grpc.ChannelCredentials:
         """The grpc channel credentials."""
@@ -74,6 +77,8 @@ def make_channel(target: str, tls, max_message_bytes: int, options: Sequence[Tup
             creds = grpc.ssl_channel_credentials()
         elif isinstance(tls, TlsConfig):
             creds = tls.credentials()
+            if tls.server_name:
+                opts.append(("grpc.ssl_target_name_override", tls.server_name))
         else:
             creds = tls  # grpc.ChannelCredentials
         channel = (grpc.aio.secure_channel(target, creds, options=opts, **extra) if aio

@@ -11,7 +11,7 @@ import pytest
 
 import kvtrim
 
-from conftest import Server
+from conftest import KVTRIM_CLI, Server
 
 MAKE_CERTS = pathlib.Path(__file__).resolve().parents[3] / "tests/support/make_test_certs.sh"
 
@@ -53,6 +53,42 @@ def test_mutual_tls(mtls_server, certs, layers):
             with pytest.raises(kvtrim.KvtrimError) as error:
                 client.health()
             assert error.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_server_name_replaces_the_targets_host(mtls_server, certs):
+    # The certificate names 127.0.0.1 and localhost: a name it lacks is refused, so the
+    # override is what the handshake checked.
+    _, pem = certs
+    for name, served in (("localhost", True), ("kvtrim.not-in-the-cert.example", False)):
+        tls = kvtrim.TlsConfig(root_certificates=pem["ca.pem"],
+                               certificate_chain=pem["client.pem"],
+                               private_key=pem["client.key"], server_name=name)
+        with kvtrim.Client(mtls_server.address, tls=tls, timeout=5) as client:
+            if served:
+                assert client.health() == "SERVING"
+            else:
+                with pytest.raises(kvtrim.KvtrimError) as error:
+                    client.health()
+                assert error.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_cli_health_over_mutual_tls_as_a_probe_runs_it(mtls_server, certs):
+    # What the Kubernetes probe runs inside the pod (deploy/kubernetes/kvtrim.yaml).
+    directory, _ = certs
+    base = [str(KVTRIM_CLI), f"--target={mtls_server.address}", f"--tls_ca={directory / 'ca.pem'}",
+            f"--tls_cert={directory / 'client.pem'}", f"--tls_key={directory / 'client.key'}",
+            "--timeout_s=5"]
+    ok = subprocess.run(base + ["--tls_server_name=localhost", "health"], capture_output=True,
+                        text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "SERVING" in ok.stdout
+    wrong = subprocess.run(base + ["--tls_server_name=kvtrim.not-in-the-cert.example", "health"],
+                           capture_output=True, text=True, timeout=60)
+    assert wrong.returncode != 0
+    plaintext = subprocess.run([str(KVTRIM_CLI), f"--target={mtls_server.address}",
+                                "--timeout_s=5", "health"], capture_output=True, text=True,
+                               timeout=60)
+    assert plaintext.returncode != 0
 
 
 def test_native_true_with_tls_is_refused(certs):
