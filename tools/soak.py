@@ -32,7 +32,8 @@ import time
 import soak_server
 from soak_loadgen import child_prefix
 from soak_markdown import markdown
-from soak_report import goals, merge, rss_analysis, thread_summary, timeline, transport_rows
+from soak_report import (admission, goals, merge, rss_analysis, thread_summary, timeline,
+                         transport_rows)
 from soak_setup import discover, environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -234,6 +235,7 @@ def build_report(args, setup, state, finished, merged, after_load, sigterm, load
         "rss": rss_analysis(state["samples"], args.warmup, load_end),
         "threads_fds": thread_summary(state["samples"], args.warmup),
         "timeline": timeline(state["samples"], 30.0), "after_load": after_load,
+        "admission": admission(after_load.get("metrics", {})),
         "sigterm": sigterm, "kvtrimd_log": soak_server.log_summary(setup["log"]),
         "workers": [{k: w[k] for k in ("exit_code", "python_clients", "loadgen_clients")}
                     | ({} if w["exit_code"] == 0 else {"log_tail": w["log_tail"]})

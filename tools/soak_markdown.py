@@ -44,6 +44,10 @@ def _summary(r: dict) -> List[str]:
             ["RSS growth after the warm-up (goal < 5 %)",
              f"{rss.get('growth_pct')} % (30 s medians: {rss.get('growth_pct_30s_medians')} %;"
              f" trend {rss.get('trend_mib_per_min')} MiB/min)"],
+            ["calls that waited for a --max_inflight slot: > 1 / 10 / 100 ms (of all)",
+             " / ".join(str(r.get("admission", {}).get(k)) for k in (
+                 "waited_over_1ms", "waited_over_10ms", "waited_over_100ms"))
+             + f" (of {r.get('admission', {}).get('calls')})"],
             ["threads: warm-up end / end / min-max",
              f"{threads.get('warmup_end')} / {threads.get('end')} / "
              f"{threads.get('min')}-{threads.get('max')}"],

@@ -3,6 +3,7 @@ and thread analysis of kvtrimd's samples, and the goals."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Dict, List, Optional
 
@@ -140,6 +141,30 @@ def thread_summary(samples: List[dict], warmup_s: float) -> dict:
     return {key: {"warmup_end": warm[key], "end": load[-1][key],
                   "min": min(s[key] for s in load), "max": max(s[key] for s in load)}
             for key in ("threads", "fds")}
+
+
+def admission(metrics: Dict[str, float]) -> dict:
+    """The admission stage from kvtrimd's metrics after the load: calls, and how many waited
+    for a --max_inflight slot longer than 1 ms / 10 ms / 100 ms (--admission_wait_ms)."""
+    series = {k: v for k, v in metrics.items()
+              if k.startswith("kvtrim_stage_duration_seconds") and 'stage="admission"' in k}
+    calls = next((v for k, v in series.items() if k.startswith(
+        "kvtrim_stage_duration_seconds_count")), None)
+    if calls is None:
+        return {}
+    buckets = {}
+    for key, value in series.items():
+        match = re.search(r'le="([^"]+)"', key)
+        if key.startswith("kvtrim_stage_duration_seconds_bucket") and match:
+            buckets[float(match.group(1))] = value
+    out = {"calls": int(calls), "seconds_total": round(next(
+        (v for k, v in series.items() if k.startswith("kvtrim_stage_duration_seconds_sum")),
+        0.0), 3)}
+    for limit, name in ((0.001, "waited_over_1ms"), (0.01, "waited_over_10ms"),
+                        (0.1, "waited_over_100ms")):
+        within = max((v for le, v in buckets.items() if le <= limit), default=0.0)
+        out[name] = int(calls - within)
+    return out
 
 
 def goals(report: dict, rss_goal_pct: float) -> Dict[str, dict]:

@@ -126,7 +126,9 @@ def sample(pid: int) -> Optional[dict]:
 
 _SERIES = re.compile(r"^(kvtrim_[a-z_]+)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$")
 WANTED = ("kvtrim_requests_total", "kvtrim_inflight_requests", "kvtrim_region_leases",
-          "kvtrim_regions", "kvtrim_layers_total", "kvtrim_tensor_bytes_total")
+          "kvtrim_regions", "kvtrim_layers_total", "kvtrim_tensor_bytes_total",
+          "kvtrim_stage_duration_seconds_bucket", "kvtrim_stage_duration_seconds_count",
+          "kvtrim_stage_duration_seconds_sum")
 
 
 def scrape(address: str) -> Dict[str, float]:
