@@ -162,7 +162,8 @@ namespace {
 /// Every kvtrimd flag, in --help order.
 constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_file",
                                      "max_message_bytes",
-                                     "workers",         "max_inflight",   "admission_wait_ms", "max_leases",
+                                     "workers",         "max_inflight",
+                                     "admission_wait_ms", "max_leases",
                                      "backend",
                                      "numerics",        "drain_timeout_s",
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
