@@ -24,17 +24,6 @@ Config OneSlotWaiting(int wait_ms) {
   return config;
 }
 
-/// Polls (bounded, 10 s) until `done` holds; true when it did.
-template <class Predicate>
-bool Eventually(Predicate done) {
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!done()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return true;
-}
-
 /// Holds the only slot with a unary call blocked inside the scripted backend.
 struct HeldSlot {
   grpc::ClientContext context;

@@ -12,16 +12,6 @@
 namespace kvtrim::service::testing {
 namespace {
 
-/// Polls (bounded) until no call holds an inflight slot; true when that happened.
-bool WaitForNoInflight(const Server& server, std::chrono::seconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (server.service().inflight() != 0) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
-
 Config OneInflight() {
   Config config = TestConfig();
   config.max_inflight = 1;
@@ -41,7 +31,7 @@ TEST(CancelAdmissionTest, CancelledUnaryCallFreesItsSlotWhileItsLayerIsStillRunn
   context.TryCancel();
   EXPECT_EQ(held.get().error_code(), grpc::StatusCode::CANCELLED);
   // The layer is still blocked inside the backend, yet the slot is free for the next call.
-  EXPECT_TRUE(WaitForNoInflight(*f.server, std::chrono::seconds(10)));
+  EXPECT_TRUE(Eventually([&f] { return f.server->service().inflight() == 0; }));
   const grpc::Status next = CallCompress(*f.stub, RequestForLayer(0));
   EXPECT_TRUE(next.ok()) << next.error_message();
   f.backend->Release();
@@ -59,7 +49,7 @@ TEST(CancelAdmissionTest, CancelledSessionFreesItsSlotWhileItsLayerIsStillRunnin
   EXPECT_EQ(f.server->service().inflight(), 1);
   context.TryCancel();
   EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(WaitForNoInflight(*f.server, std::chrono::seconds(10)));
+  EXPECT_TRUE(Eventually([&f] { return f.server->service().inflight() == 0; }));
   std::vector<v1::SessionResponse> responses;
   const grpc::Status next = CallSession(*f.stub, RequestForLayer(0), /*finish=*/true, &responses);
   EXPECT_TRUE(next.ok()) << next.error_message();

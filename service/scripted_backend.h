@@ -4,11 +4,13 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "service/server.h"
@@ -83,6 +85,18 @@ class ScriptedBackend final : public Backend {
   bool blocked_ = false;
   bool released_ = false;
 };
+
+/// Polls (bounded, 10 s) until `done` holds; true when it did. For server state that
+/// changes after the client has its answer (slots, waiters).
+template <class Predicate>
+bool Eventually(Predicate done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
 
 /// A request whose only layer has id `layer_id`.
 inline v1::CompressRequest RequestForLayer(int32_t layer_id) {
