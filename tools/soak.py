@@ -49,7 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--clients", type=int, default=64, help="concurrent clients in all")
     p.add_argument("--duration", type=float, default=600, help="seconds of load")
     p.add_argument("--warmup", type=float, default=None,
-                   help="seconds of warm-up (default: 10 %% of --duration, at least 30)")
+                   help="seconds of warm-up (default: 25 %% of --duration, at least 180 s "
+                   "and at most half the run: the working set of the default mix settles "
+                   "after about 3 minutes)")
     p.add_argument("--loadgen_clients", type=int, default=2,
                    help="clients that are kvtrim-loadgen loops (part of --clients)")
     p.add_argument("--processes", type=int, default=4, help="worker processes of Python clients")
@@ -76,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="after the load, attach gdb: malloc_stats, malloc_trim(0) (diagnostics)")
     args = p.parse_args(argv)
     if args.warmup is None:
-        args.warmup = max(30.0, 0.1 * args.duration)
+        args.warmup = min(max(180.0, 0.25 * args.duration), 0.5 * args.duration)
     if not 0 <= args.loadgen_clients < args.clients:
         p.error("--loadgen_clients must be in [0, --clients)")
     return args

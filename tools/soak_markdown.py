@@ -41,9 +41,13 @@ def _summary(r: dict) -> List[str]:
             ["RSS at the end of the load", f"{rss.get('rss_end_mib')} MiB"],
             ["RSS max after the warm-up / over the run",
              f"{rss.get('rss_max_after_warmup_mib')} / {rss.get('rss_max_mib')} MiB"],
-            ["RSS growth after the warm-up (goal < 5 %)",
-             f"{rss.get('growth_pct')} % (30 s medians: {rss.get('growth_pct_30s_medians')} %;"
-             f" trend {rss.get('trend_mib_per_min')} MiB/min)"],
+            ["RSS growth after the warm-up (goal < 5 %): medians of its first and last "
+             f"{rss.get('goal_window_s')} s",
+             f"{rss.get('rss_first_window_median_mib')} -> "
+             f"{rss.get('rss_last_window_median_mib')} MiB, {rss.get('goal_growth_pct')} %"],
+            ["RSS growth between single samples / 30-s medians, trend",
+             f"{rss.get('growth_pct')} % / {rss.get('growth_pct_30s_medians')} %, "
+             f"{rss.get('trend_mib_per_min')} MiB/min"],
             ["calls that waited for a --max_inflight slot: > 1 / 10 / 100 ms (of all)",
              " / ".join(str(r.get("admission", {}).get(k)) for k in (
                  "waited_over_1ms", "waited_over_10ms", "waited_over_100ms"))
