@@ -7,6 +7,9 @@
 # The Python tests are left out (a sanitized libkvtrim.so cannot be loaded into an
 # uninstrumented python3) and so are the lint checks (nothing to sanitize).
 # Usage: bash scripts/sanitize.sh [extra ctest arguments, e.g. -R Session]
+# The kernel tests' numeric suites take minutes each under ASan: scripts/sanitize_shards.sh
+# runs the built build-asan/kernels/kvtrim_kernels_test as parallel shards on a machine with
+# more cores (docs/reliability.md, "The kernel tests under ASan + UBSan, sharded").
 # Environment: SANITIZER (address | thread), BUILD_DIR, JOBS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
