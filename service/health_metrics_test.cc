@@ -253,6 +253,28 @@ std::string HttpGet(int port, const std::string& path) {
   return body;
 }
 
+TEST_F(MetricsTest, MemoryFiguresArePublished) {
+  ASSERT_TRUE(CallCompress(*stub_, MakeRequest("snapkv")).ok());
+  server_->PublishMemoryMetrics();
+  const auto families = server_->metrics().registry()->Collect();
+  for (const char* state : {"in_use", "free", "mmapped"}) {
+    const auto* heap = FindMetric(families, "kvtrim_heap_bytes", {{"state", state}});
+    ASSERT_NE(heap, nullptr) << state;
+    EXPECT_GE(heap->gauge.value, 0) << state;
+  }
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // glibc's figures (a sanitizer's allocator replaces glibc malloc).
+  EXPECT_GT(FindMetric(families, "kvtrim_heap_bytes", {{"state", "in_use"}})->gauge.value, 0);
+#endif
+  for (const char* state : {"idle", "in_use"}) {
+    const auto* pool = FindMetric(families, "kvtrim_host_buffer_bytes", {{"state", state}});
+    ASSERT_NE(pool, nullptr) << state;
+  }
+  // The call is over: nothing of the pool is in use.
+  EXPECT_EQ(FindMetric(families, "kvtrim_host_buffer_bytes", {{"state", "in_use"}})->gauge.value,
+            0);
+}
+
 TEST(MetricsHttpTest, ExporterServesMetrics) {
   Config config = TestConfig();
   config.metrics_listen = "127.0.0.1:0";

@@ -44,6 +44,7 @@ HostBuffer HostBufferPool::Acquire(size_t bytes) {
       Idle reused = std::move(it->second);
       idle_.erase(it);
       idle_bytes_ -= capacity * 4;
+      in_use_bytes_ += capacity * 4;
       ++reused_;
       return HostBuffer(std::move(reused.words), capacity, shared_from_this(),
                         reused.page_locked);
@@ -53,6 +54,10 @@ HostBuffer HostBufferPool::Acquire(size_t bytes) {
   const size_t capacity = (words + granule_words - 1) / granule_words * granule_words;
   std::unique_ptr<uint32_t[]> fresh(new uint32_t[capacity]);
   const bool locked = TryLock(fresh.get(), capacity * 4);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_use_bytes_ += capacity * 4;
+  }
   return HostBuffer(std::move(fresh), capacity, shared_from_this(), locked);
 }
 
@@ -72,6 +77,7 @@ void HostBufferPool::Release(std::unique_ptr<uint32_t[]> words, size_t capacity_
                              bool page_locked) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    in_use_bytes_ -= capacity_words * 4;
     if (idle_bytes_ + capacity_words * 4 <= max_idle_bytes_) {
       idle_bytes_ += capacity_words * 4;
       idle_.emplace(capacity_words, Idle{std::move(words), page_locked, Clock::now()});
@@ -116,6 +122,11 @@ size_t HostBufferPool::ExpireIdle(Clock::time_point now) {
 size_t HostBufferPool::idle_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return idle_bytes_;
+}
+
+size_t HostBufferPool::in_use_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return in_use_bytes_;
 }
 
 uint64_t HostBufferPool::reused() const {

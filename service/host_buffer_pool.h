@@ -98,6 +98,9 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
 
   /// Bytes held by idle buffers now.
   size_t idle_bytes() const;
+  /// Bytes of the pooled buffers handed out and not yet given back (heap buffers of
+  /// FromHeap and those under `min_pooled_bytes` are not counted).
+  size_t in_use_bytes() const;
   /// Buffers handed out that were reused (not newly allocated), since construction.
   uint64_t reused() const;
   /// Bytes of page-locked buffers, idle or in use.
@@ -126,6 +129,7 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   mutable std::mutex mutex_;
   std::multimap<size_t, Idle> idle_;  // by capacity in words
   size_t idle_bytes_ = 0;
+  size_t in_use_bytes_ = 0;
   size_t locked_bytes_ = 0;
   uint64_t reused_ = 0;
 };

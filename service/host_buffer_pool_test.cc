@@ -23,17 +23,24 @@ TEST(HostBufferPoolTest, AFinishedBufferIsReusedForTheNextLayer) {
     EXPECT_GE(buffer.capacity_bytes(), 5 * kMiB);
     EXPECT_EQ(buffer.capacity_bytes() % HostBufferPool::kGranuleBytes, 0u);
     first = buffer.get();
+    EXPECT_EQ(pool->in_use_bytes(), 6 * kMiB);
   }
   EXPECT_EQ(pool->idle_bytes(), 6 * kMiB);  // 5 MiB rounded up to the 2 MiB granule
+  EXPECT_EQ(pool->in_use_bytes(), 0u);
   HostBuffer again = pool->Acquire(5 * kMiB + 3);
   EXPECT_EQ(again.get(), first);
   EXPECT_EQ(pool->reused(), 1u);
   EXPECT_EQ(pool->idle_bytes(), 0u);
+  EXPECT_EQ(pool->in_use_bytes(), 6 * kMiB);
 }
 
 TEST(HostBufferPoolTest, SmallBuffersComeFromTheHeapAndAreNotKept) {
   auto pool = std::make_shared<HostBufferPool>(64 * kMiB);
-  { HostBuffer small = pool->Acquire(1000); ASSERT_TRUE(small); }
+  {
+    HostBuffer small = pool->Acquire(1000);
+    ASSERT_TRUE(small);
+    EXPECT_EQ(pool->in_use_bytes(), 0u);  // the pool counts only its own buffers
+  }
   EXPECT_EQ(pool->idle_bytes(), 0u);
   HostBuffer none = AcquireHostBuffer(nullptr, 8 * kMiB);  // no pool: the heap
   ASSERT_TRUE(none);
@@ -80,6 +87,7 @@ TEST(HostBufferPoolTest, ConcurrentLayersShareThePool) {
   for (std::thread& thread : threads) thread.join();
   EXPECT_GT(pool->reused(), 0u);
   EXPECT_LE(pool->idle_bytes(), 256 * kMiB);
+  EXPECT_EQ(pool->in_use_bytes(), 0u);  // every buffer given back
 }
 
 /// A stand-in for the devices' page-locking: records what is locked; refuses when told to.

@@ -110,6 +110,8 @@ class KvtrimService final : public KvtrimCallbackBase {
   int inflight() const { return core_.inflight(); }
   /// Frees the host buffers idle for longer than --host_buffer_idle_s; returns the bytes.
   size_t ExpireIdleBuffers() { return core_.ExpireIdleBuffers(); }
+  /// Publishes kvtrim_heap_bytes and kvtrim_host_buffer_bytes.
+  void PublishMemoryMetrics() { core_.PublishMemoryMetrics(); }
   /// Calls waiting for a --max_inflight slot (--admission_wait_ms).
   int admission_waiting() const { return core_.admission_waiting(); }
   /// Regions leases held now.

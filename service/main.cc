@@ -46,9 +46,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   // Every 10 s: host buffers idle too long freed, then freed heap memory back to the system
-  // (no RSS creep under sustained load).
+  // (no RSS creep under sustained load), then the memory figures published.
   kvtrim::service::Server* running = server->get();
-  kvtrim::service::MemoryTrimmer trimmer(std::chrono::seconds(10),
-                                         [running] { running->ExpireIdleBuffers(); });
+  running->PublishMemoryMetrics();
+  kvtrim::service::MemoryTrimmer trimmer(
+      std::chrono::seconds(10), [running] { running->ExpireIdleBuffers(); },
+      [running] { running->PublishMemoryMetrics(); });
   return kvtrim::service::RunUntilSignal(**server, std::cout);
 }

@@ -154,6 +154,17 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
                                       "arrive in them) page-locked for direct device copies "
                                       "now (--max_pinned_buffer_bytes)")
                                 .Register(*registry_)),
+      heap_family_(prometheus::BuildGauge()
+                       .Name("kvtrim_heap_bytes")
+                       .Help("kvtrimd's malloc heap, read every 10 s after the trim: bytes "
+                             "allocated in the arenas (in_use), kept free in them (free), "
+                             "mapped for allocations of 256 KiB and more (mmapped)")
+                       .Register(*registry_)),
+      host_buffer_family_(prometheus::BuildGauge()
+                              .Name("kvtrim_host_buffer_bytes")
+                              .Help("Bytes of kvtrimd's pooled host buffers (chunked tensors "
+                                    "arrive in them): idle in the pool, or in use by calls")
+                              .Register(*registry_)),
       device_layers_(prometheus::BuildCounter()
                          .Name("kvtrim_device_layers_total")
                          .Help("Layers answered, by the device that computed them (a CUDA "
@@ -167,6 +178,10 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
   leases_ = &leases_family_.Add({});
   pinned_shm_bytes_ = &pinned_family_.Add({});
   pinned_buffer_bytes_ = &pinned_buffer_family_.Add({});
+  const char* heap_states[] = {"in_use", "free", "mmapped"};
+  for (size_t i = 0; i < 3; ++i) heap_bytes_[i] = &heap_family_.Add({{"state", heap_states[i]}});
+  host_buffer_bytes_[0] = &host_buffer_family_.Add({{"state", "idle"}});
+  host_buffer_bytes_[1] = &host_buffer_family_.Add({{"state", "in_use"}});
   for (Rpc rpc : kAllRpcs) {
     const auto i = static_cast<size_t>(rpc);
     rpc_duration_[i] = &request_duration_.Add({{"rpc", RpcName(rpc)}}, RequestBuckets());
@@ -258,6 +273,17 @@ void Metrics::AddTransportBytes(Transport transport, int64_t bytes) {
 
 void Metrics::SetPinnedBufferBytes(uint64_t bytes) {
   pinned_buffer_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::SetHeapBytes(uint64_t in_use, uint64_t free, uint64_t mmapped) {
+  heap_bytes_[0]->Set(static_cast<double>(in_use));
+  heap_bytes_[1]->Set(static_cast<double>(free));
+  heap_bytes_[2]->Set(static_cast<double>(mmapped));
+}
+
+void Metrics::SetHostBufferBytes(uint64_t idle, uint64_t in_use) {
+  host_buffer_bytes_[0]->Set(static_cast<double>(idle));
+  host_buffer_bytes_[1]->Set(static_cast<double>(in_use));
 }
 
 void Metrics::SetRegions(int64_t host_shm, int64_t cuda_ipc, int64_t cuda_ipc_event,

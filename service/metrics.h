@@ -89,6 +89,12 @@ class Metrics {
                   uint64_t pinned_shm_bytes);
   /// Sets kvtrim_pinned_buffer_bytes: kvtrimd's pooled host buffers page-locked now.
   void SetPinnedBufferBytes(uint64_t bytes);
+  /// Sets kvtrim_heap_bytes{state}: bytes malloc has allocated in its arenas ("in_use"),
+  /// keeps free in them ("free") and has mapped for large allocations ("mmapped").
+  void SetHeapBytes(uint64_t in_use, uint64_t free, uint64_t mmapped);
+  /// Sets kvtrim_host_buffer_bytes{state}: the pooled host buffers idle in the pool and
+  /// handed out to calls.
+  void SetHostBufferBytes(uint64_t idle, uint64_t in_use);
 
  private:
   /// The per-policy series of one policy label value.
@@ -121,6 +127,8 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& leases_family_;
   prometheus::Family<prometheus::Gauge>& pinned_family_;
   prometheus::Family<prometheus::Gauge>& pinned_buffer_family_;
+  prometheus::Family<prometheus::Gauge>& heap_family_;
+  prometheus::Family<prometheus::Gauge>& host_buffer_family_;
   prometheus::Family<prometheus::Counter>& device_layers_;
 
   std::array<prometheus::Histogram*, 7> rpc_duration_{};   // by Rpc
@@ -130,6 +138,8 @@ class Metrics {
   prometheus::Gauge* leases_ = nullptr;
   prometheus::Gauge* pinned_shm_bytes_ = nullptr;
   prometheus::Gauge* pinned_buffer_bytes_ = nullptr;
+  std::array<prometheus::Gauge*, 3> heap_bytes_{};         // in_use, free, mmapped
+  std::array<prometheus::Gauge*, 2> host_buffer_bytes_{};  // idle, in_use
   std::array<prometheus::Histogram*, kStageCount> stage_{};  // by Stage
   prometheus::Gauge* inflight_ = nullptr;
 

@@ -90,6 +90,9 @@ class Server {
   /// Frees pooled host buffers idle for longer than --host_buffer_idle_s (kvtrimd calls it
   /// every 10 s, before returning freed heap memory to the system); returns the bytes.
   size_t ExpireIdleBuffers() { return service_->ExpireIdleBuffers(); }
+  /// Publishes the malloc heap's and the host buffer pool's figures (kvtrim_heap_bytes,
+  /// kvtrim_host_buffer_bytes; kvtrimd calls it every 10 s, after the trim).
+  void PublishMemoryMetrics() { service_->PublishMemoryMetrics(); }
   /// The registered models (loaded from --data_dir at start-up).
   ModelStore& models() { return *models_; }
   /// The validated configuration the server runs with.

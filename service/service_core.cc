@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/client_text.h"
+#include "service/memory_return.h"
 #include "service/response_codec.h"
 
 namespace kvtrim::service {
@@ -57,6 +58,14 @@ void ServiceCore::SetTransports(RegionRegistry* regions, TransportOptions option
 
 size_t ServiceCore::ExpireIdleBuffers() {
   return buffers_ != nullptr ? buffers_->ExpireIdle() : 0;
+}
+
+void ServiceCore::PublishMemoryMetrics() {
+  const HeapUsage heap = ReadHeapUsage();
+  metrics_.SetHeapBytes(heap.in_use_bytes, heap.free_bytes, heap.mmapped_bytes);
+  if (buffers_ != nullptr) {
+    metrics_.SetHostBufferBytes(buffers_->idle_bytes(), buffers_->in_use_bytes());
+  }
 }
 
 std::string ServiceCore::PolicyLabel(const std::string& name) const {
@@ -132,7 +141,10 @@ void ServiceCore::CountTransportBytes(const TransportBytes& bytes) {
   metrics_.AddTransportBytes(Transport::kInline, bytes.inline_bytes);
   metrics_.AddTransportBytes(Transport::kHostShm, bytes.host_shm);
   metrics_.AddTransportBytes(Transport::kCudaIpc, bytes.cuda_ipc);
-  if (buffers_ != nullptr) metrics_.SetPinnedBufferBytes(buffers_->locked_bytes());
+  if (buffers_ != nullptr) {
+    metrics_.SetPinnedBufferBytes(buffers_->locked_bytes());
+    metrics_.SetHostBufferBytes(buffers_->idle_bytes(), buffers_->in_use_bytes());
+  }
 }
 
 void ServiceCore::PublishRegionMetrics() {

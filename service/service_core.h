@@ -124,6 +124,9 @@ class ServiceCore {
   void PublishRegionMetrics();
   /// Frees the host buffers idle for longer than --host_buffer_idle_s; returns the bytes.
   size_t ExpireIdleBuffers();
+  /// Publishes the malloc heap's figures and the host buffer pool's (kvtrim_heap_bytes,
+  /// kvtrim_host_buffer_bytes).
+  void PublishMemoryMetrics();
 
   /// Calls admitted and not yet finished (Compress + CompressSession).
   int inflight() const { return inflight_.in_use(); }

@@ -154,7 +154,8 @@ def sample_until(state: dict, until: float, phase: str, sample_s: float,
         if sample is None or state["kvtrimd"].poll() is not None:
             raise Abort(f"kvtrimd exited with {state['kvtrimd'].poll()} during the {phase}")
         sample.update(t_s=round(time.time() - started, 1), phase=phase,
-                      host_load1=round(os.getloadavg()[0], 2))
+                      host_load1=round(os.getloadavg()[0], 2),
+                      **soak_server.memory_figures(state["metrics_address"]))
         state["samples"].append(sample)
         if time.time() - last_print >= 30:
             last_print = time.time()
@@ -190,6 +191,7 @@ def run(args, tmp: str, state: dict) -> dict:
     setup = discover(args, tmp, state)
     started = time.time()
     state["started"] = started
+    state["metrics_address"] = setup["metrics"]
     state["samples"].append(dict(soak_server.sample(state["kvtrimd"].pid), t_s=0.0,
                                  phase="start"))
     workers = start_workers(worker_configs(args, tmp, setup, started), tmp)

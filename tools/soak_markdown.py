@@ -45,6 +45,8 @@ def _summary(r: dict) -> List[str]:
              f"{rss.get('goal_window_s')} s",
              f"{rss.get('rss_first_window_median_mib')} -> "
              f"{rss.get('rss_last_window_median_mib')} MiB, {rss.get('goal_growth_pct')} %"],
+            ["the same two windows' medians of kvtrimd's memory figures (MiB)",
+             "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in rss.get("windows_mib", {}).items())],
             ["RSS growth between single samples / 30-s medians, trend",
              f"{rss.get('growth_pct')} % / {rss.get('growth_pct_30s_medians')} %, "
              f"{rss.get('trend_mib_per_min')} MiB/min"],
@@ -92,11 +94,18 @@ def _cases(r: dict) -> List[str]:
 
 def _timeline(r: dict) -> List[str]:
     """kvtrimd's samples, about one per 30 s."""
-    return _table(["t s", "phase", "RSS MiB", "RssAnon MiB", "threads", "fds",
-                   "kvtrimd CPU s", "host load (1 min)"],
-                  [[s["t_s"], s["phase"], round(s["rss_kib"] / 1024, 1),
-                    round(s["rss_anon_kib"] / 1024, 1), s["threads"], s["fds"], s["cpu_s"],
-                    s.get("host_load1")] for s in r["timeline"]])
+    def mib(sample: dict, key: str):
+        return round(sample[key] / 1024, 1) if key in sample else None
+
+    return _table(["t s", "phase", "RSS MiB", "RssAnon MiB", "heap in use / free / mmapped MiB",
+                   "host buffers idle / in use MiB", "threads", "fds", "kvtrimd CPU s",
+                   "host load (1 min)"],
+                  [[s["t_s"], s["phase"], mib(s, "rss_kib"), mib(s, "rss_anon_kib"),
+                    f"{mib(s, 'heap_in_use_kib')} / {mib(s, 'heap_free_kib')} / "
+                    f"{mib(s, 'heap_mmapped_kib')}",
+                    f"{mib(s, 'pool_idle_kib')} / {mib(s, 'pool_in_use_kib')}",
+                    s["threads"], s["fds"], s["cpu_s"], s.get("host_load1")]
+                   for s in r["timeline"]])
 
 
 def _errors(r: dict) -> List[str]:

@@ -88,7 +88,7 @@ def _at(samples: List[dict], t: float) -> Optional[dict]:
 
 def _median(samples: List[dict], start: float, stop: float, key: str) -> Optional[float]:
     """Median of `key` over the samples in [start, stop]."""
-    values = [s[key] for s in samples if start <= s["t_s"] <= stop]
+    values = [s[key] for s in samples if start <= s["t_s"] <= stop and key in s]
     return float(np.median(values)) if values else None
 
 
@@ -98,7 +98,9 @@ def rss_analysis(samples: List[dict], warmup_s: float, load_end_s: float) -> dic
     and the last quarter of the load after the warm-up (`goal_growth_pct`): the loadgen
     clients change shape every --loadgen_run_s, so single samples and short windows follow
     which run is active. Also given: the growth between single samples and between 30-s
-    medians, and the linear trend."""
+    medians, the linear trend, and the same two windows' medians of kvtrimd's published
+    memory figures (`windows_mib`: heap in use / free / mmapped, idle host buffers), which
+    tell what grew."""
     load = [s for s in samples if s["phase"] == "load"]
     warm = _at(load, warmup_s)
     end = load[-1] if load else None
@@ -113,6 +115,13 @@ def rss_analysis(samples: List[dict], warmup_s: float, load_end_s: float) -> dic
     window = max(30.0, (end["t_s"] - warm["t_s"]) / 4)
     first = _median(load, warm["t_s"], warm["t_s"] + window, "rss_kib")
     last = _median(load, end["t_s"] - window, end["t_s"], "rss_kib")
+    windows = {}
+    for key in ("rss_kib", "heap_in_use_kib", "heap_free_kib", "heap_mmapped_kib",
+                "pool_idle_kib", "pool_in_use_kib"):
+        pair = [_median(load, warm["t_s"], warm["t_s"] + window, key),
+                _median(load, end["t_s"] - window, end["t_s"], key)]
+        if None not in pair:
+            windows[key[:-len("_kib")]] = [round(v / 1024, 1) for v in pair]
     return {"warmup_end_t_s": warm["t_s"], "load_end_t_s": end["t_s"],
             "rss_warmup_end_mib": round(warm["rss_kib"] / 1024, 1),
             "rss_end_mib": round(end["rss_kib"] / 1024, 1),
@@ -122,6 +131,7 @@ def rss_analysis(samples: List[dict], warmup_s: float, load_end_s: float) -> dic
             "rss_first_window_median_mib": round(first / 1024, 1),
             "rss_last_window_median_mib": round(last / 1024, 1),
             "goal_growth_pct": round(100.0 * (last - first) / first, 2),
+            "windows_mib": windows,
             "growth_pct": round(100.0 * (end["rss_kib"] - warm["rss_kib"]) / warm["rss_kib"], 2),
             "growth_pct_30s_medians": round(100.0 * (end_median - warm_median) / warm_median, 2),
             "trend_mib_per_min": round(slope, 3),

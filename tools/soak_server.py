@@ -128,7 +128,7 @@ _SERIES = re.compile(r"^(kvtrim_[a-z_]+)(\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$")
 WANTED = ("kvtrim_requests_total", "kvtrim_inflight_requests", "kvtrim_region_leases",
           "kvtrim_regions", "kvtrim_layers_total", "kvtrim_tensor_bytes_total",
           "kvtrim_stage_duration_seconds_bucket", "kvtrim_stage_duration_seconds_count",
-          "kvtrim_stage_duration_seconds_sum")
+          "kvtrim_stage_duration_seconds_sum", "kvtrim_heap_bytes", "kvtrim_host_buffer_bytes")
 
 
 def scrape(address: str) -> Dict[str, float]:
@@ -144,6 +144,20 @@ def scrape(address: str) -> Dict[str, float]:
         if match and match.group(1) in WANTED:
             out[match.group(1) + (match.group(2) or "")] = float(match.group(3))
     return out
+
+
+def memory_figures(address: str) -> Dict[str, int]:
+    """kvtrimd's published memory figures in KiB (kvtrim_heap_bytes, updated every 10 s,
+    and kvtrim_host_buffer_bytes): heap_in_use_kib, heap_free_kib, heap_mmapped_kib,
+    pool_idle_kib, pool_in_use_kib; {} when the scrape fails."""
+    metrics = scrape(address)
+    names = {"heap_in_use_kib": 'kvtrim_heap_bytes{state="in_use"}',
+             "heap_free_kib": 'kvtrim_heap_bytes{state="free"}',
+             "heap_mmapped_kib": 'kvtrim_heap_bytes{state="mmapped"}',
+             "pool_idle_kib": 'kvtrim_host_buffer_bytes{state="idle"}',
+             "pool_in_use_kib": 'kvtrim_host_buffer_bytes{state="in_use"}'}
+    return {key: int(metrics[series]) // 1024 for key, series in names.items()
+            if series in metrics}
 
 
 def stop_kvtrimd(proc: subprocess.Popen, port_file: str, timeout: float) -> dict:

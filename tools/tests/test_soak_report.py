@@ -28,6 +28,19 @@ def test_a_flat_plateau_meets_the_goal_despite_a_spike_at_the_end():
     assert rss["goal_window_s"] == 105
     assert rss["goal_growth_pct"] == 0
     assert rss["growth_pct"] == 25  # the single-sample figure sees the spike
+    assert rss["windows_mib"]["rss"] == [160.0, 160.0]
+    assert "heap_in_use" not in rss["windows_mib"]  # not sampled
+
+
+def test_the_memory_figures_show_what_grew():
+    samples = _samples(lambda t: 100 + t / 10)
+    for s in samples:
+        s["heap_in_use_kib"] = int((20 + s["t_s"] / 10) * 1024)
+        s["heap_free_kib"] = 5 * 1024
+    rss = soak_report.rss_analysis(samples, warmup_s=180, load_end_s=600)
+    first, last = rss["windows_mib"]["heap_in_use"]
+    assert last - first > 25  # the growth is in use, not free
+    assert rss["windows_mib"]["heap_free"] == [5.0, 5.0]
 
 
 def test_a_steady_rise_fails_the_goal():
