@@ -198,6 +198,24 @@ TEST_F(TransportTest, ChunkedInlineSessionMatchesInlineCompress) {
   }
 }
 
+TEST_F(TransportTest, ChunkedTensorsOfAMiBOrMoreGoThroughTheHostBufferPool) {
+  LayerDims dims;
+  dims.tokens = 4096;
+  dims.head_dim = 64;  // keys and values of 2 MiB each (f32, 2 heads)
+  std::vector<v1::LayerResult> answers;
+  const grpc::Status status = RunSession(*stub_, "", MakeSettings("knorm"),
+                                         ChunkedLayers(dims, size_t{1} << 20), &answers);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  server_->PublishMemoryMetrics();
+  const auto families = server_->metrics().registry()->Collect();
+  const auto* idle = FindMetric(families, "kvtrim_host_buffer_bytes", {{"state", "idle"}});
+  const auto* in_use = FindMetric(families, "kvtrim_host_buffer_bytes", {{"state", "in_use"}});
+  ASSERT_NE(idle, nullptr);
+  ASSERT_NE(in_use, nullptr);
+  EXPECT_GE(idle->gauge.value, 2 << 20);  // the session's buffers went back to the pool
+  EXPECT_EQ(in_use->gauge.value, 0);
+}
+
 TEST_F(TransportTest, AnUndecodableMessageNamesSessionRequest) {
   // Wire bytes that are no SessionRequest, after a valid begin: the session ends with
   // INVALID_ARGUMENT naming the message (not "closed without finish").

@@ -113,15 +113,13 @@ def rss_analysis(samples: List[dict], warmup_s: float, load_end_s: float) -> dic
     warm_median = _median(load, warm["t_s"], warm["t_s"] + 30, "rss_kib")
     end_median = _median(load, end["t_s"] - 30, end["t_s"], "rss_kib")
     window = max(30.0, (end["t_s"] - warm["t_s"]) / 4)
-    first = _median(load, warm["t_s"], warm["t_s"] + window, "rss_kib")
-    last = _median(load, end["t_s"] - window, end["t_s"], "rss_kib")
-    windows = {}
-    for key in ("rss_kib", "heap_in_use_kib", "heap_free_kib", "heap_mmapped_kib",
-                "pool_idle_kib", "pool_in_use_kib"):
-        pair = [_median(load, warm["t_s"], warm["t_s"] + window, key),
-                _median(load, end["t_s"] - window, end["t_s"], key)]
-        if None not in pair:
-            windows[key[:-len("_kib")]] = [round(v / 1024, 1) for v in pair]
+    medians = {key: (_median(load, warm["t_s"], warm["t_s"] + window, key),
+                     _median(load, end["t_s"] - window, end["t_s"], key))
+               for key in ("rss_kib", "heap_in_use_kib", "heap_free_kib", "heap_mmapped_kib",
+                           "pool_idle_kib", "pool_in_use_kib")}
+    first, last = medians["rss_kib"]
+    windows = {key[:-len("_kib")]: [round(v / 1024, 1) for v in pair]
+               for key, pair in medians.items() if None not in pair}
     return {"warmup_end_t_s": warm["t_s"], "load_end_t_s": end["t_s"],
             "rss_warmup_end_mib": round(warm["rss_kib"] / 1024, 1),
             "rss_end_mib": round(end["rss_kib"] / 1024, 1),
