@@ -1,5 +1,6 @@
 #include "service/host_buffer_pool.h"
 
+#include <iterator>
 #include <vector>
 
 namespace kvtrim::service {
@@ -41,6 +42,10 @@ HostBuffer HostBufferPool::Acquire(size_t bytes) {
     auto it = idle_.lower_bound(words);
     if (it != idle_.end() && it->first <= 2 * words) {
       const size_t capacity = it->first;
+      // Of the buffers of this capacity, the one given back last (the end of its equal
+      // range): taking the oldest would cycle through all of them and keep every one from
+      // expiring, so a burst's surplus would stay for good.
+      it = std::prev(idle_.upper_bound(capacity));
       Idle reused = std::move(it->second);
       idle_.erase(it);
       idle_bytes_ -= capacity * 4;

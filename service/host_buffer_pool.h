@@ -85,8 +85,8 @@ class HostBufferPool : public std::enable_shared_from_this<HostBufferPool> {
   /// Unlocks and frees the idle buffers.
   ~HostBufferPool();
 
-  /// A buffer of at least `bytes`: an idle one when one fits (at most twice the size),
-  /// else a new one.
+  /// A buffer of at least `bytes`: an idle one when one fits (the smallest of at most twice
+  /// the size; of those, the one given back last), else a new one.
   HostBuffer Acquire(size_t bytes);
 
   /// A buffer of at least `bytes` from the heap, freed when destroyed (no pool).

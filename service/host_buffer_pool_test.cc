@@ -1,6 +1,7 @@
 // HostBufferPool: finished layers' buffers are handed to the next ones (same memory), small
 // buffers bypass the pool, the idle cap and the fit rule hold, buffers outlive the pool's
-// last outside reference, and pooled buffers are page-locked once within the lock cap.
+// last outside reference, pooled buffers are page-locked once within the lock cap, and the
+// buffer given back last is reused first, so that a burst's surplus expires.
 #include "service/host_buffer_pool.h"
 
 #include <gtest/gtest.h>
@@ -179,6 +180,31 @@ TEST(HostBufferPoolTest, BuffersIdleLongerThanTheLifetimeAreFreedAndUnlocked) {
   EXPECT_EQ(pool->ExpireIdle(Clock::now() + std::chrono::hours(1)), 0u);
   in_use = HostBuffer();
   EXPECT_EQ(pool->idle_bytes(), 2 * kMiB);
+}
+
+TEST(HostBufferPoolTest, ABurstsSurplusExpiresWhileOneBufferStaysInSteadyUse) {
+  using Clock = HostBufferPool::Clock;
+  const auto lifetime = std::chrono::seconds(1);
+  auto pool = std::make_shared<HostBufferPool>(64 * kMiB, kMiB, HostMemoryLocker{}, 0,
+                                               lifetime);
+  {
+    std::vector<HostBuffer> burst;  // four layers at once
+    for (int i = 0; i < 4; ++i) burst.push_back(pool->Acquire(4 * kMiB));
+  }
+  EXPECT_EQ(pool->idle_bytes(), 16 * kMiB);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const auto steady_from = Clock::now();
+  // Then one layer at a time, three times: each takes the buffer given back last, so the
+  // same one serves them all and the other three stay idle since the burst.
+  std::set<const uint32_t*> used;
+  for (int i = 0; i < 3; ++i) {
+    HostBuffer one = pool->Acquire(4 * kMiB);
+    used.insert(one.get());
+  }
+  EXPECT_EQ(used.size(), 1u);
+  EXPECT_EQ(pool->reused(), 3u);
+  EXPECT_EQ(pool->ExpireIdle(steady_from + lifetime), 12 * kMiB);
+  EXPECT_EQ(pool->idle_bytes(), 4 * kMiB);
 }
 
 TEST(HostBufferPoolTest, ZeroLifetimeKeepsIdleBuffers) {
