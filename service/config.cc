@@ -17,10 +17,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "kernels/client_text.h"
+#include "version/build_version.h"
 
-#ifndef KVTRIM_VERSION
-#define KVTRIM_VERSION "0.0.0"
-#endif
 #ifndef KVTRIM_WITH_CUDA
 #define KVTRIM_WITH_CUDA 0
 #endif
@@ -232,7 +230,7 @@ std::string BackendKindName(BackendKind kind) {
 
 bool BuiltWithCuda() { return KVTRIM_WITH_CUDA != 0; }
 
-std::string KvtrimVersion() { return KVTRIM_VERSION; }
+std::string KvtrimVersion() { return ReleaseVersion(); }
 
 absl::Status ValidateListenAddress(const std::string& address, const std::string& flag,
                                    bool allow_unix) {
@@ -448,7 +446,7 @@ absl::Status ParseCommandLineStrict(int argc, char** argv) {
 std::string UsageText() {
   std::string out = absl::StrCat(
       "Usage: kvtrimd [--flag=value ...]\n\n"
-      "kvtrimd ", KvtrimVersion(),
+      "kvtrimd ", VersionLine(),
       " - the kvtrim KV-cache eviction sidecar. Serves the kvtrim.v1.Kvtrim gRPC service\n"
       "(plus grpc.health.v1 and server reflection) and exports Prometheus metrics.\n"
       "Exit status: 0 after SIGTERM/SIGINT and a drain; 1 when the server cannot start\n"

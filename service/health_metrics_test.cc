@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <future>
+#include <limits>
 #include <thread>
 
+#include "service/limit_metrics.h"
 #include "service/test_util.h"
+#include "version/build_version.h"
 #include "tests/support/test_dir.h"
 
 namespace kvtrim::service::testing {
@@ -136,7 +139,8 @@ class MetricsTest : public ::testing::Test {
 
 TEST_F(MetricsTest, CountersMoveWithRequests) {
   const auto families = server_->metrics().registry()->Collect();
-  const auto* info = FindMetric(families, "kvtrim_build_info", {{"backend", "cpu"}});
+  const auto* info = FindMetric(families, "kvtrim_build_info",
+                                {{"backend", "cpu"}, {"git_commit", GitCommit()}});
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->gauge.value, 1);
   // Preset series exist at zero before any request.
@@ -267,6 +271,36 @@ TEST_F(MetricsTest, HeapFiguresArePublished) {
 #endif
   // kvtrim_host_buffer_bytes is tested where a chunked session fills the pool
   // (TransportTest.ChunkedTensorsOfAMiBOrMoreGoThroughTheHostBufferPool).
+}
+
+TEST(LimitMetricsTest, EveryLimitIsPublishedWithTheConfiguredValue) {
+  Config config = TestConfig();
+  config.max_inflight = 7;
+  config.max_leases = 9;
+  config.admission_wait_ms = 250;
+  config.gpu_memory_limit_bytes = 0;  // no cap
+  auto server = StartServer(config);
+  ASSERT_NE(server, nullptr);
+  const auto families = server->metrics().registry()->Collect();
+  const auto value = [&families](const std::string& name) {
+    const auto* metric = FindMetric(families, name, {});
+    return metric == nullptr ? -1.0 : metric->gauge.value;
+  };
+  EXPECT_EQ(value("kvtrim_limit_inflight_requests"), 7);
+  EXPECT_EQ(value("kvtrim_limit_region_leases"), 9);
+  EXPECT_DOUBLE_EQ(value("kvtrim_limit_admission_wait_seconds"), 0.25);
+  EXPECT_EQ(value("kvtrim_limit_message_bytes"), double(int64_t{16} << 20));
+  EXPECT_EQ(value("kvtrim_limit_regions_per_client"), 0);  // no --allow_client_shm
+  EXPECT_EQ(value("kvtrim_limit_gpu_memory_bytes"), std::numeric_limits<double>::infinity());
+  EXPECT_EQ(value("kvtrim_limit_workers"), 2);
+  // Every limit of LimitsOf is a registered family, named kvtrim_limit_*.
+  for (const Limit& limit : LimitsOf(config)) {
+    EXPECT_EQ(limit.name.rfind("kvtrim_limit_", 0), 0u) << limit.name;
+    EXPECT_EQ(value(limit.name), limit.value) << limit.name;
+  }
+  // --max_inflight below 1 runs as 1, and the metric says so.
+  config.max_inflight = 0;
+  EXPECT_EQ(LimitsOf(config)[0].value, 1);
 }
 
 TEST(MetricsHttpTest, ExporterServesMetrics) {

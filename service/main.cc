@@ -10,6 +10,7 @@
 #include "service/config.h"
 #include "service/memory_return.h"
 #include "service/server.h"
+#include "version/build_version.h"
 
 int main(int argc, char** argv) {
   using kvtrim::service::KvtrimVersion;
@@ -17,7 +18,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kvtrimd: the kvtrim KV-cache eviction sidecar. Run `kvtrimd --help` for the flags.");
   absl::FlagsUsageConfig usage;
-  usage.version_string = [] { return "kvtrimd " + KvtrimVersion() + "\n"; };
+  usage.version_string = [] { return "kvtrimd " + kvtrim::VersionLine() + "\n"; };
   usage.contains_help_flags = [](absl::string_view file) {
     return file.find("service/config.") != absl::string_view::npos;
   };

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "service/status.h"
+#include "version/build_version.h"
 
 namespace kvtrim::service {
 
@@ -192,7 +193,8 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
         &stage_duration_.Add({{"stage", StageName(stage)}}, StageBuckets());
   }
   inflight_ = &inflight_family_.Add({});
-  build_info_.Add({{"version", version}, {"backend", backend}}).Set(1);
+  build_info_.Add({{"version", version}, {"git_commit", GitCommit()}, {"backend", backend}})
+      .Set(1);
   for (const auto& preset : presets) SeriesFor(preset);
 }
 

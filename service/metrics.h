@@ -56,7 +56,8 @@ inline constexpr char kInvalidPolicy[] = "invalid";
 /// caller guarantees. Thread-safe.
 class Metrics {
  public:
-  /// Creates the families and the fixed series; sets kvtrim_build_info{version, backend}=1.
+  /// Creates the families and the fixed series; sets kvtrim_build_info{version, git_commit,
+  /// backend}=1 (git_commit: the build's, version/build_version.h).
   /// `presets` are pre-created so that their per-policy series exist at zero.
   Metrics(const std::string& version, const std::string& backend,
           const std::vector<std::string>& presets);

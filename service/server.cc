@@ -18,6 +18,7 @@
 #include "prometheus/exposer.h"
 #include "service/backend_factory.h"
 #include "service/bearer_tokens.h"
+#include "service/limit_metrics.h"
 #include "service/port_file.h"
 #include "service/tls_credentials.h"
 #include "service/warmup.h"
@@ -129,6 +130,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   std::vector<std::string> presets;
   for (const auto& preset : registry_.presets()) presets.push_back(preset.name);
   metrics_ = std::make_unique<Metrics>(KvtrimVersion(), std::string(backend_->name()), presets);
+  PublishLimits(config_, *metrics_->registry());
   ModelStoreOptions store_options;
   store_options.data_dir = config_.data_dir;
   store_options.max_models = config_.max_models;
