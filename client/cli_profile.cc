@@ -165,7 +165,7 @@ int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ost
         {"--dumps", options.dumps.empty()},
         {"--out", options.out.empty()}}) {
     if (missing) {
-      err << "usage error: profile: " << flag << " is required\nrun 'kvtrim --help' for usage\n";
+      err << "usage error: profile: " << flag << " is required\nrun 'kvtrim help profile' for usage\n";
       return kExitUsage;
     }
   }

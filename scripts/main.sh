@@ -13,11 +13,7 @@ TARGET=127.0.0.1:50051
 "$BIN/service/kvtrimd" &
 SERVER=$!
 trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  if "$BIN/client/kvtrim" --target=$TARGET health >/dev/null 2>&1; then break; fi
-  sleep 0.2
-done
-"$BIN/client/kvtrim" --target=$TARGET health
+"$BIN/client/kvtrim" --target=$TARGET health --wait=60
 "$BIN/client/kvtrim" --target=$TARGET compress --policy="${POLICY:-dropkv}" \
   --keep_fraction="${KEEP_FRACTION:-0.2}" --input=samples/stories260k_prefill.safetensors
 # A model-aware policy: the client registers the bundled model (W_O, query statistics, LU-KV

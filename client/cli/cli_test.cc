@@ -3,14 +3,21 @@
 
 #include <memory>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
+#include "client/cli/command_help.h"
 #include "client/cli/commands.h"
+#include "client/cli/json_print.h"
+#include "client/cli/output.h"
 #include "client/cli/flag_parse.h"
 #include "client/cli/param_parse.h"
 #include "client/cli/print.h"
+#include "version/build_version.h"
 
 ABSL_FLAG(std::string, test_name, "x", "a string flag for the parser tests");
 ABSL_FLAG(bool, test_switch, false, "a bool flag for the parser tests");
@@ -257,9 +264,82 @@ TEST(SummaryTest, SummaryHeaderWithoutSummaryIsAUsageError) {
   options.input = "unused.safetensors";
   options.summary_header = true;
   std::ostringstream out, err;
-  EXPECT_EQ(RunCompress(**client, options, out, err), kExitUsage);
+  Output output(out, err, /*json=*/false);
+  EXPECT_EQ(RunCompress(**client, options, output), kExitUsage);
   EXPECT_EQ(err.str(), "usage error: --summary_header is the header of --summary; give both\n");
   EXPECT_EQ(out.str(), "");
+}
+
+TEST(OutputTest, ErrorsAreOneJsonObjectOnStderrWithJson) {
+  std::ostringstream out, err;
+  Output output(out, err, /*json=*/true);
+  EXPECT_EQ(output.RpcError("Compress", absl::InvalidArgumentError("layers[0].keys: bad")),
+            kExitRpcError);
+  EXPECT_EQ(output.UsageError("--input is required"), kExitUsage);
+  EXPECT_EQ(output.InputError(std::string("bad \xff byte")), kExitUsage);
+  std::istringstream lines(err.str());
+  std::string line;
+  std::vector<nlohmann::json> errors;
+  while (std::getline(lines, line)) errors.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_EQ(errors[0]["error"],
+            (nlohmann::json{{"kind", "rpc"}, {"rpc", "Compress"}, {"code", "INVALID_ARGUMENT"},
+                            {"message", "layers[0].keys: bad"}}));
+  EXPECT_EQ(errors[1]["error"]["kind"], "usage");
+  EXPECT_EQ(errors[1]["error"]["message"], "--input is required");
+  EXPECT_EQ(errors[2]["error"]["kind"], "input");  // not UTF-8: replaced, still JSON
+  EXPECT_EQ(out.str(), "");
+  std::ostringstream text_out, text_err;
+  Output text(text_out, text_err, /*json=*/false);
+  text.RpcError("Compress", absl::NotFoundError("no model"));
+  EXPECT_EQ(text_err.str(), "error: Compress: NOT_FOUND: no model\n");
+}
+
+TEST(OutputTest, ProtoJsonKeepsFieldNamesAndPrintsZeros) {
+  v1::ListModelsResponse models;
+  v1::ModelInfo* model = models.add_models();
+  model->set_digest("sha256:ab");
+  model->mutable_header()->set_num_layers(0);
+  const nlohmann::json json = ProtoJson(models);
+  EXPECT_EQ(json["models"][0]["digest"], "sha256:ab");
+  EXPECT_EQ(json["models"][0]["header"]["num_layers"], 0);  // printed although zero
+  EXPECT_TRUE(json["models"][0]["weights"].is_array());
+}
+
+TEST(JsonPrintTest, LayerJsonUnpacksTheKeptListsAndMarksMissingPerturbation) {
+  v1::LayerResult layer;
+  layer.set_layer_id(3);
+  layer.set_num_tokens(5);
+  layer.set_output_shape(v1::PER_HEAD);
+  for (int head = 0; head < 2; ++head) layer.add_heads()->set_kept(2);
+  for (int64_t offset : {0, 2, 4}) layer.add_offsets(offset);
+  for (int32_t index : {0, 4, 1, 3}) layer.add_indices(index);
+  const nlohmann::json json = LayerJson(layer, 0.5, /*show_indices=*/true);
+  EXPECT_EQ(json["layer_id"], 3);
+  EXPECT_EQ(json["kept"], (nlohmann::json{2, 2}));
+  EXPECT_TRUE(json["perturbation"].is_null());
+  EXPECT_EQ(json["kept_indices"], (nlohmann::json{{0, 4}, {1, 3}}));
+  EXPECT_EQ(json["round_trip_seconds"], 0.5);
+  EXPECT_FALSE(LayerJson(layer, 0.5, /*show_indices=*/false).contains("kept_indices"));
+  layer.mutable_heads(0)->set_perturbation(0.25);
+  EXPECT_EQ(LayerJson(layer, 0, false)["perturbation"], (nlohmann::json{0.25, nullptr}));
+}
+
+TEST(CommandHelpTest, EveryCommandNamesOnlyRegisteredFlags) {
+  for (const CommandInfo& command : Commands()) {
+    EXPECT_EQ(FindCommand(command.name), &command);
+    for (const std::string& flag : command.flags) {
+      EXPECT_NE(absl::FindCommandLineFlag(flag), nullptr) << command.name << " --" << flag;
+    }
+  }
+  EXPECT_EQ(FindCommand("compres"), nullptr);
+}
+
+TEST(VersionTest, TheCommitIsHexOrUnknown) {
+  const std::string commit = GitCommit();
+  EXPECT_TRUE(std::regex_match(commit, std::regex("[0-9a-f]{7,40}(-dirty)?|unknown"))) << commit;
+  EXPECT_EQ(VersionLine(), absl::StrCat(ReleaseVersion(), " (git ", commit, ")"));
+  EXPECT_TRUE(std::regex_match(std::string(ReleaseVersion()), std::regex("[0-9]+\\.[0-9]+\\.[0-9]+")));
 }
 
 }  // namespace

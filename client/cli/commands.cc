@@ -1,11 +1,13 @@
 #include "client/cli/commands.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/cli/json_print.h"
 #include "client/cli/param_parse.h"
 #include "client/cli/print.h"
 #include "client/layer_inputs.h"
@@ -16,12 +18,15 @@
 namespace kvtrim::cli {
 namespace {
 
-/// Prints a failed RPC as "error: <rpc>: <CODE>: <message>" and returns kExitRpcError.
-int RpcError(std::ostream& err, const char* rpc, const absl::Status& status) {
-  err << "error: " << rpc << ": " << absl::StatusCodeToString(status.code()) << ": "
-      << status.message() << "\n";
-  return kExitRpcError;
-}
+/// What one compression answered, from either RPC, in layer order.
+struct CompressAnswer {
+  std::string rpc;                          // "Compress" | "CompressSession"
+  std::string backend;                      // "cpu" | "gpu"
+  std::vector<v1::LayerResult> layers;      // sorted by layer id
+  std::vector<double> round_trip_seconds;   // [layers]
+  double seconds = 0;                       // the whole call or session, client side
+  std::optional<v1::SessionSummary> server_summary;  // sessions only
+};
 
 /// Prints the totals over every printed layer: heads * n in, kept out.
 void PrintTotals(const std::vector<v1::LayerResult>& layers, std::ostream& out) {
@@ -34,73 +39,101 @@ void PrintTotals(const std::vector<v1::LayerResult>& layers, std::ostream& out) 
                          layers.size(), in, kept, in > 0 ? 100.0 * kept / in : 0.0);
 }
 
-/// Prints `layers` as one summary table row, after the table's header when asked.
-void PrintSummary(const v1::CompressionSettings& settings,
-                  const std::vector<v1::LayerResult>& layers, const CompressOptions& options,
-                  std::ostream& out) {
-  if (options.summary_header) PrintSummaryHeader(out);
-  PrintSummaryRow(Summarize(settings, layers), out);
+/// Prints `answer` as text (the per-layer report, or the summary row) or as JSON.
+void PrintCompressAnswer(const v1::CompressionSettings& settings, const CompressAnswer& answer,
+                         const CompressOptions& options, Output& output) {
+  const CompressSummary summary = Summarize(settings, answer.layers);
+  if (output.json()) {
+    if (options.summary) {
+      output.Json(SummaryJson(summary));
+      return;
+    }
+    nlohmann::json layers = nlohmann::json::array();
+    for (size_t i = 0; i < answer.layers.size(); ++i) {
+      layers.push_back(
+          LayerJson(answer.layers[i], answer.round_trip_seconds[i], options.show_indices));
+    }
+    output.Json({{"rpc", answer.rpc},
+                 {"policy", settings.policy().name()},
+                 {"backend", answer.backend},
+                 {"numerics_asked", NumericsLabel(settings.numerics())},
+                 {"model_digest", settings.model_digest()},
+                 {"seconds", answer.seconds},
+                 {"layers", std::move(layers)},
+                 {"totals", TotalsJson(answer.layers)},
+                 {"summary", SummaryJson(summary)}});
+    return;
+  }
+  std::ostream& out = output.out();
+  if (options.summary) {
+    if (options.summary_header) PrintSummaryHeader(out);
+    PrintSummaryRow(summary, out);
+    return;
+  }
+  out << absl::StrFormat("%s policy=%s backend=%s numerics_asked=%s layers=%d %s=%.6fs\n",
+                         answer.rpc, settings.policy().name(), answer.backend,
+                         NumericsLabel(settings.numerics()),
+                         answer.server_summary.has_value() ? answer.server_summary->layers()
+                                                           : answer.layers.size(),
+                         answer.server_summary.has_value() ? "session_time" : "call_rtt",
+                         answer.seconds);
+  for (size_t i = 0; i < answer.layers.size(); ++i) {
+    PrintLayer(answer.layers[i], answer.round_trip_seconds[i], options.show_indices, out);
+  }
+  PrintTotals(answer.layers, out);
+  if (answer.server_summary.has_value()) {
+    out << absl::StrFormat("summary: layers=%d tokens_in=%d tokens_kept=%d\n",
+                           answer.server_summary->layers(), answer.server_summary->tokens_in(),
+                           answer.server_summary->tokens_kept());
+  }
 }
 
-int CompressUnary(Client& client, const v1::CompressionSettings& settings,
-                  std::vector<v1::LayerInput> layers, const CompressOptions& options,
-                  std::ostream& out, std::ostream& err) {
+/// One unary Compress of every layer: each layer's round trip is the call's.
+absl::StatusOr<CompressAnswer> CompressUnary(Client& client,
+                                             const v1::CompressionSettings& settings,
+                                             std::vector<v1::LayerInput> layers) {
   v1::CompressRequest request;
   *request.mutable_settings() = settings;
   for (v1::LayerInput& layer : layers) request.add_layers()->Swap(&layer);
   const absl::Time start = absl::Now();
   absl::StatusOr<v1::CompressResponse> response = client.Compress(request);
-  const double rtt = absl::ToDoubleSeconds(absl::Now() - start);
-  if (!response.ok()) return RpcError(err, "Compress", response.status());
-  if (options.summary) {
-    PrintSummary(settings, {response->layers().begin(), response->layers().end()}, options, out);
-    return kExitOk;
-  }
-  out << absl::StrFormat("Compress policy=%s backend=%s numerics_asked=%s layers=%d "
-                         "call_rtt=%.6fs\n",
-                         settings.policy().name(), response->backend(),
-                         NumericsLabel(settings.numerics()), response->layers_size(), rtt);
-  // One unary call answers every layer: each layer's round trip is the call's.
-  for (const v1::LayerResult& layer : response->layers()) {
-    PrintLayer(layer, rtt, options.show_indices, out);
-  }
-  PrintTotals({response->layers().begin(), response->layers().end()}, out);
-  return kExitOk;
+  if (!response.ok()) return response.status();
+  CompressAnswer answer;
+  answer.rpc = "Compress";
+  answer.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  answer.backend = response->backend();
+  answer.layers.assign(response->layers().begin(), response->layers().end());
+  answer.round_trip_seconds.assign(answer.layers.size(), answer.seconds);
+  return answer;
 }
 
-int CompressStreamed(Client& client, const v1::CompressionSettings& settings,
-                     std::vector<v1::LayerInput> layers, const CompressOptions& options,
-                     std::ostream& out, std::ostream& err) {
+/// One CompressSession of every layer, the layers' results sorted by layer id.
+absl::StatusOr<CompressAnswer> CompressStreamed(Client& client,
+                                                const v1::CompressionSettings& settings,
+                                                std::vector<v1::LayerInput> layers) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<Session>> session = client.OpenSession(settings);
-  if (!session.ok()) return RpcError(err, "CompressSession", session.status());
+  if (!session.ok()) return session.status();
   for (v1::LayerInput& layer : layers) {
     absl::Status sent = (*session)->SendLayer(std::move(layer));
-    if (!sent.ok()) return RpcError(err, "CompressSession", sent);
+    if (!sent.ok()) return sent;
   }
   absl::StatusOr<SessionResult> result = (*session)->Finish();
-  const double total = absl::ToDoubleSeconds(absl::Now() - start);
-  if (!result.ok()) return RpcError(err, "CompressSession", result.status());
-  if (options.summary) {
-    PrintSummary(settings, result->layers, options, out);
-    return kExitOk;
-  }
-  out << absl::StrFormat("CompressSession policy=%s backend=%s numerics_asked=%s layers=%d "
-                         "session_time=%.6fs\n",
-                         settings.policy().name(), result->summary.backend(),
-                         NumericsLabel(settings.numerics()), result->summary.layers(), total);
-  std::sort(result->layers.begin(), result->layers.end(),
+  if (!result.ok()) return result.status();
+  CompressAnswer answer;
+  answer.rpc = "CompressSession";
+  answer.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  answer.backend = result->summary.backend();
+  answer.server_summary = result->summary;
+  answer.layers = std::move(result->layers);
+  std::sort(answer.layers.begin(), answer.layers.end(),
             [](const auto& a, const auto& b) { return a.layer_id() < b.layer_id(); });
-  for (const v1::LayerResult& layer : result->layers) {
+  for (const v1::LayerResult& layer : answer.layers) {
     auto rtt = result->round_trip_seconds.find(layer.layer_id());
-    PrintLayer(layer, rtt == result->round_trip_seconds.end() ? 0.0 : rtt->second,
-               options.show_indices, out);
+    answer.round_trip_seconds.push_back(rtt == result->round_trip_seconds.end() ? 0.0
+                                                                                : rtt->second);
   }
-  PrintTotals(result->layers, out);
-  out << absl::StrFormat("summary: layers=%d tokens_in=%d tokens_kept=%d\n",
-                         result->summary.layers(), result->summary.tokens_in(),
-                         result->summary.tokens_kept());
-  return kExitOk;
+  return answer;
 }
 
 }  // namespace
@@ -147,92 +180,115 @@ absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& opt
   return settings;
 }
 
-int RunHealth(Client& client, std::ostream& out, std::ostream& err) {
-  absl::StatusOr<HealthState> state = client.Health();
-  if (!state.ok()) return RpcError(err, "Health/Check", state.status());
-  out << Client::kHealthServiceName << ": " << HealthStateName(*state) << "\n";
+int RunHealth(const ClientFactory& connect, absl::Duration wait, Output& output) {
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + wait;
+  absl::StatusOr<HealthState> state;
+  std::unique_ptr<Client> client;
+  int checks = 0;
+  for (;;) {
+    if (client == nullptr) {
+      absl::StatusOr<std::unique_ptr<Client>> connected = connect();
+      if (!connected.ok()) return output.UsageError(std::string(connected.status().message()));
+      client = *std::move(connected);
+    }
+    state = client->Health();
+    ++checks;
+    if (state.ok() && *state == HealthState::kServing) break;
+    if (!state.ok() && state.status().code() == absl::StatusCode::kUnavailable) client.reset();
+    const absl::Time now = absl::Now();
+    if (now >= deadline) break;
+    absl::SleepFor(std::min(absl::Milliseconds(100), deadline - now));
+  }
+  if (!state.ok()) return output.RpcError("Health/Check", state.status());
+  if (output.json()) {
+    output.Json({{"service", Client::kHealthServiceName},
+                 {"status", HealthStateName(*state)},
+                 {"checks", checks},
+                 {"waited_seconds", absl::ToDoubleSeconds(absl::Now() - start)}});
+  } else {
+    output.out() << Client::kHealthServiceName << ": " << HealthStateName(*state) << "\n";
+  }
   return *state == HealthState::kServing ? kExitOk : kExitRpcError;
 }
 
-int RunPolicies(Client& client, std::ostream& out, std::ostream& err) {
+int RunPolicies(Client& client, Output& output) {
   absl::StatusOr<v1::ListPoliciesResponse> response = client.ListPolicies();
-  if (!response.ok()) return RpcError(err, "ListPolicies", response.status());
-  PrintPolicies(*response, out);
+  if (!response.ok()) return output.RpcError("ListPolicies", response.status());
+  if (output.json()) {
+    output.Json(ProtoJson(*response));
+  } else {
+    PrintPolicies(*response, output.out());
+  }
   return kExitOk;
 }
 
-int RunCompress(Client& client, const CompressOptions& options, std::ostream& out,
-                std::ostream& err) {
+int RunCompress(Client& client, const CompressOptions& options, Output& output) {
   absl::StatusOr<v1::CompressionSettings> settings = BuildSettings(options);
-  if (!settings.ok()) {
-    err << "usage error: " << settings.status().message() << "\n";
-    return kExitUsage;
-  }
-  if (options.input.empty()) {
-    err << "usage error: --input is required\n";
-    return kExitUsage;
-  }
+  if (!settings.ok()) return output.UsageError(std::string(settings.status().message()));
+  if (options.input.empty()) return output.UsageError("--input is required");
   if (options.summary_header && !options.summary) {
-    err << "usage error: --summary_header is the header of --summary; give both\n";
-    return kExitUsage;
+    return output.UsageError("--summary_header is the header of --summary; give both");
   }
   absl::StatusOr<SafetensorsFile> file = ReadSafetensors(options.input);
-  if (!file.ok()) {
-    err << "input error: " << file.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!file.ok()) return output.InputError(std::string(file.status().message()));
   absl::StatusOr<std::vector<v1::LayerInput>> layers = LayerInputsFromSafetensors(*file);
   if (!layers.ok()) {
-    err << "input error: " << options.input << ": " << layers.status().message() << "\n";
-    return kExitUsage;
+    return output.InputError(absl::StrCat(options.input, ": ", layers.status().message()));
   }
   // PyramidKV needs the model's layer count; a session cannot infer it from one layer.
   settings->set_num_layers(options.num_layers.value_or(layers->back().layer_id() + 1));
   if (!options.model.empty()) {
     absl::StatusOr<ModelBundle> bundle = ReadModelBundle(options.model);
-    if (!bundle.ok()) {
-      err << "input error: " << bundle.status().message() << "\n";
-      return kExitUsage;
-    }
+    if (!bundle.ok()) return output.InputError(std::string(bundle.status().message()));
     absl::StatusOr<std::string> digest = client.RegisterModel(*std::move(bundle));
-    if (!digest.ok()) return RpcError(err, "RegisterModel", digest.status());
-    if (!options.summary) out << "model " << *digest << "\n";
+    if (!digest.ok()) return output.RpcError("RegisterModel", digest.status());
+    if (!options.summary && !output.json()) output.out() << "model " << *digest << "\n";
     settings->set_model_digest(*digest);
   }
-  return options.session
-             ? CompressStreamed(client, *settings, *std::move(layers), options, out, err)
-             : CompressUnary(client, *settings, *std::move(layers), options, out, err);
+  absl::StatusOr<CompressAnswer> answer =
+      options.session ? CompressStreamed(client, *settings, *std::move(layers))
+                      : CompressUnary(client, *settings, *std::move(layers));
+  if (!answer.ok()) {
+    return output.RpcError(options.session ? "CompressSession" : "Compress", answer.status());
+  }
+  PrintCompressAnswer(*settings, *answer, options, output);
+  return kExitOk;
 }
 
-int RunRegisterModel(Client& client, const std::string& model_path, std::ostream& out,
-                     std::ostream& err) {
-  if (model_path.empty()) {
-    err << "usage error: --model is required\n";
-    return kExitUsage;
-  }
+int RunRegisterModel(Client& client, const std::string& model_path, Output& output) {
+  if (model_path.empty()) return output.UsageError("--model is required");
   absl::StatusOr<ModelBundle> bundle = ReadModelBundle(model_path);
-  if (!bundle.ok()) {
-    err << "input error: " << bundle.status().message() << "\n";
-    return kExitUsage;
-  }
+  if (!bundle.ok()) return output.InputError(std::string(bundle.status().message()));
   absl::StatusOr<std::string> digest = client.RegisterModel(*std::move(bundle));
-  if (!digest.ok()) return RpcError(err, "RegisterModel", digest.status());
-  out << *digest << "\n";
+  if (!digest.ok()) return output.RpcError("RegisterModel", digest.status());
+  if (output.json()) {
+    output.Json({{"digest", *digest}});
+  } else {
+    output.out() << *digest << "\n";
+  }
   return kExitOk;
 }
 
-int RunModels(Client& client, std::ostream& out, std::ostream& err) {
+int RunModels(Client& client, Output& output) {
   absl::StatusOr<v1::ListModelsResponse> response = client.ListModels();
-  if (!response.ok()) return RpcError(err, "ListModels", response.status());
-  PrintModels(*response, out);
+  if (!response.ok()) return output.RpcError("ListModels", response.status());
+  if (output.json()) {
+    output.Json(ProtoJson(*response));
+  } else {
+    PrintModels(*response, output.out());
+  }
   return kExitOk;
 }
 
-int RunDeleteModel(Client& client, const std::string& digest, std::ostream& out,
-                   std::ostream& err) {
+int RunDeleteModel(Client& client, const std::string& digest, Output& output) {
   absl::Status status = client.DeleteModel(digest);
-  if (!status.ok()) return RpcError(err, "DeleteModel", status);
-  out << "deleted " << digest << "\n";
+  if (!status.ok()) return output.RpcError("DeleteModel", status);
+  if (output.json()) {
+    output.Json({{"deleted", digest}});
+  } else {
+    output.out() << "deleted " << digest << "\n";
+  }
   return kExitOk;
 }
 

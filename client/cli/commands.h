@@ -3,11 +3,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/cli/output.h"
 #include "client/kvtrim_client.h"
 
 namespace kvtrim::cli {
@@ -49,30 +53,41 @@ struct CompressOptions {
 /// policy, both or neither budget, a bad --param list, output shape or numerics mode.
 absl::StatusOr<v1::CompressionSettings> BuildSettings(const CompressOptions& options);
 
-/// `kvtrim health`: prints the kvtrim service's serving state. kExitOk only when SERVING.
-int RunHealth(Client& client, std::ostream& out, std::ostream& err);
+/// Connects a new client to kvtrimd (the CLI's target and connection flags).
+using ClientFactory = std::function<absl::StatusOr<std::unique_ptr<Client>>()>;
 
-/// `kvtrim policies`: prints every policy with its parts, inputs and parameters.
-int RunPolicies(Client& client, std::ostream& out, std::ostream& err);
+/// `kvtrim health`: prints the kvtrim service's serving state. kExitOk only when SERVING.
+/// With a positive `wait`, checks again every 100 ms while kvtrimd is unreachable or not
+/// SERVING, until it is or `wait` has passed (a check started before then may run for one
+/// call's deadline). After an UNAVAILABLE answer the next check dials a new connection
+/// through `connect` (a channel that failed to connect waits out gRPC's reconnect backoff,
+/// up to seconds, before it tries again). JSON: {"service", "status", "checks",
+/// "waited_seconds"}.
+int RunHealth(const ClientFactory& connect, absl::Duration wait, Output& output);
+
+/// `kvtrim policies`: prints every policy with its parts, inputs and parameters. JSON: the
+/// ListPoliciesResponse (ProtoJson).
+int RunPolicies(Client& client, Output& output);
 
 /// `kvtrim compress`: reads the input file, registers --model when given, sends the layers
 /// (unary or one session) and prints each layer's result with its compute and round-trip
 /// time and the numerics mode that computed it; with `options.summary`, only one table row
 /// totalled over the layers (print.h's PrintSummaryRow), after its header with
-/// `options.summary_header`. kExitUsage for summary_header without summary.
-int RunCompress(Client& client, const CompressOptions& options, std::ostream& out,
-                std::ostream& err);
+/// `options.summary_header`. kExitUsage for summary_header without summary. JSON: {"rpc",
+/// "policy", "backend", "numerics_asked", "model_digest", "seconds", "layers": [LayerJson],
+/// "totals": TotalsJson, "summary": SummaryJson}; with `options.summary` only the summary.
+int RunCompress(Client& client, const CompressOptions& options, Output& output);
 
 /// `kvtrim register-model --model FILE`: reads the model bundle (client/model_bundle.h),
-/// registers it and prints its digest on one line. kExitUsage for an unreadable bundle.
-int RunRegisterModel(Client& client, const std::string& model_path, std::ostream& out,
-                     std::ostream& err);
+/// registers it and prints its digest on one line (JSON: {"digest"}). kExitUsage for an
+/// unreadable bundle.
+int RunRegisterModel(Client& client, const std::string& model_path, Output& output);
 
-/// `kvtrim models`: prints every registered model (digest, name, layout, weights).
-int RunModels(Client& client, std::ostream& out, std::ostream& err);
+/// `kvtrim models`: prints every registered model (digest, name, layout, weights). JSON:
+/// the ListModelsResponse (ProtoJson).
+int RunModels(Client& client, Output& output);
 
-/// `kvtrim delete-model DIGEST`: deletes one registered model.
-int RunDeleteModel(Client& client, const std::string& digest, std::ostream& out,
-                   std::ostream& err);
+/// `kvtrim delete-model DIGEST`: deletes one registered model (JSON: {"deleted"}).
+int RunDeleteModel(Client& client, const std::string& digest, Output& output);
 
 }  // namespace kvtrim::cli

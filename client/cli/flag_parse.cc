@@ -29,6 +29,10 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args) {
       parsed.help = true;
       continue;
     }
+    if (name == "version") {
+      parsed.version = true;
+      continue;
+    }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string value;
     if (flag == nullptr && eq == absl::string_view::npos && absl::StartsWith(name, "no")) {
@@ -61,16 +65,21 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args) {
 }
 
 std::string FlagsHelp(absl::string_view file_substring) {
-  std::vector<const absl::CommandLineFlag*> flags;
+  std::vector<std::string> names;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::StrContains(flag->Filename(), file_substring)) flags.push_back(flag);
+    if (absl::StrContains(flag->Filename(), file_substring)) names.emplace_back(name);
   }
-  std::sort(flags.begin(), flags.end(),
-            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  std::sort(names.begin(), names.end());
+  return DescribeFlags(names);
+}
+
+std::string DescribeFlags(const std::vector<std::string>& names) {
   std::string out;
-  for (const absl::CommandLineFlag* flag : flags) {
-    absl::StrAppend(&out, "  --", flag->Name(), " (default: \"", flag->DefaultValue(), "\")\n      ",
-                    flag->Help(), "\n");
+  for (const std::string& name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    absl::StrAppend(&out, "  --", flag->Name(), " (default: \"", flag->DefaultValue(),
+                    "\")\n      ", flag->Help(), "\n");
   }
   return out;
 }

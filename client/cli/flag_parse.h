@@ -12,10 +12,11 @@
 namespace kvtrim::cli {
 
 /// The result of parsing argv: the positional arguments (argv[0] excluded) and whether
-/// --help / -h was given.
+/// --help / -h or --version was given.
 struct ParsedArgs {
   std::vector<std::string> positional;
   bool help = false;
+  bool version = false;
 };
 
 /// Sets every registered Abseil flag named in argv ("--name=value", "--name value",
@@ -24,8 +25,12 @@ struct ParsedArgs {
 /// does not parse.
 absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args);
 
-/// "  --name (default: value)\n      help\n" for every flag defined in a file whose path
-/// contains `file_substring`, sorted by name.
+/// DescribeFlags of every flag defined in a file whose path contains `file_substring`,
+/// sorted by name.
 std::string FlagsHelp(absl::string_view file_substring);
+
+/// "  --name (default: "value")\n      help\n" for each of `names` that is a registered
+/// flag, in that order.
+std::string DescribeFlags(const std::vector<std::string>& names);
 
 }  // namespace kvtrim::cli

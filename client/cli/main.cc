@@ -8,173 +8,82 @@
 //   kvtrim --target=ADDR models
 //   kvtrim --target=ADDR delete-model DIGEST
 //   kvtrim profile --model=BUNDLE --metric=snapkv --dumps=A,B --out=PROFILE.npy  (local)
+//   kvtrim help [COMMAND] | kvtrim COMMAND --help | kvtrim --version
 //
+// --json: each command prints one JSON object (errors: one on stderr).
 // Exit codes: 0 ok, 1 RPC error (code and message printed) or not SERVING, 2 usage error.
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "client/cli/command_help.h"
 #include "client/cli/commands.h"
+#include "client/cli/flags.h"
 #include "client/cli/flag_parse.h"
 #include "client/cli/tls_files.h"
 #include "client/cli_profile.h"
+#include "version/build_version.h"
 
-ABSL_FLAG(std::string, target, "", "Server address, e.g. 127.0.0.1:50051 (required)");
-ABSL_FLAG(double, timeout_s, 30.0,
-          "Deadline in seconds of each unary call, and of a whole --session stream");
-ABSL_FLAG(int32_t, max_message_bytes, 64 << 20,
-          "Largest gRPC message sent or received, in bytes");
-ABSL_FLAG(bool, tls, false,
-          "Connect with TLS (implied by --tls_ca / --tls_cert); without --tls_ca the system "
-          "roots verify kvtrimd");
-ABSL_FLAG(std::string, tls_ca, "", "PEM file of the CA(s) that kvtrimd's certificate chains to");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM file of this client's certificate (mutual TLS; with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert");
-ABSL_FLAG(std::string, tls_server_name, "",
-          "Name kvtrimd's certificate must carry, when it differs from --target's host (e.g. "
-          "a probe inside the pod dialing 127.0.0.1); implies --tls");
-ABSL_FLAG(std::string, auth_token_file, "",
-          "File holding this tenant's bearer token (kvtrimd --auth_tokens_file), sent with "
-          "every call; a file rather than a flag value keeps it out of the process list");
-ABSL_FLAG(std::string, policy, "", "compress: policy preset or SCORER+ALLOCATOR");
-ABSL_FLAG(std::optional<double>, keep_fraction, std::nullopt,
-          "compress: fraction of the n tokens kept per head, in (0, 1]; sink and recent "
-          "tokens count inside it");
-ABSL_FLAG(std::optional<int64_t>, keep_tokens, std::nullopt,
-          "compress: tokens kept per head (>= 1, clamped to n); instead of --keep_fraction");
-ABSL_FLAG(std::optional<double>, max_perturbation, std::nullopt,
-          "compress: error target epsilon >= 0 instead of a count: each head keeps the fewest "
-          "tokens of its ranking whose output perturbation is <= epsilon (needs values and "
-          "queries in --input)");
-ABSL_FLAG(std::optional<double>, max_keep, std::nullopt,
-          "compress: with --max_perturbation, the cap as a fraction in (0, 1] (default 1)");
-ABSL_FLAG(std::string, param, "", "compress: parameter overrides, name=value,name=value");
-ABSL_FLAG(bool, session, false, "compress: stream the layers over one CompressSession");
-ABSL_FLAG(std::optional<int32_t>, sink_tokens, std::nullopt,
-          "compress: protected first tokens (default: the policy's)");
-ABSL_FLAG(std::optional<int32_t>, recent_tokens, std::nullopt,
-          "compress: protected last tokens (default: the policy's)");
-ABSL_FLAG(std::string, output_shape, "per_head", "compress: per_head or shared");
-ABSL_FLAG(uint64_t, seed, 0, "compress: RNG seed of the random policy");
-ABSL_FLAG(std::optional<int32_t>, num_layers, std::nullopt,
-          "compress: layers in the model (PyramidKV); default: max layer id in --input + 1");
-ABSL_FLAG(std::string, request_id, "", "compress: free-form id echoed into server logs");
-ABSL_FLAG(std::string, input, "",
-          "compress: safetensors file with layer.{i}.keys [H_kv,n,d] and optional "
-          "layer.{i}.values [H_kv,n,d], layer.{i}.queries [H_q,w,d]");
-ABSL_FLAG(bool, show_indices, false, "compress: also print the kept token indices");
-ABSL_FLAG(std::string, numerics, "",
-          "compress: fast | exact; empty leaves it to the server (kvtrimd --numerics). Each "
-          "layer prints the mode that computed it (exact where the policy has no fast path)");
-ABSL_FLAG(bool, perturbation, true,
-          "compress: compute the output perturbation statistic when values and queries are "
-          "sent (--noperturbation skips it: about one attention pass per layer less)");
-ABSL_FLAG(bool, packed_answer, true,
-          "compress: ask for the kept lists as packed little-endian bytes (answer_encoding "
-          "PACKED, read in place by client/kept_lists.h); --nopacked_answer asks for the "
-          "repeated offsets / indices fields");
-ABSL_FLAG(bool, summary, false,
-          "compress: print one table row instead of the per-layer report: policy, keep, kept / "
-          "cached tokens over layers and KV heads, mean perturbation over heads and layers, "
-          "server compute ms summed over layers");
-ABSL_FLAG(bool, summary_header, false,
-          "compress: with --summary, print the table's column header before the row");
-// --model (a model bundle .safetensors, client/model_bundle.h) is defined in
-// client/cli_profile.cc and shared by register-model, compress and profile.
-ABSL_DECLARE_FLAG(std::string, model);
 
 namespace {
 
-std::string Usage() {
-  return absl::StrCat(
-      "usage: kvtrim --target=ADDR [flags] COMMAND\n\n"
-      "commands:\n"
-      "  health     grpc.health.v1 check of kvtrim.v1.Kvtrim (exit 0 only when SERVING)\n"
-      "  policies   list every policy with parts, inputs and parameters\n"
-      "  compress   send the layers of --input (unary Compress, or --session) and print\n"
-      "             per layer: n, numerics mode, kept and perturbation per head, compute and\n"
-      "             round-trip time (--summary: one table row over all layers instead);\n"
-      "             with --model=BUNDLE, registers the model first and names its digest\n"
-      "  register-model  register --model=BUNDLE.safetensors and print its digest\n"
-      "  models     list the registered models\n"
-      "  delete-model DIGEST  delete one registered model\n"
-      "  profile    build an LU-KV profile locally (see below)\n\n"
-      "exit codes: 0 ok, 1 RPC error or not SERVING, 2 usage or input error\n\n"
-      "flags:\n",
-      kvtrim::cli::FlagsHelp("client/cli/main.cc"), "\n", kvtrim::cli::ProfileHelp());
+/// kvtrim's help for `command`: the command's usage, and for profile the profiler's own.
+std::string HelpFor(const kvtrim::cli::CommandInfo& command) {
+  std::string help = kvtrim::cli::CommandHelp(command);
+  if (command.name == "profile") help += "\n" + kvtrim::cli::ProfileHelp();
+  return help;
 }
 
-int UsageError(const std::string& message) {
-  std::cerr << "usage error: " << message << "\nrun 'kvtrim --help' for usage\n";
-  return kvtrim::cli::kExitUsage;
+/// `kvtrim --version`: "kvtrim 0.1.0 (git <commit>)", or JSON {"version", "git_commit"}.
+void PrintVersion(kvtrim::cli::Output& output) {
+  if (output.json()) {
+    output.Json({{"version", kvtrim::ReleaseVersion()}, {"git_commit", kvtrim::GitCommit()}});
+  } else {
+    output.out() << "kvtrim " << kvtrim::VersionLine() << "\n";
+  }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  absl::StatusOr<kvtrim::cli::ParsedArgs> args =
-      kvtrim::cli::ParseArgs(std::vector<std::string>(argv + 1, argv + argc));
-  if (!args.ok()) return UsageError(std::string(args.status().message()));
-  if (args->help || (args->positional.size() == 1 && args->positional[0] == "help")) {
-    std::cout << Usage();
-    return kvtrim::cli::kExitOk;
+/// The client's options from the connection flags; a usage error message when they are bad.
+absl::StatusOr<kvtrim::ClientOptions> ClientOptionsFromFlags(bool waits_for_health) {
+  if (absl::GetFlag(FLAGS_target).empty()) return absl::InvalidArgumentError("--target is required");
+  if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) {
+    return absl::InvalidArgumentError("--timeout_s must be positive");
   }
-  const bool takes_argument = !args->positional.empty() && args->positional[0] == "delete-model";
-  if (args->positional.size() != (takes_argument ? 2u : 1u)) {
-    return UsageError(takes_argument ? "delete-model takes exactly one DIGEST"
-                                     : "expected exactly one COMMAND");
-  }
-  const std::string& command = args->positional[0];
-  if (command == "profile") {
-    return kvtrim::cli::RunProfile(
-        kvtrim::cli::ProfileOptionsFromFlags(absl::GetFlag(FLAGS_param)), std::cout, std::cerr);
-  }
-  if (command != "health" && command != "policies" && command != "compress" &&
-      command != "register-model" && command != "models" && command != "delete-model") {
-    return UsageError(absl::StrCat("unknown command \"", command, "\""));
-  }
-  if (absl::GetFlag(FLAGS_target).empty()) return UsageError("--target is required");
-  if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) return UsageError("--timeout_s must be positive");
-
   kvtrim::ClientOptions options;
   options.default_deadline = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   options.session_deadline = options.default_deadline;
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (waits_for_health) {
+    // Each check after an UNAVAILABLE one dials anew (RunHealth): its own connection, not
+    // the process's shared one, and no single check outlasts the wait.
+    options.own_connection = true;
+    options.default_deadline =
+        std::min(options.default_deadline, absl::Seconds(absl::GetFlag(FLAGS_wait)));
+  }
   if (absl::GetFlag(FLAGS_tls) || !absl::GetFlag(FLAGS_tls_ca).empty() ||
       !absl::GetFlag(FLAGS_tls_cert).empty() || !absl::GetFlag(FLAGS_tls_key).empty() ||
       !absl::GetFlag(FLAGS_tls_server_name).empty()) {
     auto credentials = kvtrim::cli::TlsChannelCredentials(
         absl::GetFlag(FLAGS_tls_ca), absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key));
-    if (!credentials.ok()) return UsageError(std::string(credentials.status().message()));
+    if (!credentials.ok()) return credentials.status();
     options.credentials = *credentials;
     options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     auto token = kvtrim::cli::ReadAuthTokenFile(absl::GetFlag(FLAGS_auth_token_file));
-    if (!token.ok()) return UsageError(std::string(token.status().message()));
+    if (!token.ok()) return token.status();
     options.auth_token = *std::move(token);
   }
-  absl::StatusOr<std::unique_ptr<kvtrim::Client>> client =
-      kvtrim::Client::Connect(absl::GetFlag(FLAGS_target), options);
-  if (!client.ok()) return UsageError(std::string(client.status().message()));
+  return options;
+}
 
-  if (command == "health") return kvtrim::cli::RunHealth(**client, std::cout, std::cerr);
-  if (command == "policies") return kvtrim::cli::RunPolicies(**client, std::cout, std::cerr);
-  if (command == "register-model") {
-    return kvtrim::cli::RunRegisterModel(**client, absl::GetFlag(FLAGS_model), std::cout,
-                                         std::cerr);
-  }
-  if (command == "models") return kvtrim::cli::RunModels(**client, std::cout, std::cerr);
-  if (command == "delete-model") {
-    return kvtrim::cli::RunDeleteModel(**client, args->positional[1], std::cout, std::cerr);
-  }
-
+/// `kvtrim compress`'s options from its flags.
+kvtrim::cli::CompressOptions CompressOptionsFromFlags() {
   kvtrim::cli::CompressOptions compress;
   compress.policy = absl::GetFlag(FLAGS_policy);
   compress.keep_fraction = absl::GetFlag(FLAGS_keep_fraction);
@@ -197,5 +106,79 @@ int main(int argc, char** argv) {
   compress.packed_answer = absl::GetFlag(FLAGS_packed_answer);
   compress.summary = absl::GetFlag(FLAGS_summary);
   compress.summary_header = absl::GetFlag(FLAGS_summary_header);
-  return kvtrim::cli::RunCompress(**client, compress, std::cout, std::cerr);
+  return compress;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<kvtrim::cli::ParsedArgs> args =
+      kvtrim::cli::ParseArgs(std::vector<std::string>(argv + 1, argv + argc));
+  kvtrim::cli::Output output(std::cout, std::cerr, args.ok() && absl::GetFlag(FLAGS_json));
+  const auto usage_error = [&output](const std::string& message) {
+    const int code = output.UsageError(message);
+    if (!output.json()) std::cerr << "run 'kvtrim help' for usage\n";
+    return code;
+  };
+  if (!args.ok()) return usage_error(std::string(args.status().message()));
+  const std::vector<std::string>& positional = args->positional;
+  if (args->version) {
+    PrintVersion(output);
+    return kvtrim::cli::kExitOk;
+  }
+  // kvtrim help | kvtrim --help | kvtrim help CMD | kvtrim CMD --help (help --help: help's)
+  const bool help_command = !positional.empty() && positional[0] == "help";
+  if (args->help || help_command) {
+    const size_t named = help_command && (positional.size() > 1 || !args->help) ? 1 : 0;
+    if (positional.size() <= named) {
+      std::cout << kvtrim::cli::GeneralHelp();
+      return kvtrim::cli::kExitOk;
+    }
+    const kvtrim::cli::CommandInfo* command = kvtrim::cli::FindCommand(positional[named]);
+    if (command == nullptr) {
+      return usage_error(absl::StrCat("unknown command \"", positional[named], "\""));
+    }
+    std::cout << HelpFor(*command);
+    return kvtrim::cli::kExitOk;
+  }
+  if (positional.empty()) return usage_error("expected a COMMAND");
+  const kvtrim::cli::CommandInfo* command = kvtrim::cli::FindCommand(positional[0]);
+  if (command == nullptr) {
+    return usage_error(absl::StrCat("unknown command \"", positional[0], "\""));
+  }
+  if (positional.size() != 1u + command->arguments) {
+    return usage_error(command->arguments == 0
+                           ? absl::StrCat(command->name, " takes no arguments")
+                           : absl::StrCat("usage: ", command->synopsis));
+  }
+  if (command->name == "profile") {
+    return kvtrim::cli::RunProfile(
+        kvtrim::cli::ProfileOptionsFromFlags(absl::GetFlag(FLAGS_param)), std::cout, std::cerr);
+  }
+  const double wait = absl::GetFlag(FLAGS_wait);
+  if (!(wait >= 0)) return usage_error("--wait must be >= 0 seconds");
+  if (wait > 0 && command->name != "health") return usage_error("--wait is a flag of health");
+
+  absl::StatusOr<kvtrim::ClientOptions> options =
+      ClientOptionsFromFlags(command->name == "health" && wait > 0);
+  if (!options.ok()) return usage_error(std::string(options.status().message()));
+  const auto connect = [&options] {
+    return kvtrim::Client::Connect(absl::GetFlag(FLAGS_target), *options);
+  };
+  if (command->name == "health") {
+    return kvtrim::cli::RunHealth(connect, absl::Seconds(wait), output);
+  }
+  absl::StatusOr<std::unique_ptr<kvtrim::Client>> client = connect();
+  if (!client.ok()) return usage_error(std::string(client.status().message()));
+
+  kvtrim::Client& connected = **client;
+  if (command->name == "policies") return kvtrim::cli::RunPolicies(connected, output);
+  if (command->name == "register-model") {
+    return kvtrim::cli::RunRegisterModel(connected, absl::GetFlag(FLAGS_model), output);
+  }
+  if (command->name == "models") return kvtrim::cli::RunModels(connected, output);
+  if (command->name == "delete-model") {
+    return kvtrim::cli::RunDeleteModel(connected, positional[1], output);
+  }
+  return kvtrim::cli::RunCompress(connected, CompressOptionsFromFlags(), output);
 }
