@@ -18,7 +18,9 @@ from soak_loadgen import child_prefix
 BINARIES = {"kvtrimd": "service/kvtrimd", "kvtrim-loadgen": "client/loadgen/kvtrim-loadgen",
             "libkvtrim.so": "libkvtrim/libkvtrim.so"}
 ALT_PATHS = {"kvtrim-loadgen": "client/kvtrim-loadgen"}
-SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
+# Debian's libraries, and the CUDA 13 toolkit's runtime of a CUDA build (the default build
+# where nvcc is installed); anything else (a sanitizer's runtime, a stray copy) is refused.
+SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/", "/usr/local/cuda/")
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
