@@ -7,9 +7,11 @@
 #include <chrono>
 #include <future>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "service/limit_metrics.h"
+#include "service/process_metrics.h"
 #include "service/test_util.h"
 #include "version/build_version.h"
 #include "tests/support/test_dir.h"
@@ -303,6 +305,28 @@ TEST(LimitMetricsTest, EveryLimitIsPublishedWithTheConfiguredValue) {
   EXPECT_EQ(LimitsOf(config)[0].value, 1);
 }
 
+TEST(ProcessMetricsTest, FiguresOfThisProcessAreSane) {
+  const std::optional<ProcessFigures> figures = ReadProcessFigures();
+  ASSERT_TRUE(figures.has_value());
+  EXPECT_GT(figures->resident_bytes, 1 << 20);
+  EXPECT_GE(figures->virtual_bytes, figures->resident_bytes);
+  EXPECT_GT(figures->open_fds, 2);  // at least stdin, stdout, stderr
+  EXPECT_TRUE(figures->max_fds < 0 || figures->open_fds <= figures->max_fds);
+  EXPECT_GE(figures->cpu_seconds, 0);
+  const double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+  EXPECT_LE(figures->start_time_seconds, now + 1);
+  EXPECT_GT(figures->start_time_seconds, now - 24 * 3600);  // a test starts within a day
+  // CPU time only grows.
+  volatile double sink = 0;
+  for (int i = 0; i < 20'000'000; ++i) sink = sink + i;
+  EXPECT_GE(ReadProcessFigures()->cpu_seconds, figures->cpu_seconds);
+  const auto families = ProcessCollector().Collect();
+  ASSERT_EQ(families.size(), 6u);
+  EXPECT_EQ(families[0].name, "process_cpu_seconds_total");
+  EXPECT_EQ(families[0].type, prometheus::MetricType::Counter);
+}
+
 TEST(MetricsHttpTest, ExporterServesMetrics) {
   Config config = TestConfig();
   config.metrics_listen = "127.0.0.1:0";
@@ -317,6 +341,9 @@ TEST(MetricsHttpTest, ExporterServesMetrics) {
   EXPECT_THAT(text, ::testing::HasSubstr(
                         "kvtrim_requests_total{code=\"OK\",policy=\"knorm\",rpc=\"Compress\"} 1"));
   EXPECT_THAT(text, ::testing::HasSubstr("kvtrim_stage_duration_seconds_bucket{stage=\"compute\""));
+  EXPECT_THAT(text, ::testing::HasSubstr("\nprocess_resident_memory_bytes "));
+  EXPECT_THAT(text, ::testing::HasSubstr("\nprocess_cpu_seconds_total "));
+  EXPECT_THAT(text, ::testing::HasSubstr("\nkvtrim_limit_inflight_requests 256"));
 }
 
 TEST(ServerStartTest, PortInUseIsUnavailable) {

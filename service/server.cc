@@ -229,6 +229,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
                                                  config_.metrics_listen, "': ", e.what()));
     }
     exposer_->RegisterCollectable(metrics_->registry());
+    exposer_->RegisterCollectable(process_metrics_);
     const auto ports = exposer_->GetListeningPorts();
     metrics_port_ = ports.empty() ? 0 : ports.front();
   }

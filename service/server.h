@@ -20,6 +20,7 @@
 #include "service/metrics.h"
 #include "service/device_mapper.h"
 #include "service/model_store.h"
+#include "service/process_metrics.h"
 #include "service/region_registry.h"
 
 namespace prometheus {
@@ -122,6 +123,8 @@ class Server {
   std::unique_ptr<RegionRegistry> regions_;
   std::unique_ptr<KvtrimService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // process_* metrics, read at each scrape (the exposer, declared after it, holds a weak reference).
+  std::shared_ptr<ProcessCollector> process_metrics_ = std::make_shared<ProcessCollector>();
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
   size_t auth_tenants_ = 0;  // tenants of --auth_tokens_file (0: no tokens)
