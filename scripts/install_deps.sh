@@ -10,6 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-venv openssl
   clang libclang-rt-14-dev
+  prometheus
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
