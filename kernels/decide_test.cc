@@ -316,7 +316,7 @@ TEST(LaProxTheoryTest, LayerModeMinimisesTheDroppedTermBound) {
 TEST(LaProxTheoryTest, ModelModeIsScaleInvariantPerLayerAndConservesTheBudget) {
   // P6 and P7: scaling layer 1's W_O by 4 (exact in fp32) leaves the `model` selection
   // unchanged and moves budget toward layer 1 under `model_raw`.
-  RandomModelOptions o{2, 2, 2, 8, 16, 21};
+  RandomModelOptions o = RandomModelLayout(2, 2, 2, 8, 16, 21);
   ModelInput in = RandomModelInput(o);
   auto base = BuildModel(in);
   RawTensor& w1 = in.tensors["layers.1.w_o"];
@@ -421,7 +421,7 @@ TEST(LukvBudgetTest, NearestRowLargestRemainderAndClamp) {
 
 TEST(LukvBudgetTest, InterpolationConservesTheLayerTotal) {
   auto model = RandomModel([] {
-    RandomModelOptions o{3, 4, 4, 8, 16, 5};
+    RandomModelOptions o = RandomModelLayout(3, 4, 4, 8, 16, 5);
     o.profile_metric = "snapkv";
     return o;
   }());
@@ -449,7 +449,7 @@ TEST(LukvBudgetTest, InterpolationConservesTheLayerTotal) {
 }
 
 TEST(LukvDecideTest, ProtectionIsClampedPerHeadInsideEachHeadsBudget) {
-  RandomModelOptions o{1, 2, 2, 8, 16, 5};
+  RandomModelOptions o = RandomModelLayout(1, 2, 2, 8, 16, 5);
   o.profile_metric = "snapkv";
   o.profile_window = 4;
   auto model = RandomModel(o);

@@ -34,6 +34,21 @@ struct RandomModelOptions {
   double w_o_scale = 0.3;
 };
 
+/// Options of a model of `layers` layers, H_q query heads, H_kv KV heads, head dim d, hidden
+/// size D and `seed`; the rest at their defaults (set them on the result).
+inline RandomModelOptions RandomModelLayout(int32_t layers, int32_t query_heads,
+                                            int32_t kv_heads, int32_t head_dim, int32_t hidden,
+                                            uint64_t seed) {
+  RandomModelOptions options;
+  options.layers = layers;
+  options.query_heads = query_heads;
+  options.kv_heads = kv_heads;
+  options.head_dim = head_dim;
+  options.hidden = hidden;
+  options.seed = seed;
+  return options;
+}
+
 /// A random ModelInput: W_O N(0, w_o_scale^2); query mean N(0,1), covariance A A^T / d;
 /// profile ratios sorted increasing in the row index (like real profiles).
 inline ModelInput RandomModelInput(const RandomModelOptions& o) {

@@ -24,11 +24,11 @@ class ModelPoliciesTest : public ::testing::Test {
     stub_ = v1::Kvtrim::NewStub(Connect(*server_)).release();
     // The layout of test_util's MakeLayer: H_kv = 2, H_q = 4, d = 8; 3 layers; a snapkv
     // profile built for window 32 and query statistics.
-    RandomModelOptions o{kLayers, 4, 2, 8, 48, 17};
+    RandomModelOptions o = RandomModelLayout(kLayers, 4, 2, 8, 48, 17);
     o.query_stats = true;
     o.profile_metric = "snapkv";
     digest_ = new std::string(Register(RandomModelInput(o)));
-    RandomModelOptions bare{kLayers, 4, 2, 8, 48, 18};
+    RandomModelOptions bare = RandomModelLayout(kLayers, 4, 2, 8, 48, 18);
     bare_digest_ = new std::string(Register(RandomModelInput(bare)));
   }
   static void TearDownTestSuite() {

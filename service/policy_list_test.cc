@@ -36,7 +36,7 @@ class PolicyListTest : public ::testing::Test {
   /// A random model of MakeLayer's layout with query statistics and, for every scorer, an
   /// LU-KV profile built for the scorer's default protection (what lukv compositions check).
   static ModelInput ModelWithEveryProfile() {
-    RandomModelOptions options{kLayers, 4, 2, 8, 48, 23};
+    RandomModelOptions options = RandomModelLayout(kLayers, 4, 2, 8, 48, 23);
     options.query_stats = true;
     options.profile_metric = "snapkv";
     ModelInput input = RandomModelInput(options);

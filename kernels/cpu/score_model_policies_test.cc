@@ -156,8 +156,9 @@ TEST(ExpectedAttentionScorerTest, MatchesOracleWithRegisteredStatistics) {
   for (const Case& c : kCases) {
     const oracle::AttentionProblem pb =
         oracle::RandomProblem(++seed, c.h_kv, c.group, c.n, c.d, c.w, 1.0);
-    RandomModelOptions o{1, static_cast<int32_t>(c.h_kv * c.group), static_cast<int32_t>(c.h_kv),
-                         static_cast<int32_t>(c.d), static_cast<int32_t>(c.hidden), seed};
+    RandomModelOptions o =
+        RandomModelLayout(1, static_cast<int32_t>(c.h_kv * c.group), static_cast<int32_t>(c.h_kv),
+                          static_cast<int32_t>(c.d), static_cast<int32_t>(c.hidden), seed);
     o.query_stats = true;
     for (bool interleaved : {false, true}) {
       ModelInput input = RandomModelInput(o);
@@ -191,7 +192,7 @@ TEST(ExpectedAttentionScorerTest, WindowStatisticsUnRotateThePostRopeQueries) {
   // Queries sent post-RoPE at positions n - w + t; the scorer must recover the pre-RoPE
   // statistics: its scores equal the oracle's on the mean/covariance of the pre-RoPE rows.
   oracle::AttentionProblem pb = oracle::RandomProblem(9, 2, 2, 50, 8, 12, 1.0);
-  RandomModelOptions o{1, 4, 2, 8, 16, 9};
+  RandomModelOptions o = RandomModelLayout(1, 4, 2, 8, 16, 9);
   ModelInput input = RandomModelInput(o);
   input.rope_theta = 100.0;
   auto model = BuildModel(input);
