@@ -57,6 +57,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
     }
   }
   if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (!options.load_balancing_policy.empty()) {
+    if (options.load_balancing_policy != "round_robin" &&
+        options.load_balancing_policy != "pick_first") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("load_balancing_policy: expected round_robin or pick_first, got '",
+                       options.load_balancing_policy.substr(0, 64), "'"));
+    }
+    args.SetServiceConfigJSON(absl::StrCat(R"({"loadBalancingConfig": [{")",
+                                           options.load_balancing_policy, R"(": {}}]})"));
+  }
   if (!options.tls_server_name.empty()) {
     if (options.credentials == nullptr) {
       return absl::InvalidArgumentError("tls_server_name: needs TLS credentials");

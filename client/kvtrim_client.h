@@ -50,6 +50,11 @@ struct ClientOptions {
   /// When positive, Connect waits this long for the channel to become ready and fails with
   /// UNAVAILABLE otherwise. Zero: connect lazily on the first call.
   absl::Duration connect_timeout = absl::ZeroDuration();
+  /// gRPC load-balancing policy over the addresses the target resolves to: "round_robin"
+  /// spreads calls over every replica behind a headless Service
+  /// ("dns:///kvtrim-headless.kvtrim.svc:50051"); empty: gRPC's default, pick_first (one
+  /// connection). Each call (a whole session too) stays on one replica.
+  std::string load_balancing_policy;
   /// Channel credentials; null means insecure (plaintext), the sidecar's default.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   /// With TLS credentials: the name kvtrimd's certificate is checked against instead of the

@@ -135,6 +135,38 @@ std::shared_ptr<const RegisteredModel> ModelStore::Find(const std::string& diges
   return it == models_.end() ? nullptr : it->second;
 }
 
+std::shared_ptr<const RegisteredModel> ModelStore::FindOrLoad(const std::string& digest) {
+  if (auto held = Find(digest)) return held;
+  if (options_.data_dir.empty() || !IsWellFormedDigest(digest)) return nullptr;
+  const std::string path = PathFor(digest);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // An Add or a load of the same digest in flight: wait for it and take its model.
+    settled_.wait(lock, [&] { return pending_.count(digest) == 0; });
+    if (auto it = models_.find(digest); it != models_.end()) return it->second;
+    if (models_.size() + pending_.size() >= static_cast<size_t>(options_.max_models)) {
+      error_log_ << "kvtrimd: not loading model file " << path << ": --max_models="
+                 << options_.max_models << " models are held" << std::endl;
+      return nullptr;
+    }
+    pending_.insert(digest);
+  }
+  absl::StatusOr<std::shared_ptr<RegisteredModel>> model = LoadFile(path, DigestHex(digest));
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.erase(digest);
+  settled_.notify_all();
+  if (!model.ok()) {
+    error_log_ << "kvtrimd: skipping model file " << path << ": " << model.status().message()
+               << std::endl;
+    return nullptr;
+  }
+  error_log_ << "kvtrimd: model " << digest << " loaded from " << path
+             << " (registered through another kvtrimd sharing --data_dir)" << std::endl;
+  return models_[digest] = *std::move(model);
+}
+
 absl::StatusOr<std::string> ModelStore::Add(ModelInput input) {
   using Clock = std::chrono::steady_clock;
   const auto seconds = [](Clock::time_point from, Clock::time_point to) {

@@ -51,6 +51,14 @@ class ModelStore {
   /// The model with `digest`, or null.
   std::shared_ptr<const RegisteredModel> Find(const std::string& digest) const;
 
+  /// Find, and when the model is not held but data_dir has its file (written by another
+  /// kvtrimd sharing the volume, e.g. a replica behind the same Service), loads that file,
+  /// checked as at LoadAll, and holds it from then on; concurrent calls load it once. Null
+  /// when neither has it, when the store already holds --max_models models, or when the
+  /// file is invalid (one line on the error log). Reads the whole file on a miss, so
+  /// callers run it off gRPC's threads.
+  std::shared_ptr<const RegisteredModel> FindOrLoad(const std::string& digest);
+
   /// Validates `input` (BuildModel: INVALID_ARGUMENT naming the field), computes its
   /// digest and, unless a model with that digest is already held (then it returns that
   /// digest and writes nothing), persists it and adds it. A registration alone builds
@@ -89,7 +97,7 @@ class ModelStore {
   mutable std::mutex mutex_;          // guards models_ and pending_
   std::condition_variable settled_;   // signalled when a pending Add ends
   std::map<std::string, std::shared_ptr<const RegisteredModel>> models_;
-  std::set<std::string> pending_;     // digests being written by an Add
+  std::set<std::string> pending_;     // digests being written by Add or read by FindOrLoad
   int adding_ = 0;                    // Add calls in flight
 };
 

@@ -228,6 +228,55 @@ TEST_F(ModelStoreTest, DeleteRemovesTheFile) {
   EXPECT_EQ(reloaded.Find(a), nullptr);
 }
 
+TEST_F(ModelStoreTest, AModelAnotherReplicaWroteLoadsOnItsFirstUse) {
+  std::ostringstream log_a, log_b;
+  ModelStore replica_a(Options(), log_a);
+  ModelStore replica_b(Options(), log_b);  // shares dir_, started before the registration
+  ASSERT_EQ(*replica_a.LoadAll(), 0);
+  ASSERT_EQ(*replica_b.LoadAll(), 0);
+  const auto a = replica_a.Add(ModelA());
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(replica_b.Find(*a), nullptr);  // Find never reads the volume
+  // Four requests for it at once: it is read once, and all get the same model.
+  std::vector<std::shared_ptr<const RegisteredModel>> found(4);
+  std::vector<std::thread> threads;
+  for (auto& model : found) {
+    threads.emplace_back([&replica_b, &model, &a] { model = replica_b.FindOrLoad(*a); });
+  }
+  for (auto& thread : threads) thread.join();
+  ASSERT_NE(found[0], nullptr);
+  for (const auto& model : found) EXPECT_EQ(model, found[0]);
+  EXPECT_EQ(found[0]->digest, *a);
+  EXPECT_EQ(replica_b.Find(*a), found[0]);
+  EXPECT_EQ(replica_b.size(), 1u);
+  EXPECT_EQ(CountLines(log_b.str(), "kvtrimd: model " + *a + " loaded from "), 1) << log_b.str();
+  // Not on the volume, malformed, or an in-memory store: nothing is read.
+  const std::string unknown = "sha256:" + std::string(64, 'e');
+  EXPECT_EQ(replica_b.FindOrLoad(unknown), nullptr);
+  EXPECT_EQ(replica_b.FindOrLoad("sha256:../../etc/passwd"), nullptr);
+  ModelStore memory_only(ModelStoreOptions{}, log_b);
+  EXPECT_EQ(memory_only.FindOrLoad(*a), nullptr);
+}
+
+TEST_F(ModelStoreTest, LoadingOnFirstUseRespectsMaxModelsAndSkipsCorruptFiles) {
+  const auto [a, b] = PersistTwo();
+  std::ostringstream log;
+  ModelStore full(Options(/*max_models=*/1), log);
+  ASSERT_TRUE(full.Add(ModelC()).ok());  // LoadAll not called: dir_'s A and B are unread
+  EXPECT_EQ(full.FindOrLoad(a), nullptr);
+  EXPECT_THAT(log.str(), HasSubstr("not loading model file"));
+  const std::string path = dir_ + "/" + DigestHex(b) + ".kvtmodel";
+  std::string bytes = ReadFile(path);
+  bytes[bytes.size() - 3] ^= 0x40;
+  WriteFile(path, bytes);
+  std::ostringstream corrupt_log;
+  ModelStore store(Options(), corrupt_log);
+  EXPECT_EQ(store.FindOrLoad(b), nullptr);
+  EXPECT_EQ(CountLines(corrupt_log.str(), "kvtrimd: skipping model file " + path + ": "), 1)
+      << corrupt_log.str();
+  EXPECT_NE(store.FindOrLoad(a), nullptr);
+}
+
 TEST_F(ModelStoreTest, CorruptFileIsSkippedWithOneLineAndOthersLoad) {
   const auto [a, b] = PersistTwo();
   const std::string path = dir_ + "/" + DigestHex(a) + ".kvtmodel";

@@ -97,7 +97,7 @@ void ServiceCore::ReportBackendFailure(const absl::Status& status) {
 }
 
 absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine,
-                                                      const ModelStore& models,
+                                                      ModelStore& models,
                                                       const CompressionSettings& settings,
                                                       const std::string& field) {
   const std::string& model_digest = settings.model_digest;
@@ -105,7 +105,7 @@ absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine
   if (!policy.ok()) return policy.status();
   std::shared_ptr<const RegisteredModel> model;
   if (!model_digest.empty()) {
-    model = models.Find(model_digest);
+    model = models.FindOrLoad(model_digest);
     if (model == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat(field, ".model_digest: unknown model digest ",

@@ -29,10 +29,11 @@
 namespace kvtrim::service {
 
 /// Resolves the policy of `settings` on `engine`, looks up settings.model_digest in `models`
-/// (unknown -> FAILED_PRECONDITION "<field>.model_digest") and attaches the model
+/// (ModelStore::FindOrLoad, so a model another kvtrimd wrote to a shared --data_dir loads;
+/// unknown -> FAILED_PRECONDITION "<field>.model_digest") and attaches the model
 /// (PolicyEngine::AttachModel). Shared by the RPCs and libkvtrim's in-process engine.
 absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine,
-                                                      const ModelStore& models,
+                                                      ModelStore& models,
                                                       const CompressionSettings& settings,
                                                       const std::string& field);
 

@@ -14,7 +14,8 @@ import grpc
 
 from . import _wire
 from .auth import check_token
-from .client import HEALTH_SERVICE, as_layers, health_request, health_state, make_channel
+from .client import (HEALTH_SERVICE, as_layers, health_request, health_state,
+                     load_balancing_options, make_channel)
 from .errors import KvtrimError
 from .layers import Layer, encode_chunked, encode_inline
 from .models import ModelBundle, registration_messages
@@ -136,13 +137,15 @@ class AsyncClient:
     def __init__(self, target: str, *, tls=None, auth_token: Optional[str] = None,
                  timeout: float = 30.0,
                  session_timeout: float = 600.0, max_message_bytes: int = 64 << 20,
-                 chunk_bytes: int = 4 << 20, channel_options: Sequence[Tuple[str, Any]] = ()):
+                 chunk_bytes: int = 4 << 20, channel_options: Sequence[Tuple[str, Any]] = (),
+                 load_balancing: Optional[str] = None):
         self.timeout = timeout
         self.session_timeout = session_timeout
         self.max_message_bytes = max_message_bytes
         self.chunk_bytes = chunk_bytes
-        self._channel = make_channel(target, tls, max_message_bytes, channel_options, aio=True,
-                                     auth_token=check_token(auth_token))
+        self._channel = make_channel(target, tls, max_message_bytes,
+                                     [*channel_options, *load_balancing_options(load_balancing)],
+                                     aio=True, auth_token=check_token(auth_token))
         self._bundles: Dict[str, ModelBundle] = {}
 
     async def _unary(self, method: str, request: bytes, deserializer,

@@ -4,6 +4,7 @@ when a server has lost them."""
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -88,6 +89,18 @@ def make_channel(target: str, tls, max_message_bytes: int, options: Sequence[Tup
     return channel
 
 
+def load_balancing_options(policy: Optional[str]) -> List[Tuple[str, Any]]:
+    """Channel options choosing gRPC's load-balancing `policy` over the target's addresses:
+    "round_robin" (every replica behind a headless Service) or "pick_first" (gRPC's
+    default, one connection); None leaves gRPC's default."""
+    if policy is None:
+        return []
+    if policy not in ("round_robin", "pick_first"):
+        raise invalid_argument("load_balancing",
+                               f"expected 'round_robin' or 'pick_first', got {policy!r:.64}")
+    return [("grpc.service_config", json.dumps({"loadBalancingConfig": [{policy: {}}]}))]
+
+
 def health_request(service: str) -> bytes:
     """grpc.health.v1.HealthCheckRequest{service} on the wire."""
     data = service.encode()
@@ -153,6 +166,11 @@ class Client:
       device_outputs: kvtrimd writes CUDA layers' per-head kept lists straight into device
         buffers of this client (LayerInput.output; default); False: the lists come back in
         the answer and are copied to the device when first read.
+      load_balancing: "round_robin" spreads the grpcio calls over every address the target
+        resolves to (e.g. "dns:///kvtrim-headless.kvtrim.svc:50051", the remote shape's
+        replicas); None keeps gRPC's default (pick_first, one connection). A model
+        registered through one replica reaches the others through a shared --data_dir
+        volume (kvtrimd loads it on first use) or the client's re-registration.
     """
 
     def __init__(self, target: str, *, client_id: Optional[str] = None, tls=None,
@@ -162,7 +180,8 @@ class Client:
                  chunk_bytes: int = 4 << 20, region_min_bytes: int = 1 << 20,
                  native: Union[bool, str] = "auto", library: Optional[str] = None,
                  device_outputs: bool = True,
-                 channel_options: Sequence[Tuple[str, Any]] = ()):
+                 channel_options: Sequence[Tuple[str, Any]] = (),
+                 load_balancing: Optional[str] = None):
         if transport not in TRANSPORTS:
             raise invalid_argument("transport", f"expected one of {TRANSPORTS}, got {transport!r}")
         self.target = target
@@ -175,8 +194,10 @@ class Client:
         self._client_id = client_id
         self._local = is_local_target(target)
         self._auth_token = check_token(auth_token)
-        self._channel = make_channel(target, tls, max_message_bytes, channel_options,
-                                     auth_token=self._auth_token)
+        self._channel = make_channel(
+            target, tls, max_message_bytes,
+            [*channel_options, *load_balancing_options(load_balancing)],
+            auth_token=self._auth_token)
         self._bundles: Dict[str, ModelBundle] = {}
         self._lease: Optional[RegionLease] = None
         self._lease_error: Optional[KvtrimError] = None
