@@ -22,7 +22,7 @@ namespace {
 struct CompressAnswer {
   std::string rpc;                          // "Compress" | "CompressSession"
   std::string backend;                      // "cpu" | "gpu"
-  std::vector<v1::LayerResult> layers;      // sorted by layer id
+  std::vector<v1::LayerResult> layers;      // request order (unary) or by layer id (session)
   std::vector<double> round_trip_seconds;   // [layers]
   double seconds = 0;                       // the whole call or session, client side
   std::optional<v1::SessionSummary> server_summary;  // sessions only
