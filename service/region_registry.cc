@@ -239,9 +239,18 @@ absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_i
       const int fd = shm_open(shm.name().c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
       if (fd < 0) {
         const int err = errno;
-        const std::string text = absl::StrCat(field, ".name: cannot open shared-memory segment '",
-                                              shm.name(), "': ", std::strerror(err));
-        if (err == ENOENT) return absl::NotFoundError(text);
+        std::string text = absl::StrCat(field, ".name: cannot open shared-memory segment '",
+                                        shm.name(), "': ", std::strerror(err));
+        // The two deployment mistakes behind these (docs/operations.md, "Kubernetes").
+        if (err == ENOENT) {
+          return absl::NotFoundError(absl::StrCat(
+              text, " (kvtrimd and the client must see one /dev/shm: same pod, or both mount "
+                    "the node's)"));
+        }
+        if (err == EACCES) {
+          absl::StrAppend(&text, " (segments are created 0600: run kvtrimd as the client's "
+                                 "user)");
+        }
         return absl::InvalidArgumentError(text);
       }
       struct stat info {};

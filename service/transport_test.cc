@@ -2,6 +2,8 @@
 // shared memory (dense, strided, paged) and chunked inline bytes give the indices of inline
 // Compress; region misuse and chunking mistakes get clear errors and the server keeps
 // serving. (CUDA IPC runs in tests/gpu/ipc_transport_test.cc on a GPU.)
+#include <unistd.h>
+
 #include <cstring>
 #include <map>
 #include <string>
@@ -458,6 +460,25 @@ TEST(RegionRegistryTest, UnregisterWhileInUseIsRefusedUntilTheLayerIsDone) {
   EXPECT_TRUE(registry.Unregister(again, *id2).ok());
   EXPECT_EQ(registry.Acquire(again, *id2, RegionKind::kHostShm, "f").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A segment kvtrimd cannot see is NOT_FOUND naming the field and the likely cause (two
+// /dev/shm mounts: a deployment that does not share it).
+TEST(RegionRegistryTest, AMissingSegmentNamesTheFieldAndTheSharedDevShm) {
+  RegionOptions options;
+  options.allow_client_shm = true;
+  RegionRegistry registry(options, nullptr);
+  const std::string client = registry.OpenClient("");
+  v1::RegisterRegion request;
+  request.mutable_host_shm()->set_name("/kvtrim-test-no-such-segment-" +
+                                       std::to_string(getpid()));
+  request.mutable_host_shm()->set_size_bytes(4096);
+  const auto id = registry.Register(client, request);
+  ASSERT_EQ(id.status().code(), absl::StatusCode::kNotFound) << id.status();
+  EXPECT_THAT(std::string(id.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("host_shm.name: cannot open shared-memory"),
+                               ::testing::HasSubstr("must see one /dev/shm")));
+  registry.CloseClient(client);
 }
 
 // Reads large enough to be split over several threads give the segment's bytes exactly, and

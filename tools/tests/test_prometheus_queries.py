@@ -223,3 +223,33 @@ def test_every_recording_rule_has_data(prometheus):
     empty = [name for name in records
              if not get(prometheus, "/api/v1/query", query=name)["result"]]
     assert not empty, empty
+
+
+def adapter_query(rule, namespace, pods):
+    """A Prometheus adapter rule's metricsQuery as the adapter sends it for `pods`."""
+    matchers = f'namespace="{namespace}",pod=~"{"|".join(pods)}"'
+    series = re.match(r"[a-z_:]+", rule["seriesQuery"].strip("'\"")).group(0)
+    return (rule["metricsQuery"].replace("<<.LabelMatchers>>", matchers)
+            .replace("<<.GroupBy>>", "pod").replace("<<.Series>>", series))
+
+
+def test_every_autoscaler_metric_is_served_per_pod(prometheus):
+    """The HorizontalPodAutoscaler's metrics come from the adapter's rules, and each rule finds
+    kvtrimd's series and answers one finite value for the pod (the in-flight ratio within
+    [0, 1], the admission wait >= 0)."""
+    rules = yaml.safe_load(
+        (ROOT / "deploy/prometheus-adapter/kvtrim-adapter-rules.yaml").read_text())["rules"]
+    served = {rule["name"]["as"]: rule for rule in rules}
+    hpa = yaml.safe_load((ROOT / "deploy/kubernetes/remote/hpa.yaml").read_text())
+    wanted = [metric["pods"]["metric"]["name"] for metric in hpa["spec"]["metrics"]]
+    assert wanted and set(wanted) <= set(served), (wanted, sorted(served))
+    for name, rule in served.items():
+        found = get(prometheus, "/api/v1/series", **{"match[]": rule["seriesQuery"].strip("'")})
+        assert found, name
+        answer = get(prometheus, "/api/v1/query",
+                     query=adapter_query(rule, "kvtrim", ["kvtrim-0"]))["result"]
+        assert [sample["metric"] for sample in answer] == [{"pod": "kvtrim-0"}], (name, answer)
+        value = float(answer[0]["value"][1])
+        assert value >= 0 and value != float("inf"), (name, value)
+        if name == "kvtrim_inflight_ratio":
+            assert value <= 1, value

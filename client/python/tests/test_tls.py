@@ -73,7 +73,7 @@ def test_server_name_replaces_the_targets_host(mtls_server, certs):
 
 
 def test_cli_health_over_mutual_tls_as_a_probe_runs_it(mtls_server, certs):
-    # What the Kubernetes probe runs inside the pod (deploy/kubernetes/kvtrim.yaml).
+    # What the Kubernetes probe runs inside the pod (deploy/kubernetes/remote/deployment.yaml).
     directory, _ = certs
     base = [str(KVTRIM_CLI), f"--target={mtls_server.address}", f"--tls_ca={directory / 'ca.pem'}",
             f"--tls_cert={directory / 'client.pem'}", f"--tls_key={directory / 'client.key'}",

@@ -58,7 +58,9 @@ absl::StatusOr<std::unique_ptr<IpcMemoryMapping>> IpcMemoryMapping::Open(
         field, ".handle: the driver cannot open this CUDA IPC handle: ", CudaText(err),
         ". Only cudaMalloc allocations of another process can be shared this way; VMM "
         "(cuMemCreate) and PyTorch expandable-segments memory cannot (set "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, or use host_shm)"));
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False, or use host_shm). Across "
+        "containers the exporting process must not have kvtrimd's PID: run both in one PID "
+        "namespace (shareProcessNamespace, or hostPID for both)"));
   }
   auto mapping = std::unique_ptr<IpcMemoryMapping>(
       new IpcMemoryMapping(device, static_cast<char*>(base), 0));
