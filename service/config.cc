@@ -75,6 +75,15 @@ ABSL_FLAG(int32_t, http2_window_bytes, 0,
           "HTTP/2 flow-control window and largest frame of every connection, bytes "
           "(0 .. 1073741824): positive values replace gRPC's 64 KiB windows grown by its BDP "
           "probe with this fixed window (frames up to 16 MiB); 0 = gRPC's defaults.");
+ABSL_FLAG(int32_t, max_connection_age_s, 0,
+          "Closes every client connection after about this many seconds (HTTP/2 GOAWAY; gRPC "
+          "adds +-10 % jitter), so that clients re-resolve the target and spread over "
+          "replicas added since (the remote shape's autoscaling). Calls in flight then get "
+          "--max_connection_age_grace_s to finish. 0 = never (default); at most 604800.");
+ABSL_FLAG(int32_t, max_connection_age_grace_s, 30,
+          "With --max_connection_age_s: how long calls in flight on an aged connection may "
+          "still run before it is closed (a session or Regions stream longer than this is "
+          "cut off and must reconnect).");
 ABSL_FLAG(std::string, devices, "all",
           "GPU backend: the CUDA devices kvtrimd computes on: \"all\" (every visible device) "
           "or ordinals such as \"0,2\". A CUDA IPC region is computed on the device it lives "
@@ -165,6 +174,7 @@ constexpr const char* kOurFlags[] = {"listen",          "metrics_listen", "port_
                                      "backend",
                                      "numerics",        "drain_timeout_s",
                                      "gpu_memory_limit_bytes", "devices", "http2_window_bytes",
+                                     "max_connection_age_s", "max_connection_age_grace_s",
                                      "gpu_launch_graphs",
                                      "tls_cert",        "tls_key",        "tls_client_ca",
                                      "auth_tokens_file", "unix_socket_mode",
@@ -300,6 +310,14 @@ absl::Status Config::Validate() const {
     return st;
   }
   if (auto st = CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400); !st.ok()) return st;
+  if (auto st = CheckRange("max_connection_age_s", max_connection_age_s, 0, 7 * 86400);
+      !st.ok()) {
+    return st;
+  }
+  if (auto st = CheckRange("max_connection_age_grace_s", max_connection_age_grace_s, 0, 86400);
+      !st.ok()) {
+    return st;
+  }
   if (gpu_memory_limit_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--gpu_memory_limit_bytes: must be >= 0 (0 = no cap), got ", gpu_memory_limit_bytes));
@@ -521,6 +539,8 @@ absl::StatusOr<Config> ConfigFromFlags() {
   config.gpu_memory_limit_bytes = absl::GetFlag(FLAGS_gpu_memory_limit_bytes);
   config.gpu_launch_graphs = absl::GetFlag(FLAGS_gpu_launch_graphs);
   config.http2_window_bytes = absl::GetFlag(FLAGS_http2_window_bytes);
+  config.max_connection_age_s = absl::GetFlag(FLAGS_max_connection_age_s);
+  config.max_connection_age_grace_s = absl::GetFlag(FLAGS_max_connection_age_grace_s);
   auto devices = ParseDevices(absl::GetFlag(FLAGS_devices));
   if (!devices.ok()) return devices.status();
   config.devices = *std::move(devices);

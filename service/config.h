@@ -61,6 +61,12 @@ struct Config {
   /// HTTP/2 flow-control window and largest frame, bytes (--http2_window_bytes); 0 = gRPC's
   /// defaults (64 KiB grown by its BDP probe).
   int32_t http2_window_bytes = 0;
+  /// Connections are closed (GOAWAY) after about this many seconds so that clients
+  /// re-resolve and reach new replicas (--max_connection_age_s); 0 = never.
+  int32_t max_connection_age_s = 0;
+  /// How long calls in flight on an aged connection may still run
+  /// (--max_connection_age_grace_s).
+  int32_t max_connection_age_grace_s = 30;
   /// GPU backend: CUDA ordinals to compute on (--devices); empty = every visible device.
   std::vector<int> devices;
   /// TLS: PEM files of the server's certificate chain and private key (--tls_cert,

@@ -70,6 +70,7 @@ class CudaDeviceMapper final : public DeviceMapper {
     return gpu::LockHostMemory(device_, data, bytes);
   }
   void UnlockHost(void* data) override { gpu::UnlockHostMemory(data); }
+  std::vector<Served> ServedList() const override { return {{device_, uuid_}}; }
 
  private:
   int device_;

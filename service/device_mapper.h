@@ -78,6 +78,13 @@ class DeviceMapper {
   virtual DeviceMapper* ForUuid(const std::string& uuid16) {
     return uuid16 == device_uuid() ? this : nullptr;
   }
+  /// A served device: its CUDA ordinal and 16-byte UUID.
+  struct Served {
+    int ordinal = 0;
+    std::string uuid16;
+  };
+  /// Every device this mapper serves (none for mappers that stand for no real device).
+  virtual std::vector<Served> ServedList() const { return {}; }
   /// The served devices for messages ("GPU-…, GPU-…").
   virtual std::string ServedDevices() const { return FormatUuid(device_uuid()); }
 };
@@ -110,6 +117,7 @@ class MultiDeviceMapper final : public DeviceMapper {
   void UnlockHost(void* data) override { devices_.front()->UnlockHost(data); }
   DeviceMapper* ForUuid(const std::string& uuid16) override;
   std::string ServedDevices() const override;
+  std::vector<Served> ServedList() const override;
 
  private:
   std::vector<std::unique_ptr<DeviceMapper>> devices_;

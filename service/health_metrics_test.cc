@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "service/gpu_metrics.h"
 #include "service/limit_metrics.h"
 #include "service/process_metrics.h"
 #include "service/test_util.h"
@@ -325,6 +326,48 @@ TEST(ProcessMetricsTest, FiguresOfThisProcessAreSane) {
   ASSERT_EQ(families.size(), 6u);
   EXPECT_EQ(families[0].name, "process_cpu_seconds_total");
   EXPECT_EQ(families[0].type, prometheus::MetricType::Counter);
+}
+
+// kvtrim_gpu_*: one sample per device the reader answers for, labelled with the CUDA ordinal
+// and the UUID; a device it cannot read is left out, and none at all gives no family.
+TEST(GpuMetricsTest, OneSamplePerDeviceRead) {
+  const std::vector<GpuDeviceLabel> devices = {{0, "GPU-aaaa"}, {1, "GPU-bbbb"}, {3, "GPU-dddd"}};
+  GpuCollector collector(devices, [](const std::string& uuid) -> std::optional<GpuFigures> {
+    if (uuid == "GPU-bbbb") return std::nullopt;  // e.g. the device fell off the bus
+    GpuFigures figures;
+    figures.memory_used_bytes = uuid == "GPU-aaaa" ? 1e9 : 2e9;
+    figures.memory_total_bytes = 80e9;
+    figures.utilization = uuid == "GPU-aaaa" ? 0.25 : 1.0;
+    return figures;
+  });
+  const auto families = collector.Collect();
+  ASSERT_EQ(families.size(), 3u);
+  EXPECT_EQ(families[0].name, "kvtrim_gpu_memory_used_bytes");
+  EXPECT_EQ(families[1].name, "kvtrim_gpu_memory_total_bytes");
+  EXPECT_EQ(families[2].name, "kvtrim_gpu_utilization_ratio");
+  for (const auto& family : families) {
+    EXPECT_EQ(family.type, prometheus::MetricType::Gauge);
+    ASSERT_EQ(family.metric.size(), 2u) << family.name;
+    EXPECT_EQ(family.metric[0].label[0].value, "0");
+    EXPECT_EQ(family.metric[0].label[1].value, "GPU-aaaa");
+    EXPECT_EQ(family.metric[1].label[0].value, "3");
+  }
+  EXPECT_EQ(families[0].metric[1].gauge.value, 2e9);
+  EXPECT_EQ(families[2].metric[0].gauge.value, 0.25);
+  GpuCollector unread(devices, [](const std::string&) { return std::optional<GpuFigures>(); });
+  EXPECT_TRUE(unread.Collect().empty());
+}
+
+// Without the driver (this machine, CI) NVML does not load, and says why; with it (the GPU
+// machine) it reads nothing for a UUID no device has.
+TEST(GpuMetricsTest, NvmlLoadsOnlyWithTheDriver) {
+  std::string why;
+  const std::unique_ptr<NvmlReader> nvml = NvmlReader::Load(&why);
+  if (nvml == nullptr) {
+    EXPECT_FALSE(why.empty());
+    return;
+  }
+  EXPECT_FALSE(nvml->Read("GPU-00000000-0000-0000-0000-000000000000").has_value());
 }
 
 TEST(MetricsHttpTest, ExporterServesMetrics) {

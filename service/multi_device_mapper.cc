@@ -19,4 +19,12 @@ std::string MultiDeviceMapper::ServedDevices() const {
   return absl::StrJoin(names, ", ");
 }
 
+std::vector<DeviceMapper::Served> MultiDeviceMapper::ServedList() const {
+  std::vector<Served> served;
+  for (const auto& device : devices_) {
+    for (Served& one : device->ServedList()) served.push_back(std::move(one));
+  }
+  return served;
+}
+
 }  // namespace kvtrim::service

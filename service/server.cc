@@ -36,6 +36,10 @@ void InitGrpcPluginsOnce() {
   });
 }
 
+/// A flag's seconds as a gRPC channel argument's milliseconds (the flags' ranges keep it in
+/// an int).
+int SecondsToMilliseconds(int32_t seconds) { return seconds * 1000; }
+
 /// The file of a "unix:PATH" / "unix:///PATH" listen address.
 std::string SocketPath(const std::string& listen) {
   std::string path = listen.substr(5);
@@ -89,6 +93,23 @@ absl::StatusOr<std::unique_ptr<Server>> Server::StartWithBackend(const Config& c
 absl::Status Server::fatal_error() const {
   std::lock_guard<std::mutex> lock(fatal_mutex_);
   return fatal_;
+}
+
+void Server::RegisterGpuMetrics(std::ostream& log) {
+  if (device_mapper_ == nullptr) return;
+  std::vector<GpuDeviceLabel> devices;
+  for (const DeviceMapper::Served& served : device_mapper_->ServedList()) {
+    devices.push_back({served.ordinal, device_mapper_->FormatUuid(served.uuid16)});
+  }
+  std::string why;
+  std::shared_ptr<const NvmlReader> nvml = NvmlReader::Load(&why);
+  if (nvml == nullptr) {
+    log << "kvtrimd: no GPU memory / utilisation metrics: " << why << std::endl;
+    return;
+  }
+  gpu_metrics_ = std::make_shared<GpuCollector>(
+      std::move(devices), [nvml](const std::string& uuid) { return nvml->Read(uuid); });
+  exposer_->RegisterCollectable(gpu_metrics_);
 }
 
 void Server::OnBackendFailure(const absl::Status& status) {
@@ -195,6 +216,12 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
       builder.AddChannelArgument(name, value);
     }
   }
+  if (config_.max_connection_age_s > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               SecondsToMilliseconds(config_.max_connection_age_s));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               SecondsToMilliseconds(config_.max_connection_age_grace_s));
+  }
   builder.RegisterService(service_.get());
   const bool is_unix = absl::StartsWith(config_.listen, "unix:");
   // A unix socket is created with --unix_socket_mode: no moment with wider permissions.
@@ -230,6 +257,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
     }
     exposer_->RegisterCollectable(metrics_->registry());
     exposer_->RegisterCollectable(process_metrics_);
+    RegisterGpuMetrics(log);
     const auto ports = exposer_->GetListeningPorts();
     metrics_port_ = ports.empty() ? 0 : ports.front();
   }

@@ -19,6 +19,7 @@
 #include "service/kvtrim_service.h"
 #include "service/metrics.h"
 #include "service/device_mapper.h"
+#include "service/gpu_metrics.h"
 #include "service/model_store.h"
 #include "service/process_metrics.h"
 #include "service/region_registry.h"
@@ -109,6 +110,9 @@ class Server {
   /// healthy, records `status`, turns every health service NOT_SERVING, logs the error and
   /// wakes the watcher thread, which drains the server.
   void OnBackendFailure(const absl::Status& status);
+  /// GPU backend: registers the per-device kvtrim_gpu_* metrics (NVML) on the exposer, or
+  /// logs why there are none.
+  void RegisterGpuMetrics(std::ostream& log);
   /// Body of watcher_: waits for a fatal error (then drains) or for destruction.
   void WatchForFatalErrors();
 
@@ -125,6 +129,7 @@ class Server {
   std::unique_ptr<grpc::Server> server_;
   // process_* metrics, read at each scrape (the exposer, declared after it, holds a weak reference).
   std::shared_ptr<ProcessCollector> process_metrics_ = std::make_shared<ProcessCollector>();
+  std::shared_ptr<GpuCollector> gpu_metrics_;  // GPU backend with NVML only
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
   size_t auth_tenants_ = 0;  // tenants of --auth_tokens_file (0: no tokens)

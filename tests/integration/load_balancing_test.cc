@@ -9,8 +9,11 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "client/kvtrim_client.h"
 #include "client/layer_inputs.h"
 #include "client/safetensors.h"
@@ -149,6 +152,41 @@ TEST(LoadBalancingPolicyTest, AnUnknownPolicyIsRefusedNamingTheOption) {
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(client.status().message().find("load_balancing_policy"), std::string::npos);
+}
+
+/// How long a fresh plaintext channel to a kvtrimd started with `flags` stays READY without
+/// any call on it, watched for up to `watch` (nullopt: READY throughout).
+std::optional<absl::Duration> ReadyTimeOfAnIdleChannel(const std::vector<std::string>& flags,
+                                                       absl::Duration watch) {
+  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=",
+                                   "--workers=1", "--backend=cpu"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  absl::StatusOr<KvtrimdProcess> process = KvtrimdProcess::Start(KVTRIMD_PATH, args);
+  EXPECT_TRUE(process.ok()) << process.status();
+  if (!process.ok()) return absl::ZeroDuration();
+  absl::StatusOr<testing::KvtrimdAddresses> addresses =
+      process->WaitUntilServing(absl::Seconds(60));
+  EXPECT_TRUE(addresses.ok()) << addresses.status();
+  if (!addresses.ok()) return absl::ZeroDuration();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(addresses->grpc, grpc::InsecureChannelCredentials());
+  EXPECT_TRUE(channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10))));
+  const absl::Time connected = absl::Now();
+  // Woken by any state change, or at the end of the watch.
+  channel->WaitForStateChange(GRPC_CHANNEL_READY, absl::ToChronoTime(connected + watch));
+  if (channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) return std::nullopt;
+  return absl::Now() - connected;
+}
+
+// --max_connection_age_s: kvtrimd closes a connection once it is that old (GOAWAY; gRPC
+// 1.51 sends it within a few seconds of a 1 s age), so that a client re-resolves its target
+// and reaches replicas added since. Without the flag an idle connection stays up.
+TEST(MaxConnectionAgeTest, AnAgedConnectionIsClosedAndAFreshOneIsNot) {
+  const std::optional<absl::Duration> aged = ReadyTimeOfAnIdleChannel(
+      {"--max_connection_age_s=1", "--max_connection_age_grace_s=1"}, absl::Seconds(20));
+  ASSERT_TRUE(aged.has_value()) << "still READY after 20 s";
+  EXPECT_GE(*aged, absl::Milliseconds(800));  // not before its age (1 s, -10 % jitter)
+  EXPECT_EQ(ReadyTimeOfAnIdleChannel({}, absl::Seconds(8)), std::nullopt);
 }
 
 }  // namespace
