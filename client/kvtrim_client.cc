@@ -283,6 +283,18 @@ absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
   return response;
 }
 
+absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
+  v1::ListRegionsResponse response;
+  auto context = UnaryContext();
+  if (const std::string id = client_id(); !id.empty()) {
+    context->AddMetadata(kClientIdMetadataKey, id);
+  }
+  absl::Status status = FromGrpcStatus(
+      stubs_->kvtrim->ListRegions(context.get(), v1::ListRegionsRequest(), &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::Status Client::DeleteModel(const std::string& digest) {
   v1::DeleteModelRequest request;
   request.set_digest(digest);

@@ -137,6 +137,11 @@ class Client {
   /// Every model the server holds (digest, header, weight names).
   absl::StatusOr<v1::ListModelsResponse> ListModels();
 
+  /// The server's zero-copy state (regions on or off, every client's leases and regions by
+  /// kind) and, when SetClientId set a lease id, that lease's regions; NOT_FOUND when that
+  /// lease is no longer open.
+  absl::StatusOr<v1::ListRegionsResponse> ListRegions();
+
   /// Deletes the model `digest` on the server and forgets its bundle here.
   absl::Status DeleteModel(const std::string& digest);
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 
+#include "kernels/cpu/cpu_backend.h"
 #include "service/gpu_metrics.h"
 #include "service/limit_metrics.h"
 #include "service/process_metrics.h"
@@ -368,6 +369,69 @@ TEST(GpuMetricsTest, NvmlLoadsOnlyWithTheDriver) {
     return;
   }
   EXPECT_FALSE(nvml->Read("GPU-00000000-0000-0000-0000-000000000000").has_value());
+}
+
+/// The CPU backend dressed as a device: each layer reports device 0 and a `wait_seconds`
+/// wait for a free worker (slept first, so it is inside the compute time), as the GPU
+/// backend's layers do.
+class QueuedDeviceBackend final : public Backend {
+ public:
+  explicit QueuedDeviceBackend(double wait_seconds) : cpu_(1), wait_(wait_seconds) {}
+  const char* name() const override { return "queued-device"; }
+  absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                             const LayerBudget& budget, LayerDecision* out) override {
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait_));
+    const absl::Status status = cpu_.CompressLayer(policy, layer, budget, out);
+    out->device = 0;
+    out->profile.worker_wait = wait_;
+    return status;
+  }
+  absl::Status ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                          const LayerBudget& budget, LayerScores* out) override {
+    return cpu_.ScoreLayer(policy, layer, budget, out);
+  }
+  absl::Status CompressByPerturbation(const ResolvedPolicy& policy, const ValidatedLayer& layer,
+                                      const LayerBudget& budget, const PerturbationSearch& search,
+                                      LayerDecision* out) override {
+    return cpu_.CompressByPerturbation(policy, layer, budget, search, out);
+  }
+  std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
+                                      const AllocatorSpec& allocator) const override {
+    return cpu_.NumericsModes(scorer, allocator);
+  }
+
+ private:
+  CpuBackend cpu_;
+  double wait_;
+};
+
+// stage="queue": a device layer's wait for a free worker is observed as queue time and left
+// out of its compute time; the CPU backend's layers observe no queue.
+TEST(StageMetricsTest, ADeviceLayersWorkerWaitIsQueueTimeNotCompute) {
+  auto server = Server::StartWithBackend(TestConfig(), std::make_unique<QueuedDeviceBackend>(0.05),
+                                         std::clog);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto queue_before = HistogramCount(**server, "kvtrim_stage_duration_seconds",
+                                           {{"stage", "queue"}});
+  auto stub = v1::Kvtrim::NewStub(Connect(**server));
+  ASSERT_TRUE(CallCompress(*stub, MakeRequest("knorm")).ok());
+  const auto families = (*server)->metrics().registry()->Collect();
+  const auto* queue = FindMetric(families, "kvtrim_stage_duration_seconds", {{"stage", "queue"}});
+  const auto* compute =
+      FindMetric(families, "kvtrim_stage_duration_seconds", {{"stage", "compute"}});
+  ASSERT_NE(queue, nullptr);
+  ASSERT_NE(compute, nullptr);
+  EXPECT_EQ(queue->histogram.sample_count, queue_before + 1);  // one layer
+  const double queued = 0.05 * static_cast<double>(queue->histogram.sample_count);
+  EXPECT_NEAR(queue->histogram.sample_sum, queued, 1e-9);
+  // Every layer (warm-up included) slept 50 ms as its "queue"; compute holds none of it.
+  EXPECT_LT(compute->histogram.sample_sum, 0.05 * 0.5 * queue->histogram.sample_count);
+
+  auto cpu = StartServer(TestConfig());
+  ASSERT_NE(cpu, nullptr);
+  auto cpu_stub = v1::Kvtrim::NewStub(Connect(*cpu));
+  ASSERT_TRUE(CallCompress(*cpu_stub, MakeRequest("knorm")).ok());
+  EXPECT_EQ(HistogramCount(*cpu, "kvtrim_stage_duration_seconds", {{"stage", "queue"}}), 0u);
 }
 
 TEST(MetricsHttpTest, ExporterServesMetrics) {

@@ -43,4 +43,10 @@ grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>* KvtrimService::R
   return StartRegions(core_, context);
 }
 
+grpc::ServerUnaryReactor* KvtrimService::ListRegions(grpc::CallbackServerContext* context,
+                                                     const v1::ListRegionsRequest* request,
+                                                     v1::ListRegionsResponse* response) {
+  return StartListRegions(core_, context, request, response);
+}
+
 }  // namespace kvtrim::service

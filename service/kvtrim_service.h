@@ -22,7 +22,8 @@ using KvtrimCallbackBase = v1::Kvtrim::WithCallbackMethod_ListPolicies<
     v1::Kvtrim::WithCallbackMethod_Compress<v1::Kvtrim::WithRawCallbackMethod_CompressSession<
         v1::Kvtrim::WithCallbackMethod_RegisterModel<v1::Kvtrim::WithCallbackMethod_ListModels<
             v1::Kvtrim::WithCallbackMethod_DeleteModel<
-                v1::Kvtrim::WithCallbackMethod_Regions<v1::Kvtrim::Service>>>>>>>;
+                v1::Kvtrim::WithCallbackMethod_Regions<
+                    v1::Kvtrim::WithCallbackMethod_ListRegions<v1::Kvtrim::Service>>>>>>>>;
 
 /// Implements kvtrim.v1.Kvtrim (asynchronous: gRPC's callback API). No thread is held by
 /// an idle call: a Regions lease or a session waiting for its client costs memory only;
@@ -103,6 +104,11 @@ class KvtrimService final : public KvtrimCallbackBase {
   /// max_inflight, and not waited for by a drain.
   grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>* Regions(
       grpc::CallbackServerContext* context) override;
+  /// Whether regions are on, every client's leases and regions by kind, and the regions of
+  /// the lease named in kvtrim-client-id (NOT_FOUND when it is not open).
+  grpc::ServerUnaryReactor* ListRegions(grpc::CallbackServerContext* context,
+                                        const v1::ListRegionsRequest* request,
+                                        v1::ListRegionsResponse* response) override;
 
   /// The registered models (PreparePolicy resolves settings.model_digest here).
   ModelStore& models() { return core_.models(); }

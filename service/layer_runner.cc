@@ -15,6 +15,16 @@ absl::Status LayerRunner::Failed(const absl::Status& status, double validate_sec
   return status;
 }
 
+void LayerRunner::ObserveCompute(const LayerDecision& decision, double compute_seconds) {
+  if (decision.device < 0) {  // the CPU backend's layers share its threads: no queue
+    core_.metrics().ObserveStage(Stage::kCompute, compute_seconds);
+    return;
+  }
+  const double queue = std::clamp(decision.profile.worker_wait, 0.0, compute_seconds);
+  core_.metrics().ObserveStage(Stage::kQueue, queue);
+  core_.metrics().ObserveStage(Stage::kCompute, compute_seconds - queue);
+}
+
 absl::StatusOr<LayerDecision> LayerRunner::Compress(const ResolvedPolicy& policy,
                                                     const LayerRequest& layer,
                                                     const std::string& field) {
@@ -23,7 +33,7 @@ absl::StatusOr<LayerDecision> LayerRunner::Compress(const ResolvedPolicy& policy
   const double wall = SecondsSince(start);
   if (!decision.ok()) return Failed(decision.status(), 0, start);
   const double compute = std::min(wall, std::max(0.0, decision->compute_seconds));
-  core_.metrics().ObserveStage(Stage::kCompute, compute);
+  ObserveCompute(*decision, compute);
   core_.metrics().ObserveStage(Stage::kValidate, wall - compute);
   decision->profile.validate = wall - compute;
   return decision;
@@ -36,7 +46,7 @@ absl::StatusOr<LayerDecision> LayerRunner::CompressValidated(const ResolvedPolic
   auto decision = core_.engine().CompressValidated(policy, layer, "layer");
   if (!decision.ok()) return Failed(decision.status(), validate_seconds, start);
   core_.metrics().ObserveStage(Stage::kValidate, validate_seconds);
-  core_.metrics().ObserveStage(Stage::kCompute, decision->compute_seconds);
+  ObserveCompute(*decision, std::max(0.0, decision->compute_seconds));
   decision->profile.validate = validate_seconds;
   return decision;
 }

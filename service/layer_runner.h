@@ -59,6 +59,10 @@ class LayerRunner {
   absl::Status Failed(const absl::Status& status, double validate_seconds,
                       std::chrono::steady_clock::time_point start);
 
+  /// Observes a computed layer's `compute_seconds`: on a device, its wait for a free worker
+  /// as the queue stage and the rest as compute; on the CPU backend all of it as compute.
+  void ObserveCompute(const LayerDecision& decision, double compute_seconds);
+
   ServiceCore& core_;
 };
 

@@ -11,9 +11,9 @@ namespace {
 
 constexpr Rpc kAllRpcs[] = {Rpc::kListPolicies,  Rpc::kCompress,   Rpc::kCompressSession,
                             Rpc::kRegisterModel, Rpc::kListModels, Rpc::kDeleteModel,
-                            Rpc::kRegions};
+                            Rpc::kRegions, Rpc::kListRegions};
 constexpr Stage kAllStages[] = {Stage::kDecode, Stage::kValidate, Stage::kCompute,
-                                Stage::kEncode, Stage::kAdmission};
+                                Stage::kEncode, Stage::kAdmission, Stage::kQueue};
 
 /// Index of `mode` in PolicySeries::layers (0 fast, 1 exact).
 size_t NumericsIndex(Numerics mode) { return mode == Numerics::kFast ? 0 : 1; }
@@ -55,6 +55,7 @@ const char* RpcName(Rpc rpc) {
     case Rpc::kListModels: return "ListModels";
     case Rpc::kDeleteModel: return "DeleteModel";
     case Rpc::kRegions: return "Regions";
+    case Rpc::kListRegions: return "ListRegions";
   }
   return "unknown";
 }
@@ -75,6 +76,7 @@ const char* StageName(Stage stage) {
     case Stage::kCompute: return "compute";
     case Stage::kEncode: return "encode";
     case Stage::kAdmission: return "admission";
+    case Stage::kQueue: return "queue";
   }
   return "unknown";
 }

@@ -22,7 +22,7 @@ namespace kvtrim::service {
 
 /// The RPCs of kvtrim.v1.Kvtrim (the `rpc` label).
 enum class Rpc { kListPolicies, kCompress, kCompressSession, kRegisterModel, kListModels,
-                 kDeleteModel, kRegions };
+                 kDeleteModel, kRegions, kListRegions };
 
 /// How tensor bytes reached kvtrimd (the `transport` label).
 enum class Transport { kInline, kHostShm, kCudaIpc };
@@ -38,9 +38,11 @@ enum class Stage {
   kCompute,   // backend scoring, allocation, selection (LayerDecision::compute_seconds)
   kEncode,    // kernel decision -> proto response
   kAdmission,  // waiting for a --max_inflight slot (per call; 0 when one was free at once)
+  kQueue,      // GPU backend, per layer: waiting for a free device worker (LayerProfile's
+               // worker_wait), not counted in kCompute
 };
 /// How many Stage values there are.
-inline constexpr size_t kStageCount = static_cast<size_t>(Stage::kAdmission) + 1;
+inline constexpr size_t kStageCount = static_cast<size_t>(Stage::kQueue) + 1;
 /// Lower-case label value of `stage` ("decode").
 const char* StageName(Stage stage);
 

@@ -382,6 +382,21 @@ absl::StatusOr<RegionPin> RegionRegistry::Acquire(const std::string& client_id,
   return RegionPin(it->second);
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<const Region>>> RegionRegistry::ClientRegions(
+    const std::string& client_id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (clients_.find(client_id) == clients_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        kClientIdMetadata, ": no open lease has this id (its Regions stream ended, or kvtrimd "
+        "restarted); open a new lease and register the memory again"));
+  }
+  std::vector<std::shared_ptr<const Region>> held;
+  for (const auto& [id, region] : regions_) {
+    if (region->client_id() == client_id) held.push_back(region);
+  }
+  return held;
+}
+
 std::map<RegionKind, int64_t> RegionRegistry::CountByKind() const {
   std::map<RegionKind, int64_t> counts = {
       {RegionKind::kHostShm, 0}, {RegionKind::kCudaIpc, 0}, {RegionKind::kCudaIpcEvent, 0}};

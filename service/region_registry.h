@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -148,6 +149,10 @@ class RegionRegistry {
   absl::StatusOr<RegionPin> Acquire(const std::string& client_id, const std::string& region_id,
                                     RegionKind kind, const std::string& field) const;
 
+  /// The regions of lease `client_id` (scoped, as Register takes it) in id order; NOT_FOUND
+  /// naming kvtrim-client-id when no such lease is open.
+  absl::StatusOr<std::vector<std::shared_ptr<const Region>>> ClientRegions(
+      const std::string& client_id) const;
   /// Regions registered now, per kind (metrics).
   std::map<RegionKind, int64_t> CountByKind() const;
   /// Open leases (metrics, tests).

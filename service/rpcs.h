@@ -49,6 +49,11 @@ grpc::ServerUnaryReactor* StartDeleteModel(ServiceCore& core, grpc::CallbackServ
                                            const v1::DeleteModelRequest* request,
                                            v1::DeleteModelResponse* response);
 
+/// ListRegions: the zero-copy transports' totals, and the calling lease's regions.
+grpc::ServerUnaryReactor* StartListRegions(ServiceCore& core, grpc::CallbackServerContext* context,
+                                           const v1::ListRegionsRequest* request,
+                                           v1::ListRegionsResponse* response);
+
 /// Regions: the lease stream of the zero-copy transports.
 grpc::ServerBidiReactor<v1::RegionRequest, v1::RegionResponse>* StartRegions(
     ServiceCore& core, grpc::CallbackServerContext* context);

@@ -415,6 +415,71 @@ TEST_F(TransportTest, DisconnectReleasesTheLeaseRegions) {
   EXPECT_TRUE(CallCompress(*stub_, MakeRequest("snapkv")).ok());
 }
 
+/// ListRegions as client `client_id` ("" = none).
+grpc::Status ListRegionsAs(v1::Kvtrim::Stub& stub, const std::string& client_id,
+                           v1::ListRegionsResponse* response) {
+  grpc::ClientContext context;
+  if (!client_id.empty()) context.AddMetadata(kClientIdMetadata, client_id);
+  return stub.ListRegions(&context, v1::ListRegionsRequest(), response);
+}
+
+// ListRegions: totals for anyone; a lease's regions one by one for the call naming it; its
+// regions gone after an unregister; NOT_FOUND naming kvtrim-client-id once the lease ended.
+TEST_F(TransportTest, ListRegionsShowsTheCallersLeaseAndTheTotals) {
+  TestSegment segment(64 << 10);
+  TestLease other(*stub_);
+  ASSERT_EQ(other.RegisterShm(segment.name(), 4096).code(), 0);
+  TestLease lease(*stub_);
+  const auto first = lease.RegisterShm(segment.name(), 4096);
+  const auto second = lease.RegisterShm(segment.name(), segment.size());
+  ASSERT_EQ(first.code(), 0);
+  ASSERT_EQ(second.code(), 0);
+
+  v1::ListRegionsResponse totals;
+  ASSERT_TRUE(ListRegionsAs(*stub_, "", &totals).ok());
+  EXPECT_TRUE(totals.enabled());
+  EXPECT_EQ(totals.max_regions_per_client(), 8);
+  EXPECT_EQ(totals.leases(), 2);
+  EXPECT_EQ(totals.regions_by_kind().at("host_shm"), 3);
+  EXPECT_EQ(totals.regions_by_kind().at("cuda_ipc"), 0);
+  EXPECT_TRUE(totals.regions().empty());  // no lease named: no ids of anyone's
+
+  v1::ListRegionsResponse mine;
+  ASSERT_TRUE(ListRegionsAs(*stub_, lease.client_id(), &mine).ok());
+  ASSERT_EQ(mine.regions_size(), 2);
+  std::map<std::string, uint64_t> sizes;
+  for (const auto& region : mine.regions()) {
+    EXPECT_EQ(region.kind(), "host_shm");
+    EXPECT_EQ(region.readers(), 0);
+    EXPECT_FALSE(region.page_locked());  // the CPU backend reads segments with pread
+    sizes[region.region_id()] = region.size_bytes();
+  }
+  EXPECT_EQ(sizes, (std::map<std::string, uint64_t>{
+                       {first.registered_region_id(), 4096},
+                       {second.registered_region_id(), segment.size()}}));
+
+  ASSERT_EQ(lease.Unregister(first.registered_region_id()).code(), 0);
+  ASSERT_TRUE(ListRegionsAs(*stub_, lease.client_id(), &mine).ok());
+  ASSERT_EQ(mine.regions_size(), 1);
+  EXPECT_EQ(mine.regions(0).region_id(), second.registered_region_id());
+
+  const std::string ended = lease.client_id();
+  ASSERT_TRUE(lease.Close().ok());
+  grpc::Status status;
+  for (int i = 0; i < 200; ++i) {  // the lease ends on the server's side asynchronously
+    v1::ListRegionsResponse after;
+    status = ListRegionsAs(*stub_, ended, &after);
+    if (!status.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GRPC_ERROR(status, grpc::StatusCode::NOT_FOUND, "kvtrim-client-id: no open lease");
+  const auto families = server_->metrics().registry()->Collect();
+  EXPECT_EQ(FindMetric(families, "kvtrim_requests_total",
+                       {{"rpc", "ListRegions"}, {"policy", "none"}, {"code", "NOT_FOUND"}})
+                ->counter.value,
+            1);
+}
+
 TEST(TransportOffTest, RegionsNeedAllowClientShm) {
   auto server = StartServer(TestConfig());
   ASSERT_NE(server, nullptr);
@@ -426,6 +491,10 @@ TEST(TransportOffTest, RegionsNeedAllowClientShm) {
   v1::CompressResponse response;
   EXPECT_GRPC_ERROR(CompressAs(*stub, "abc", RegionRequest("shm-1", 0), &response),
                     grpc::StatusCode::FAILED_PRECONDITION, "--allow_client_shm");
+  v1::ListRegionsResponse regions;  // says so too, without an error
+  ASSERT_TRUE(ListRegionsAs(*stub, "", &regions).ok());
+  EXPECT_FALSE(regions.enabled());
+  EXPECT_EQ(regions.leases(), 0);
 }
 
 TEST(RegionRegistryTest, UnregisterWhileInUseIsRefusedUntilTheLayerIsDone) {

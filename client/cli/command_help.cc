@@ -44,6 +44,14 @@ const std::vector<CommandInfo>& Commands() {
        "kvtrim --target=ADDR models",
        "Lists the registered models: digest, name, layout, RoPE and weight names.",
        {}},
+      {"regions",
+       "show the zero-copy transports' state, or one lease's regions",
+       "kvtrim --target=ADDR regions [--client_id=LEASE]",
+       "Shows whether kvtrimd accepts regions (--allow_client_shm), its open leases, regions\n"
+       "by kind and page-locked shm bytes; with --client_id (a worker's lease id), that\n"
+       "lease's regions: id, kind, size, readers now, page-locked. NOT_FOUND: the lease is\n"
+       "not open (its Regions stream ended, or kvtrimd restarted).",
+       {"client_id"}},
       {"delete-model",
        "delete one registered model",
        "kvtrim --target=ADDR delete-model DIGEST",

@@ -30,13 +30,10 @@ struct CompressAnswer {
 
 /// Prints the totals over every printed layer: heads * n in, kept out.
 void PrintTotals(const std::vector<v1::LayerResult>& layers, std::ostream& out) {
-  int64_t in = 0, kept = 0;
-  for (const v1::LayerResult& layer : layers) {
-    in += layer.num_tokens() * layer.heads_size();
-    for (const v1::HeadStats& head : layer.heads()) kept += head.kept();
-  }
-  out << absl::StrFormat("total: layers=%d tokens_in=%d tokens_kept=%d (%.2f%%)\n",
-                         layers.size(), in, kept, in > 0 ? 100.0 * kept / in : 0.0);
+  const LayerTotals t = SumLayers(layers);
+  out << absl::StrFormat("total: layers=%d tokens_in=%d tokens_kept=%d (%.2f%%)\n", t.layers,
+                         t.tokens_in, t.tokens_kept,
+                         t.tokens_in > 0 ? 100.0 * t.tokens_kept / t.tokens_in : 0.0);
 }
 
 /// Prints `answer` as text (the per-layer report, or the summary row) or as JSON.
@@ -277,6 +274,17 @@ int RunModels(Client& client, Output& output) {
     output.Json(ProtoJson(*response));
   } else {
     PrintModels(*response, output.out());
+  }
+  return kExitOk;
+}
+
+int RunRegions(Client& client, Output& output) {
+  absl::StatusOr<v1::ListRegionsResponse> response = client.ListRegions();
+  if (!response.ok()) return output.RpcError("ListRegions", response.status());
+  if (output.json()) {
+    output.Json(ProtoJson(*response));
+  } else {
+    PrintRegions(*response, !client.client_id().empty(), output.out());
   }
   return kExitOk;
 }

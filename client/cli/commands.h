@@ -87,6 +87,10 @@ int RunRegisterModel(Client& client, const std::string& model_path, Output& outp
 /// the ListModelsResponse (ProtoJson).
 int RunModels(Client& client, Output& output);
 
+/// `kvtrim regions`: the zero-copy transports' state and, with the client's id set (SetClientId,
+/// --client_id), that lease's regions. JSON: the ListRegionsResponse (ProtoJson).
+int RunRegions(Client& client, Output& output);
+
 /// `kvtrim delete-model DIGEST`: deletes one registered model (JSON: {"deleted"}).
 int RunDeleteModel(Client& client, const std::string& digest, Output& output);
 

@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(bool, json, false,
           "Print each command's answer as one JSON object on stdout, and an error as one "
           "JSON object on stderr ({\"error\": {\"kind\", \"code\", \"message\"}})");
+ABSL_FLAG(std::string, client_id, "",
+          "regions: a Regions lease's id (RegionLease.client_id, what a worker sends as "
+          "kvtrim-client-id) whose regions to list one by one");
 ABSL_FLAG(double, wait, 0,
           "health: wait up to this many seconds for kvtrimd to be SERVING, checking every "
           "100 ms while it is unreachable, warming up or NOT_SERVING (0: check once)");

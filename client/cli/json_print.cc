@@ -62,13 +62,21 @@ nlohmann::json SummaryJson(const CompressSummary& summary) {
   };
 }
 
-nlohmann::json TotalsJson(const std::vector<v1::LayerResult>& layers) {
-  int64_t in = 0, kept = 0;
+LayerTotals SumLayers(const std::vector<v1::LayerResult>& layers) {
+  LayerTotals totals;
+  totals.layers = static_cast<int64_t>(layers.size());
   for (const v1::LayerResult& layer : layers) {
-    in += layer.num_tokens() * layer.heads_size();
-    for (const v1::HeadStats& head : layer.heads()) kept += head.kept();
+    totals.tokens_in += layer.num_tokens() * layer.heads_size();
+    for (const v1::HeadStats& head : layer.heads()) totals.tokens_kept += head.kept();
   }
-  return {{"layers", layers.size()}, {"tokens_in", in}, {"tokens_kept", kept}};
+  return totals;
+}
+
+nlohmann::json TotalsJson(const std::vector<v1::LayerResult>& layers) {
+  const LayerTotals totals = SumLayers(layers);
+  return {{"layers", totals.layers},
+          {"tokens_in", totals.tokens_in},
+          {"tokens_kept", totals.tokens_kept}};
 }
 
 }  // namespace kvtrim::cli

@@ -2,6 +2,7 @@
 // script can read without parsing text.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,5 +25,14 @@ nlohmann::json SummaryJson(const CompressSummary& summary);
 
 /// Totals over `layers`: {"layers", "tokens_in", "tokens_kept"} (heads * n in, kept out).
 nlohmann::json TotalsJson(const std::vector<v1::LayerResult>& layers);
+
+/// Answered layers and tokens over a whole answer (what TotalsJson and the text report show).
+struct LayerTotals {
+  int64_t layers = 0;
+  int64_t tokens_in = 0;    // sum over layers and KV heads of n
+  int64_t tokens_kept = 0;  // sum over layers and KV heads of the kept count
+};
+/// The totals of `layers`.
+LayerTotals SumLayers(const std::vector<v1::LayerResult>& layers);
 
 }  // namespace kvtrim::cli

@@ -50,7 +50,9 @@ void PrintVersion(kvtrim::cli::Output& output) {
 
 /// The client's options from the connection flags; a usage error message when they are bad.
 absl::StatusOr<kvtrim::ClientOptions> ClientOptionsFromFlags(bool waits_for_health) {
-  if (absl::GetFlag(FLAGS_target).empty()) return absl::InvalidArgumentError("--target is required");
+  if (absl::GetFlag(FLAGS_target).empty()) {
+    return absl::InvalidArgumentError("--target is required");
+  }
   if (!(absl::GetFlag(FLAGS_timeout_s) > 0)) {
     return absl::InvalidArgumentError("--timeout_s must be positive");
   }
@@ -158,6 +160,9 @@ int main(int argc, char** argv) {
   const double wait = absl::GetFlag(FLAGS_wait);
   if (!(wait >= 0)) return usage_error("--wait must be >= 0 seconds");
   if (wait > 0 && command->name != "health") return usage_error("--wait is a flag of health");
+  if (!absl::GetFlag(FLAGS_client_id).empty() && command->name != "regions") {
+    return usage_error("--client_id is a flag of regions");
+  }
 
   absl::StatusOr<kvtrim::ClientOptions> options =
       ClientOptionsFromFlags(command->name == "health" && wait > 0);
@@ -177,6 +182,10 @@ int main(int argc, char** argv) {
     return kvtrim::cli::RunRegisterModel(connected, absl::GetFlag(FLAGS_model), output);
   }
   if (command->name == "models") return kvtrim::cli::RunModels(connected, output);
+  if (command->name == "regions") {
+    connected.SetClientId(absl::GetFlag(FLAGS_client_id));
+    return kvtrim::cli::RunRegions(connected, output);
+  }
   if (command->name == "delete-model") {
     return kvtrim::cli::RunDeleteModel(connected, positional[1], output);
   }

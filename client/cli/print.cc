@@ -171,6 +171,29 @@ void PrintModels(const v1::ListModelsResponse& response, std::ostream& out) {
   }
 }
 
+void PrintRegions(const v1::ListRegionsResponse& response, bool one_lease, std::ostream& out) {
+  if (!response.enabled()) {
+    out << "regions off (kvtrimd runs without --allow_client_shm)\n";
+    return;
+  }
+  const auto count = [&response](const char* kind) -> int64_t {
+    auto it = response.regions_by_kind().find(kind);
+    return it == response.regions_by_kind().end() ? 0 : it->second;
+  };
+  out << absl::StrFormat(
+      "regions on: %d leases, host_shm=%d cuda_ipc=%d cuda_ipc_event=%d, %d bytes page-locked, "
+      "at most %d per lease\n",
+      response.leases(), count("host_shm"), count("cuda_ipc"), count("cuda_ipc_event"),
+      response.pinned_shm_bytes(), response.max_regions_per_client());
+  if (!one_lease) return;
+  out << absl::StrFormat("this lease: %d regions\n", response.regions_size());
+  for (const v1::RegionStatus& region : response.regions()) {
+    out << absl::StrFormat("  %s  %-14s %12d bytes  readers=%d%s\n", region.region_id(),
+                           region.kind(), region.size_bytes(), region.readers(),
+                           region.page_locked() ? "  page-locked" : "");
+  }
+}
+
 std::string BudgetLabel(const v1::Budget& budget) {
   switch (budget.value_case()) {
     case v1::Budget::kKeepFraction:

@@ -19,6 +19,8 @@ void PrintPolicies(const v1::ListPoliciesResponse& response, std::ostream& out);
 /// Prints every registered model: digest, name, L / H_q / H_kv / d / hidden size, RoPE,
 /// then its weight names; "no models registered" when there are none.
 void PrintModels(const v1::ListModelsResponse& response, std::ostream& out);
+/// The zero-copy state of ListRegions, then (when `one_lease`) that lease's regions.
+void PrintRegions(const v1::ListRegionsResponse& response, bool one_lease, std::ostream& out);
 
 /// Prints one layer's decision: n, output shape, the numerics mode that computed it, compute
 /// seconds and the client round-trip seconds, then kept count per head, perturbation per

@@ -127,6 +127,13 @@ TEST(AuthEndToEndTest, TokensAuthenticateAndTenantsScopeLeases) {
   EXPECT_NE(stolen.status().message().find("layers[0].keys.host_shm.region_id"),
             std::string::npos);
   EXPECT_TRUE(alpha->Compress(KnormRequest(*region)).ok());
+  // ListRegions lists alpha's region to alpha, and to beta the lease does not exist.
+  auto listed = alpha->ListRegions();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->regions_size(), 1);
+  EXPECT_EQ(listed->regions(0).region_id(), *region);
+  auto hidden = beta->ListRegions();
+  EXPECT_EQ(hidden.status().code(), absl::StatusCode::kNotFound) << hidden.status();
   EXPECT_TRUE((*lease)->Close().ok());
 
   auto stopped = process->StopWith(SIGTERM, absl::Seconds(30));

@@ -261,6 +261,14 @@ class Client:
                            pb.ListModelsRequest().SerializeToString(),
                            pb.ListModelsResponse.FromString)
 
+    def list_regions(self) -> pb.ListRegionsResponse:
+        """The zero-copy state (regions on or off, every client's leases and regions by kind)
+        and this client's lease's regions (its own lease, or the client_id it was given);
+        KvtrimError NOT_FOUND when that lease is no longer open."""
+        return self._unary("/kvtrim.v1.Kvtrim/ListRegions",
+                           pb.ListRegionsRequest().SerializeToString(),
+                           pb.ListRegionsResponse.FromString, metadata=self._metadata(True))
+
     def delete_model(self, digest: str) -> None:
         """Deletes a registered model (NOT_FOUND naming `digest` when not held)."""
         self._unary("/kvtrim.v1.Kvtrim/DeleteModel",

@@ -8,11 +8,13 @@ import subprocess
 import threading
 import time
 
+import numpy as np
+
 import kvtrim
 from conftest import BUNDLE, KVTRIM_CLI, SAMPLE, Server
 
-COMMANDS = ["health", "policies", "compress", "register-model", "models", "delete-model",
-            "profile", "help"]
+COMMANDS = ["health", "policies", "compress", "register-model", "models", "regions",
+            "delete-model", "profile", "help"]
 
 
 def cli(*args, timeout=120):
@@ -107,6 +109,34 @@ def test_errors_are_json_on_stderr_with_the_usual_exit_codes(server):
     missing = cli(target, "--json", "delete-model", "sha256:" + "0" * 64)
     assert missing.returncode == 1
     assert json.loads(missing.stderr)["error"]["code"] == "NOT_FOUND"
+
+
+def test_regions_lists_a_workers_lease_until_it_ends(server):
+    """`kvtrim regions --client_id=` shows what a worker registered (the Python client's shared
+    array: one host shm segment); once the worker's lease ends, NOT_FOUND (exit 1)."""
+    target = f"--target={server.address}"
+    with kvtrim.Client(server.address) as client:
+        array = client.shared_array((4, 256), np.float32)
+        lease_id = client.lease().client_id
+        mine = client.list_regions()
+        assert [(r.kind, r.size_bytes) for r in mine.regions] == [("host_shm", array.nbytes)]
+        listed = json_of(cli(target, "--json", "regions", f"--client_id={lease_id}"))
+        assert listed["enabled"] is True and int(listed["leases"]) >= 1
+        assert [r["region_id"] for r in listed["regions"]] == [mine.regions[0].region_id]
+        text = cli(target, "regions", f"--client_id={lease_id}")
+        assert text.returncode == 0 and "this lease: 1 regions" in text.stdout, text.stdout
+        totals = json_of(cli(target, "--json", "regions"))
+        assert totals["regions"] == [] and int(totals["regions_by_kind"]["host_shm"]) >= 1
+    deadline = time.monotonic() + 10  # the lease ends on the server's side asynchronously
+    while True:
+        gone = cli(target, "--json", "regions", f"--client_id={lease_id}")
+        if gone.returncode != 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert gone.returncode == 1, gone.stdout
+    assert json.loads(gone.stderr)["error"]["code"] == "NOT_FOUND"
+    usage = cli(target, "models", f"--client_id={lease_id}")
+    assert usage.returncode == 2 and "--client_id is a flag of regions" in usage.stderr
 
 
 def test_health_wait_returns_once_a_late_kvtrimd_serves(tmp_path):

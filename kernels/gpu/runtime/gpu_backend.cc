@@ -288,9 +288,8 @@ absl::Status GpuBackend::Run(const ResolvedPolicy& policy, const ValidatedLayer&
     const double wait =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
     KVTRIM_RETURN_IF_ERROR(RunLayer(context, policy, layer, budget, outputs));
-    if (outputs.decision != nullptr && policy.settings.profile) {
-      outputs.decision->profile.worker_wait = wait;
-    }
+    // Always: the service's queue stage (kvtrim_stage_duration_seconds{stage="queue"}).
+    if (outputs.decision != nullptr) outputs.decision->profile.worker_wait = wait;
     return absl::OkStatus();
   });
 }
