@@ -261,6 +261,31 @@ std::string HttpGet(int port, const std::string& path) {
   return body;
 }
 
+// kvtrim_model_layers_total: one series per model up to the limit (--max_models), then
+// every further model under "other"; layers without a model are not counted.
+TEST(ModelMetricsTest, TheModelLabelIsBoundedByTheLimit) {
+  Metrics metrics("0.0.0", "cpu", {});
+  metrics.SetModelLabelLimit(2);
+  LayerDecision decision;
+  decision.kept_per_head = {1, 1};
+  decision.num_tokens = 4;
+  const std::string a = "sha256:" + std::string(64, 'a');
+  const std::string b = "sha256:" + std::string(64, 'b');
+  for (const std::string& digest : {a, b, a, std::string(), "sha256:" + std::string(64, 'c'),
+                                    "sha256:" + std::string(64, 'd')}) {
+    metrics.RecordLayer("knorm", decision, digest);
+  }
+  const auto families = metrics.registry()->Collect();
+  const auto value = [&families](const std::string& model) {
+    const auto* m = FindMetric(families, "kvtrim_model_layers_total", {{"model", model}});
+    return m == nullptr ? -1.0 : m->counter.value;
+  };
+  EXPECT_EQ(value("sha256:aaaaaaaaaaaa"), 2);
+  EXPECT_EQ(value("sha256:bbbbbbbbbbbb"), 1);
+  EXPECT_EQ(value("other"), 2);
+  EXPECT_EQ(value("sha256:cccccccccccc"), -1);
+}
+
 TEST_F(MetricsTest, HeapFiguresArePublished) {
   server_->PublishMemoryMetrics();
   const auto families = server_->metrics().registry()->Collect();

@@ -1,6 +1,7 @@
 #include "service/metrics.h"
 
 #include <cmath>
+#include <iterator>
 
 #include "service/status.h"
 #include "version/build_version.h"
@@ -12,8 +13,10 @@ namespace {
 constexpr Rpc kAllRpcs[] = {Rpc::kListPolicies,  Rpc::kCompress,   Rpc::kCompressSession,
                             Rpc::kRegisterModel, Rpc::kListModels, Rpc::kDeleteModel,
                             Rpc::kRegions, Rpc::kListRegions};
+static_assert(std::size(kAllRpcs) == kRpcCount, "kAllRpcs must list every Rpc");
 constexpr Stage kAllStages[] = {Stage::kDecode, Stage::kValidate, Stage::kCompute,
                                 Stage::kEncode, Stage::kAdmission, Stage::kQueue};
+static_assert(std::size(kAllStages) == kStageCount, "kAllStages must list every Stage");
 
 /// Index of `mode` in PolicySeries::layers (0 fast, 1 exact).
 size_t NumericsIndex(Numerics mode) { return mode == Numerics::kFast ? 0 : 1; }
@@ -172,7 +175,12 @@ Metrics::Metrics(const std::string& version, const std::string& backend,
                          .Name("kvtrim_device_layers_total")
                          .Help("Layers answered, by the device that computed them (a CUDA "
                                "ordinal, or \"cpu\")")
-                         .Register(*registry_)) {
+                         .Register(*registry_)),
+      model_layers_(prometheus::BuildCounter()
+                        .Name("kvtrim_model_layers_total")
+                        .Help("Layers answered with a registered model (settings.model_digest), "
+                              "by model: its digest's first 12 hex digits")
+                        .Register(*registry_)) {
   for (Transport t : {Transport::kInline, Transport::kHostShm, Transport::kCudaIpc}) {
     transport_[static_cast<size_t>(t)] = &transport_bytes_.Add({{"transport", TransportName(t)}});
   }
@@ -231,7 +239,35 @@ Metrics::PolicySeries& Metrics::SeriesFor(const std::string& policy) {
   return series_.emplace(policy, s).first->second;
 }
 
-void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decision) {
+void Metrics::SetModelLabelLimit(size_t models) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  model_label_limit_ = models;
+}
+
+std::string ModelLabel(const std::string& digest) {
+  constexpr size_t kShown = sizeof("sha256:") - 1 + 12;
+  return digest.substr(0, kShown);
+}
+
+prometheus::Counter& Metrics::ModelCounter(const std::string& digest) {
+  const std::string label = ModelLabel(digest);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = model_series_.find(label);
+  if (it != model_series_.end()) return *it->second;
+  // Past the limit every new model shares "other": the label stays bounded however many
+  // models are registered and deleted over the process's life.
+  const std::string value = model_series_.size() < model_label_limit_ ? label : "other";
+  if (auto other = model_series_.find(value); other != model_series_.end()) {
+    return *other->second;
+  }
+  prometheus::Counter& counter = model_layers_.Add({{"model", value}});
+  model_series_.emplace(value, &counter);
+  return counter;
+}
+
+void Metrics::RecordLayer(const std::string& policy, const LayerDecision& decision,
+                          const std::string& model_digest) {
+  if (!model_digest.empty()) ModelCounter(model_digest).Increment();
   PolicySeries& s = SeriesFor(policy);
   const auto heads = static_cast<int64_t>(decision.kept_per_head.size());
   int64_t kept = 0;

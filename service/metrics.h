@@ -23,6 +23,8 @@ namespace kvtrim::service {
 /// The RPCs of kvtrim.v1.Kvtrim (the `rpc` label).
 enum class Rpc { kListPolicies, kCompress, kCompressSession, kRegisterModel, kListModels,
                  kDeleteModel, kRegions, kListRegions };
+/// How many Rpc values there are.
+inline constexpr size_t kRpcCount = static_cast<size_t>(Rpc::kListRegions) + 1;
 
 /// How tensor bytes reached kvtrimd (the `transport` label).
 enum class Transport { kInline, kHostShm, kCudaIpc };
@@ -45,6 +47,8 @@ enum class Stage {
 inline constexpr size_t kStageCount = static_cast<size_t>(Stage::kQueue) + 1;
 /// Lower-case label value of `stage` ("decode").
 const char* StageName(Stage stage);
+/// The `model` label value of a model digest: "sha256:" and its first 12 hex digits.
+std::string ModelLabel(const std::string& digest);
 
 /// `policy` label value for calls that carry no policy (ListPolicies, model RPCs, sessions
 /// that end before `begin`).
@@ -77,8 +81,13 @@ class Metrics {
   /// kvtrim_tokens_kept_total, one kvtrim_kept_ratio observation per head and one
   /// kvtrim_perturbation_ratio{policy, rows} observation per head when perturbation was
   /// computed (rows "all" or "sampled": LayerDecision::perturbation_sampled), and
-  /// kvtrim_device_layers_total{device} (LayerDecision::device: a CUDA ordinal or "cpu").
-  void RecordLayer(const std::string& policy, const LayerDecision& decision);
+  /// kvtrim_device_layers_total{device} (LayerDecision::device: a CUDA ordinal or "cpu");
+  /// with a `model_digest` (the request's registered model), kvtrim_model_layers_total{model}.
+  void RecordLayer(const std::string& policy, const LayerDecision& decision,
+                   const std::string& model_digest = "");
+  /// At most this many distinct `model` label values (--max_models; default 64); models
+  /// beyond it are counted under model="other".
+  void SetModelLabelLimit(size_t models);
   /// Adds received tensor bytes (kvtrim_request_bytes_total).
   void AddRequestBytes(Rpc rpc, int64_t bytes);
   /// Tracks admitted calls (kvtrim_inflight_requests).
@@ -112,6 +121,9 @@ class Metrics {
   /// kvtrim_device_layers_total{device} of a CUDA ordinal (-1: "cpu"); bounded by the
   /// devices the backend serves.
   prometheus::Counter& DeviceCounter(int32_t device);
+  /// kvtrim_model_layers_total{model} of a model digest (ModelLabel), or of "other" past the
+  /// label limit.
+  prometheus::Counter& ModelCounter(const std::string& digest);
 
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
@@ -133,9 +145,10 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& heap_family_;
   prometheus::Family<prometheus::Gauge>& host_buffer_family_;
   prometheus::Family<prometheus::Counter>& device_layers_;
+  prometheus::Family<prometheus::Counter>& model_layers_;
 
-  std::array<prometheus::Histogram*, 7> rpc_duration_{};   // by Rpc
-  std::array<prometheus::Counter*, 7> rpc_bytes_{};        // by Rpc
+  std::array<prometheus::Histogram*, kRpcCount> rpc_duration_{};  // by Rpc
+  std::array<prometheus::Counter*, kRpcCount> rpc_bytes_{};       // by Rpc
   std::array<prometheus::Counter*, 3> transport_{};        // by Transport
   std::array<prometheus::Gauge*, 3> region_kinds_{};       // host_shm, cuda_ipc, cuda_ipc_event
   prometheus::Gauge* leases_ = nullptr;
@@ -149,6 +162,8 @@ class Metrics {
   std::mutex mutex_;  // guards series_
   std::map<std::string, PolicySeries> series_;
   std::map<int32_t, prometheus::Counter*> device_series_;  // guarded by mutex_
+  std::map<std::string, prometheus::Counter*> model_series_;  // by label; guarded by mutex_
+  size_t model_label_limit_ = 64;                              // guarded by mutex_
 };
 
 }  // namespace kvtrim::service

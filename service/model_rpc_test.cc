@@ -174,6 +174,10 @@ TEST_F(ModelRpcTest, CompressNamingADigest) {
   grpc::Status status = CallCompress(*stub_, request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.layers_size(), 2);
+  // Both layers are counted under the model's bounded label ("sha256:" + 12 hex digits).
+  EXPECT_EQ(ModelLabel(digest).size(), 19u);
+  EXPECT_EQ(CounterValue(*server_, "kvtrim_model_layers_total", {{"model", ModelLabel(digest)}}),
+            2);
 
   request.mutable_settings()->set_model_digest("sha256:" + std::string(64, '0'));
   EXPECT_GRPC_ERROR(CallCompress(*stub_, request), StatusCode::FAILED_PRECONDITION,

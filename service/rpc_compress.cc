@@ -108,7 +108,10 @@ absl::Status CompressRequestLayers(
     runner.Encode(policy->settings, call_start, &decision, response->add_layers());
   }
   const std::string label = core.PolicyLabel(settings->policy);
-  for (const LayerDecision& decision : decisions) core.metrics().RecordLayer(label, decision);
+  const std::string model = policy->model != nullptr ? policy->model->digest : "";
+  for (const LayerDecision& decision : decisions) {
+    core.metrics().RecordLayer(label, decision, model);
+  }
   return absl::OkStatus();
 }
 

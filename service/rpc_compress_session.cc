@@ -426,7 +426,9 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
 
   /// Records an answered layer in the metrics and the summary (under answer_mutex_).
   void Count(const LayerDecision& decision) {
-    core_.metrics().RecordLayer(label_, decision);
+    core_.metrics().RecordLayer(
+        label_, decision,
+        policy_ != nullptr && policy_->model != nullptr ? policy_->model->digest : "");
     summary_.set_layers(summary_.layers() + 1);
     for (int32_t kept : decision.kept_per_head) {
       summary_.set_tokens_in(summary_.tokens_in() + decision.num_tokens);

@@ -151,6 +151,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   std::vector<std::string> presets;
   for (const auto& preset : registry_.presets()) presets.push_back(preset.name);
   metrics_ = std::make_unique<Metrics>(KvtrimVersion(), std::string(backend_->name()), presets);
+  metrics_->SetModelLabelLimit(static_cast<size_t>(config_.max_models));
   PublishLimits(config_, *metrics_->registry());
   ModelStoreOptions store_options;
   store_options.data_dir = config_.data_dir;
