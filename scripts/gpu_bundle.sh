@@ -2,7 +2,9 @@
 # Builds kvtrim with CUDA here (sm_90a + PTX) and bundles the binaries with the non-glibc
 # shared libraries they link into gpu_bundle/ (git-ignored), for the GPU machine, which
 # has CUDA but no gRPC/Abseil/prometheus-cpp. Usage: bash scripts/gpu_bundle.sh [TARGET...]
-# The default targets are what scripts/gpu_run.sh runs there. Then on the GPU machine
+# The default targets are what scripts/gpu_run.sh runs there. STRIP=1 strips the host symbols
+# of the executables (a third smaller; compute-sanitizer then names host frames by address
+# only), when the carry would exceed 64 MiB. Then on the GPU machine
 # (device tool, carry gpu_bundle):
 #   bash scripts/gpu_run.sh                      # tests, sanitizers, benchmarks, smoke
 #   LD_LIBRARY_PATH=gpu_bundle/lib gpu_bundle/bin/<binary>
@@ -33,7 +35,8 @@ for t in "${TARGETS[@]}"; do
     esac
   done
 done
-cp -r samples gpu_bundle/ 2>/dev/null || true
+if [ "${STRIP:-0}" = 1 ]; then strip --strip-unneeded gpu_bundle/bin/*; fi
+# samples/ travels with the working tree (gpu_run.sh reads it there).
 # The trained stories260K checkpoint (the Python tests convert it to a transformers model).
 if [ -f ../shared/models/stories260K.bin ]; then
   mkdir -p gpu_bundle/models && cp ../shared/models/stories260K.bin gpu_bundle/models/

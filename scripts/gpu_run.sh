@@ -257,7 +257,6 @@ section_smoke() {
   metrics=$(sed -n 's/.* metrics \(http[^ ]*\) .*/\1/p' "$server_log" | head -n 1)
   "$BIN/kvtrim" --target="$address" health || rc=1
   local sample=samples/stories260k_prefill.safetensors
-  [ -f "$sample" ] || sample="$BUNDLE/samples/stories260k_prefill.safetensors"
   local answer
   answer=$("$BIN/kvtrim" --target="$address" compress --policy=dropkv --keep_fraction=0.25 \
     --input="$sample" 2>&1)
@@ -266,7 +265,11 @@ section_smoke() {
   if [ -n "$metrics" ]; then
     python3 -c 'import sys, urllib.request; t = urllib.request.urlopen(sys.argv[1]).read().decode(); l = [x for x in t.splitlines() if x.startswith("kvtrim_build_info")]; print(*l); sys.exit(0 if any("backend=\"gpu\"" in x for x in l) else 1)' "$metrics" ||
       { echo "smoke: kvtrim_build_info does not say backend=gpu"; rc=1; }
+    # NVML's per-device figures, and the layers' queue stage (a wait for a device worker).
+    python3 -c 'import sys, urllib.request; t = urllib.request.urlopen(sys.argv[1]).read().decode(); l = [x for x in t.splitlines() if x.startswith(("kvtrim_gpu_", "kvtrim_stage_duration_seconds_count{stage=\"queue\""))]; print(*l, sep="\n"); total = [float(x.split()[-1]) for x in l if x.startswith("kvtrim_gpu_memory_total_bytes")]; queue = [float(x.split()[-1]) for x in l if "queue" in x]; sys.exit(0 if total and min(total) > 0 and queue and queue[0] >= 1 else 1)' "$metrics" ||
+      { echo "smoke: no kvtrim_gpu_memory_total_bytes > 0 or no queue stage observation"; rc=1; }
   fi
+  "$BIN/kvtrim" --target="$address" regions || { echo "smoke: kvtrim regions failed"; rc=1; }
   kill -TERM "$pid"
   local exit_status=0
   wait "$pid" || exit_status=$?
