@@ -69,6 +69,8 @@ apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-br
   --no-replaces --no-enhances $packages 2>/dev/null |
   sed -n 's/^\([a-z0-9][a-z0-9.+:-]*\)$/\1/p; s/^ *\(Pre\)\?Depends: <\?\([^>]*\)>\?$/\2/p' |
   sed 's/:amd64$//' | sort -u > "$work/provided"
+[ -s "$work/provided" ] ||
+  fail "apt-cache knows none of the runtime packages (no package lists: run apt-get update)"
 echo "$packages" >> "$work/provided"
 printf '%s\n' libc6 libgcc-s1 libstdc++6 zlib1g >> "$work/provided"
 # The package owning a library: dpkg knows a file by one of its paths only (/lib or /usr/lib

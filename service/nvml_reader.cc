@@ -38,7 +38,8 @@ std::unique_ptr<NvmlReader> NvmlReader::Load(std::string* why) {
   auto api = std::make_unique<Api>();
   api->library = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (api->library == nullptr) {
-    if (why != nullptr) *why = dlerror();
+    const char* error = dlerror();
+    if (why != nullptr) *why = error != nullptr ? error : "libnvidia-ml.so.1 cannot be loaded";
     return nullptr;
   }
   const auto resolve = [&api](auto& entry, const char* name) {
