@@ -43,8 +43,8 @@ grpc::ServerUnaryReactor* StartListRegions(ServiceCore& core, grpc::CallbackServ
   absl::Status status = call->admitted();
   if (status.ok() && core.regions() != nullptr) {
     // The lease id scoped to the caller's tenant: another tenant's lease is not found.
-    const std::string client_id = core.MakeDecodeContext(*context, call->tenant()).client_id;
-    status = DescribeRegions(*core.regions(), client_id, response);
+    status = DescribeRegions(*core.regions(), ServiceCore::ScopedClientId(*context, call->tenant()),
+                             response);
   }
   core.metrics().RecordRequest(Rpc::kListRegions, kNoPolicy, status.code(), SecondsSince(start));
   call->Finish(ToGrpcStatus(status));

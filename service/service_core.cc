@@ -122,18 +122,21 @@ absl::StatusOr<ResolvedPolicy> ServiceCore::PreparePolicy(const CompressionSetti
   return PreparePolicyWithModel(engine_, models_, settings, field);
 }
 
+std::string ServiceCore::ScopedClientId(const grpc::ServerContextBase& context,
+                                        const std::string& tenant) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kClientIdMetadata);
+  if (it == metadata.end()) return "";
+  return TenantScopedId(tenant, std::string(it->second.data(), it->second.size()));
+}
+
 DecodeContext ServiceCore::MakeDecodeContext(const grpc::ServerContextBase& context,
                                              const std::string& tenant) const {
   DecodeContext decode;
   decode.regions = regions_;
   decode.buffers = buffers_;
   decode.max_host_read_bytes = transport_options_.max_layer_bytes;
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find(kClientIdMetadata);
-  if (it != metadata.end()) {
-    decode.client_id =
-        TenantScopedId(tenant, std::string(it->second.data(), it->second.size()));
-  }
+  decode.client_id = ScopedClientId(context, tenant);
   return decode;
 }
 

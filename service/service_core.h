@@ -115,6 +115,10 @@ class ServiceCore {
   /// "<field>.model_digest") and attaches the model (PolicyEngine::AttachModel).
   absl::StatusOr<ResolvedPolicy> PreparePolicy(const CompressionSettings& settings,
                                                const std::string& field);
+  /// The call's kvtrim-client-id metadata scoped to its `tenant` (TenantScopedId); "" when
+  /// the call sends none.
+  static std::string ScopedClientId(const grpc::ServerContextBase& context,
+                                    const std::string& tenant);
   /// The call's decoding context: the regions, buffers and kvtrim-client-id metadata (the
   /// lease id scoped to the call's `tenant`, see TenantScopedId).
   DecodeContext MakeDecodeContext(const grpc::ServerContextBase& context,
