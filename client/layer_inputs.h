@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 
 namespace kvtrim {

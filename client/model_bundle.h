@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 
 namespace kvtrim {

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "kernels/registry.h"
 
 namespace kvtrim::fuzz {

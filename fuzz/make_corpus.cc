@@ -15,12 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/model_bundle.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "fuzz/corpus_requests.h"
 #include "fuzz/limits.h"
 #include "fuzz/records.h"
 #include "fuzz/sample_model.h"
-#include "kernels/lukv/npy.h"
+#include "formats/npy.h"
 #include "kernels/registry.h"
 #include "service/model_digest.h"
 #include "service/model_file.h"
@@ -169,12 +169,12 @@ Seeds SafetensorsSeeds(const SafetensorsFile& prefill, const ModelBundle& small_
 Seeds NpySeeds(const std::string& source_dir) {
   Seeds seeds = {{"stories260k_lukv_snapkv",
                   ReadFile(source_dir + "/samples/stories260k_lukv_snapkv.npy")}};
-  const std::vector<std::pair<std::string, lukv::NpyArray>> arrays = {
+  const std::vector<std::pair<std::string, NpyArray>> arrays = {
       {"scalar", {{}, {1.5f}}},
       {"vector", {{3}, {0.f, -1.f, 2.5f}}},
       {"matrix_empty_row", {{0, 4}, {}}},
       {"profile_shape", {{99, 1, 2}, std::vector<float>(198, 0.25f)}}};
-  for (const auto& [name, array] : arrays) seeds[name] = Check(lukv::SerializeNpy(array), name);
+  for (const auto& [name, array] : arrays) seeds[name] = Check(SerializeNpy(array), name);
   // Format version 2.0: a 4-byte header length.
   const std::string v1 = seeds["vector"];
   std::string v2 = v1.substr(0, 6) + std::string("\x02\x00", 2) + v1.substr(8, 2) +

@@ -1,4 +1,4 @@
-// Fuzz target: the safetensors reader (client/safetensors.h), which reads the CLI's input
+// Fuzz target: the safetensors reader (formats/safetensors.h), which reads the CLI's input
 // files, model bundles, calibration dumps and kvtrimd's own model files. The input is a
 // file's bytes. A file the parser accepts must serialise, and its serialisation must parse
 // back to the same tensors and metadata; it then goes through the CLI's two readers of
@@ -10,7 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "client/layer_inputs.h"
 #include "client/model_bundle.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace kvtrim::fuzz {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "service/model_codec.h"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Adds an LU-KV profile (.npy written by `kvtrim profile`) to a model bundle.
+"""Adds an LU-KV profile (.npy written by `kvtrim-lukv-profile`) to a model bundle.
 
 The bundle (client/model_bundle.h) gets the tensor profile.{metric} [99, L, H_kv] float32 and
 the metadata key "profile.{metric}.manifest" = {"metric": ..., "sink": ..., "window": ...}

@@ -36,7 +36,7 @@ It also writes (--parts, default all three):
   - calib: samples/calib/stories260k_q{i}.safetensors, LU-KV calibration dumps: the first
     --calib-t tokens as context, a --question-len cue copied from the context, a greedy
     answer of --answer-len tokens; full-sequence keys/values/queries of every layer.
-The LU-KV profile is then built by `kvtrim profile` and added to the bundle by
+The LU-KV profile is then built by `kvtrim-lukv-profile` and added to the bundle by
 tools/bundle_add_profile.py (exact commands: tools/README.md).
 
 Usage (from the repository root, after tools/setup_venv.sh):
@@ -414,7 +414,7 @@ def write_bundle(w, tokens, cap, path):
 
 
 def write_calibration(w, tokens, args):
-    """Writes the LU-KV calibration dumps (client/lukv_profile_io.h), one per question.
+    """Writes the LU-KV calibration dumps (tools/lukv_profile/profile_io.h), one per question.
 
     The context is the first --calib-t tokens of the sample sequence. Question i copies
     --question-len tokens from an evenly spaced place of the context (a cue "about a

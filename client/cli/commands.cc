@@ -13,7 +13,7 @@
 #include "client/layer_inputs.h"
 #include "client/model_bundle.h"
 #include "client/numerics.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 
 namespace kvtrim::cli {
 namespace {

@@ -74,6 +74,6 @@ ABSL_FLAG(bool, summary, false,
           "server compute ms summed over layers");
 ABSL_FLAG(bool, summary_header, false,
           "compress: with --summary, print the table's column header before the row");
-// --model (a model bundle .safetensors, client/model_bundle.h) is defined in
-// client/cli_profile.cc and shared by register-model, compress and profile.
-ABSL_DECLARE_FLAG(std::string, model);
+ABSL_FLAG(std::string, model, "",
+          "model bundle .safetensors (client/model_bundle.h): register-model and compress "
+          "register it");

@@ -1,4 +1,4 @@
-// The kvtrim CLI's flags, defined in flags.cc (the profile command's in client/cli_profile.cc):
+// The kvtrim CLI's flags, defined in flags.cc:
 // the connection flags, --json, health's --wait and compress's flags.
 #pragma once
 
@@ -40,6 +40,5 @@ ABSL_DECLARE_FLAG(bool, perturbation);
 ABSL_DECLARE_FLAG(bool, packed_answer);
 ABSL_DECLARE_FLAG(bool, summary);
 ABSL_DECLARE_FLAG(bool, summary_header);
-// --model (a model bundle .safetensors, client/model_bundle.h) is defined in
-// client/cli_profile.cc and shared by register-model, compress and profile.
+// --model: a model bundle .safetensors (client/model_bundle.h), for register-model and compress.
 ABSL_DECLARE_FLAG(std::string, model);

@@ -7,7 +7,6 @@
 //   kvtrim --target=ADDR register-model --model=BUNDLE.safetensors   (prints the digest)
 //   kvtrim --target=ADDR models
 //   kvtrim --target=ADDR delete-model DIGEST
-//   kvtrim profile --model=BUNDLE --metric=snapkv --dumps=A,B --out=PROFILE.npy  (local)
 //   kvtrim help [COMMAND] | kvtrim COMMAND --help | kvtrim --version
 //
 // --json: each command prints one JSON object (errors: one on stderr).
@@ -26,17 +25,18 @@
 #include "client/cli/flags.h"
 #include "client/cli/flag_parse.h"
 #include "client/cli/tls_files.h"
-#include "client/cli_profile.h"
 #include "version/build_version.h"
-
 
 namespace {
 
-/// kvtrim's help for `command`: the command's usage, and for profile the profiler's own.
-std::string HelpFor(const kvtrim::cli::CommandInfo& command) {
-  std::string help = kvtrim::cli::CommandHelp(command);
-  if (command.name == "profile") help += "\n" + kvtrim::cli::ProfileHelp();
-  return help;
+/// The usage error of an unknown command: its name (at most 64 bytes) and, for LU-KV
+/// profiling (once `kvtrim profile`), the program that does it now.
+std::string UnknownCommand(const std::string& name) {
+  std::string message = absl::StrCat("unknown command \"", name.substr(0, 64), "\"");
+  if (name == "profile") {
+    absl::StrAppend(&message, ": LU-KV profiling is the program kvtrim-lukv-profile");
+  }
+  return message;
 }
 
 /// `kvtrim --version`: "kvtrim 0.1.0 (git <commit>)", or JSON {"version", "git_commit"}.
@@ -138,24 +138,20 @@ int main(int argc, char** argv) {
     }
     const kvtrim::cli::CommandInfo* command = kvtrim::cli::FindCommand(positional[named]);
     if (command == nullptr) {
-      return usage_error(absl::StrCat("unknown command \"", positional[named], "\""));
+      return usage_error(UnknownCommand(positional[named]));
     }
-    std::cout << HelpFor(*command);
+    std::cout << kvtrim::cli::CommandHelp(*command);
     return kvtrim::cli::kExitOk;
   }
   if (positional.empty()) return usage_error("expected a COMMAND");
   const kvtrim::cli::CommandInfo* command = kvtrim::cli::FindCommand(positional[0]);
   if (command == nullptr) {
-    return usage_error(absl::StrCat("unknown command \"", positional[0], "\""));
+    return usage_error(UnknownCommand(positional[0]));
   }
   if (positional.size() != 1u + command->arguments) {
     return usage_error(command->arguments == 0
                            ? absl::StrCat(command->name, " takes no arguments")
                            : absl::StrCat("usage: ", command->synopsis));
-  }
-  if (command->name == "profile") {
-    return kvtrim::cli::RunProfile(
-        kvtrim::cli::ProfileOptionsFromFlags(absl::GetFlag(FLAGS_param)), std::cout, std::cerr);
   }
   const double wait = absl::GetFlag(FLAGS_wait);
   if (!(wait >= 0)) return usage_error("--wait must be >= 0 seconds");

@@ -20,7 +20,7 @@
 #include "client/kvtrim_client.h"
 #include "client/layer_inputs.h"
 #include "client/model_bundle.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
 #include "tests/integration/metrics_scrape.h"
 

@@ -20,7 +20,7 @@
 #include "absl/time/clock.h"
 #include "client/kvtrim_client.h"
 #include "client/layer_inputs.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
 #include "tests/model_bundle_fixture.h"
 #include "tests/support/test_dir.h"

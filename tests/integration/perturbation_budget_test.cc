@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/kvtrim_client.h"
 #include "client/layer_inputs.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
 
 namespace kvtrim {

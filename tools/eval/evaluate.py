@@ -60,7 +60,7 @@ TARGETED = ("dropkv", "snapkv")
 def register_model(client, model_dir: str, calibration: torch.Tensor,
                    lukv_profile: str = "") -> str:
     """Registers the model (W_O, RoPE, query statistics of `calibration` ids [1, t], and the
-    LU-KV profile `kvtrim profile` wrote at `lukv_profile`, if given) and returns its
+    LU-KV profile `kvtrim-lukv-profile` wrote at `lukv_profile`, if given) and returns its
     digest."""
     import kvtrim.hf
     from transformers import LlamaForCausalLM
@@ -260,7 +260,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32,
                         help="window query rows sent (>= the policies' own window, 32)")
     parser.add_argument("--lukv_profile", default="",
-                        help="an LU-KV profile (.npy with its .json manifest, `kvtrim profile` on "
+                        help="an LU-KV profile (.npy with its .json manifest, `kvtrim-lukv-profile` on "
                         "lukv_calibration.py's dumps) registered with the model, for lukv")
     parser.add_argument("--policy_window", type=int, default=0,
                         help="observation window of every policy that has one (params.window);"

@@ -1,6 +1,6 @@
-"""LU-KV calibration inputs for a GqaDecoder checkpoint: the model bundle `kvtrim profile`
+"""LU-KV calibration inputs for a GqaDecoder checkpoint: the model bundle `kvtrim-lukv-profile`
 reads (layers.{l}.w_o and the shape metadata) and calibration dumps of retrieval prompts
-(client/lukv_profile_io.h), so that the evaluation can include `lukv`.
+(tools/lukv_profile/profile_io.h), so that the evaluation can include `lukv`.
 
 Each dump is one tasks.py prompt of --n tokens (seeds --seed + i, tasks alternating, never the
 evaluation's seeds): context = everything before the question `? k` (context_length = n - 2);
@@ -10,7 +10,7 @@ output is the answer. Tensors per layer: keys / values [H_kv, n, d] and queries 
 
 Usage:
   python tools/eval/lukv_calibration.py --model models/kv-retrieval --out DIR --count 8
-  build/client/kvtrim profile --model DIR/bundle.safetensors --metric snapkv \
+  build/tools/lukv_profile/kvtrim-lukv-profile --model DIR/bundle.safetensors --metric snapkv \
       --dumps DIR/q0.safetensors,... --out DIR/lukv_snapkv.npy --sink 0 --window 2
 """
 
@@ -31,7 +31,7 @@ from gqa import GqaDecoder  # noqa: E402
 
 def write_bundle(model: GqaDecoder, path: str) -> None:
     """The profiling bundle: layers.{l}.w_o = o_proj.weight [hidden, H_q * d] and the shape
-    metadata kvtrim profile checks."""
+    metadata kvtrim-lukv-profile checks."""
     cfg = model.cfg
     tensors = {f"layers.{i}.w_o": np.ascontiguousarray(
         block.self_attn.o_proj.weight.detach().float().numpy())

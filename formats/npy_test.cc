@@ -1,5 +1,5 @@
 // The .npy writer and reader: numpy's exact header bytes, round trips and malformed input.
-#include "kernels/lukv/npy.h"
+#include "formats/npy.h"
 
 #include <cstdio>
 #include <cstring>
@@ -8,10 +8,10 @@
 #include "gtest/gtest.h"
 #include "tests/support/test_dir.h"
 
-namespace kvtrim::lukv {
+namespace kvtrim {
 namespace {
 
-TEST(LukvNpyTest, HeaderMatchesNumpy) {
+TEST(NpyTest, HeaderMatchesNumpy) {
   // The bytes of np.save(f, np.arange(6, dtype='<f4').reshape(2, 3)) (numpy 2.4): the dict,
   // 20 spaces of room for the first axis, padding to 128 bytes, '\n', then the data.
   NpyArray a{{2, 3}, {0, 1, 2, 3, 4, 5}};
@@ -29,7 +29,7 @@ TEST(LukvNpyTest, HeaderMatchesNumpy) {
   EXPECT_EQ(third, 2.0f);
 }
 
-TEST(LukvNpyTest, RoundTrips) {
+TEST(NpyTest, RoundTrips) {
   for (const std::vector<int64_t>& shape :
        std::vector<std::vector<int64_t>>{{99, 5, 4}, {7}, {}, {0, 3}, {2, 1, 1, 2}}) {
     NpyArray a;
@@ -48,7 +48,7 @@ TEST(LukvNpyTest, RoundTrips) {
   EXPECT_NE(SerializeNpy(one)->find("'shape': (7,)"), std::string::npos);
 }
 
-TEST(LukvNpyTest, FileRoundTrip) {
+TEST(NpyTest, FileRoundTrip) {
   const std::string path = kvtrim::testing::TestPath("lukv_npy_test.npy");
   NpyArray a{{2, 2}, {1, 2, 3, 4}};
   ASSERT_TRUE(WriteNpy(path, a).ok());
@@ -59,7 +59,7 @@ TEST(LukvNpyTest, FileRoundTrip) {
   EXPECT_EQ(ReadNpy(path).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST(LukvNpyTest, RejectsMalformed) {
+TEST(NpyTest, RejectsMalformed) {
   NpyArray a{{2, 2}, {1, 2, 3, 4}};
   const std::string good = *SerializeNpy(a);
   EXPECT_FALSE(ParseNpy("garbage", "x").ok());
@@ -76,7 +76,7 @@ TEST(LukvNpyTest, RejectsMalformed) {
 // Found by fuzz/npy_fuzz: a shape whose product overflowed int64 (undefined behaviour), or
 // whose byte size wrapped to the data's size (e.g. 2^62 elements "in" 0 bytes, then
 // resized to 2^62 floats), must be refused, not read.
-TEST(LukvNpyTest, RejectsShapesWhoseSizeOverflows) {
+TEST(NpyTest, RejectsShapesWhoseSizeOverflows) {
   NpyArray empty{{0}, {}};
   const std::string good = *SerializeNpy(empty);
   for (const char* shape : {"(3, 9223372036854775807)", "(4294967296, 4294967296)",
@@ -98,4 +98,4 @@ TEST(LukvNpyTest, RejectsShapesWhoseSizeOverflows) {
 }
 
 }  // namespace
-}  // namespace kvtrim::lukv
+}  // namespace kvtrim

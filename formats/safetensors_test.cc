@@ -1,6 +1,6 @@
 // Tests of the safetensors reader and writer: round trips, the bundled Python-written sample,
 // and malformed files with the exact error code and a message fragment naming the problem.
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "client/lukv_profile_io.h"
+#include "tools/lukv_profile/profile_io.h"
 
 #include <openssl/evp.h>
 
@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 #include "kernels/lukv/greedy_solver.h"
 #include "nlohmann/json.hpp"
 
@@ -146,7 +146,7 @@ std::string Sha256Hex(absl::string_view bytes) {
   return hex;
 }
 
-std::string ProfileManifestJson(const lukv::ProfileBuilder& builder, const lukv::NpyArray& profile,
+std::string ProfileManifestJson(const lukv::ProfileBuilder& builder, const NpyArray& profile,
                                 const std::vector<std::string>& dump_paths) {
   const lukv::ProfileConfig& config = builder.config();
   const lukv::ModelWeights& model = builder.model();
@@ -193,16 +193,16 @@ std::string ProfileManifestJson(const lukv::ProfileBuilder& builder, const lukv:
   m["shape"] = profile.shape;
   m["dtype"] = "<f4";
   m["dumps"] = dumps;
-  m["sha256"] = Sha256Hex(lukv::NpyDataBytes(profile));
+  m["sha256"] = Sha256Hex(NpyDataBytes(profile));
   m["sha256_of"] = "the array's little-endian float32 bytes in C order (not the .npy file)";
-  m["generator"] = "kvtrim profile";
+  m["generator"] = "kvtrim-lukv-profile";
   return m.dump(2) + "\n";
 }
 
 absl::Status WriteProfile(const std::string& npy_path, const lukv::ProfileBuilder& builder,
-                          const lukv::NpyArray& profile,
+                          const NpyArray& profile,
                           const std::vector<std::string>& dump_paths) {
-  if (auto st = lukv::WriteNpy(npy_path, profile); !st.ok()) return st;
+  if (auto st = WriteNpy(npy_path, profile); !st.ok()) return st;
   const std::string json_path = npy_path + ".json";
   std::ofstream out(json_path, std::ios::trunc);
   if (!out) return absl::InternalError(absl::StrCat(json_path, ": cannot open for writing"));

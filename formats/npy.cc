@@ -1,4 +1,4 @@
-#include "kernels/lukv/npy.h"
+#include "formats/npy.h"
 
 #include <cstring>
 #include <fstream>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
-namespace kvtrim::lukv {
+namespace kvtrim {
 namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
@@ -177,4 +177,4 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   return ParseNpy(buffer.str(), path);
 }
 
-}  // namespace kvtrim::lukv
+}  // namespace kvtrim

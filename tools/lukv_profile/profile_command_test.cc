@@ -1,8 +1,8 @@
-// `kvtrim profile` end to end on the bundled samples (samples/calib/stories260k_q{0..3},
+// kvtrim-lukv-profile end to end on the bundled samples (samples/calib/stories260k_q{0..3},
 // samples/stories260k_model.safetensors): the profile's shape and invariants (lukv.md §9
 // items 7-9 on calibration data), and that it reproduces samples/stories260k_lukv_snapkv.npy
 // and the profile inside the bundle bit for bit.
-#include "client/cli_profile.h"
+#include "tools/lukv_profile/profile_command.h"
 
 #include <cstdio>
 #include <fstream>
@@ -10,8 +10,8 @@
 #include <string>
 
 #include "client/cli/commands.h"
-#include "client/lukv_profile_io.h"
-#include "client/safetensors.h"
+#include "tools/lukv_profile/profile_io.h"
+#include "formats/safetensors.h"
 #include "gtest/gtest.h"
 #include "kernels/lukv/dp_oracle.h"
 #include "kernels/lukv/greedy_solver.h"
@@ -19,8 +19,11 @@
 #include "kernels/lukv/pava.h"
 #include "tests/support/test_dir.h"
 
-namespace kvtrim::cli {
+namespace kvtrim::lukv_profile {
 namespace {
+
+using cli::kExitOk;
+using cli::kExitUsage;
 
 std::string SamplesDir() {
   const std::string prefill = KVTRIM_SAMPLE_PATH;
@@ -69,11 +72,11 @@ TEST(CliProfileTest, ReproducesTheSampleProfile) {
     EXPECT_NEAR(mean, lukv::GridRatio(row), 1.0 / T) << "row " << row;
   }
   // Bit-identical to the committed sample profile (regenerated deterministically).
-  auto sample = lukv::ReadNpy(SamplesDir() + "/stories260k_lukv_snapkv.npy");
+  auto sample = ReadNpy(SamplesDir() + "/stories260k_lukv_snapkv.npy");
   ASSERT_TRUE(sample.ok()) << sample.status();
   EXPECT_EQ(sample->shape, profile->shape);
   EXPECT_EQ(sample->data, profile->data);
-  const std::string sha = Sha256Hex(lukv::NpyDataBytes(*profile));
+  const std::string sha = Sha256Hex(NpyDataBytes(*profile));
   EXPECT_NE(ReadText(SamplesDir() + "/stories260k_lukv_snapkv.npy.json")
                 .find("\"sha256\": \"" + sha + "\""),
             std::string::npos);
@@ -82,7 +85,7 @@ TEST(CliProfileTest, ReproducesTheSampleProfile) {
   ASSERT_TRUE(bundle.ok()) << bundle.status();
   ASSERT_EQ(bundle->tensors.count("profile.snapkv"), 1u);
   EXPECT_EQ(bundle->tensors.at("profile.snapkv").shape, profile->shape);
-  EXPECT_EQ(bundle->tensors.at("profile.snapkv").data, lukv::NpyDataBytes(*profile));
+  EXPECT_EQ(bundle->tensors.at("profile.snapkv").data, NpyDataBytes(*profile));
   EXPECT_EQ(bundle->metadata.at("profile.snapkv.manifest"),
             R"({"metric":"snapkv","sink":0,"window":32})");
 }
@@ -168,4 +171,4 @@ TEST(CliProfileTest, UsageErrors) {
 }
 
 }  // namespace
-}  // namespace kvtrim::cli
+}  // namespace kvtrim::lukv_profile

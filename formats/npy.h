@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace kvtrim::lukv {
+namespace kvtrim {
 
 /// A dense row-major float32 array.
 struct NpyArray {
@@ -38,4 +38,4 @@ absl::Status WriteNpy(const std::string& path, const NpyArray& array);
 /// Reads and parses `path`. NOT_FOUND when it cannot be opened.
 absl::StatusOr<NpyArray> ReadNpy(const std::string& path);
 
-}  // namespace kvtrim::lukv
+}  // namespace kvtrim

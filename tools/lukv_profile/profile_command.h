@@ -1,11 +1,12 @@
-// `kvtrim profile`: LU-KV offline profiling (lukv.md §5.2) as a CLI subcommand. Runs locally
-// (no server): reads a model bundle's W_O and calibration dumps, ranks each head's context
+// kvtrim-lukv-profile: LU-KV offline profiling (lukv.md §5.2), a program of its own so that the
+// kvtrim CLI does not link the kernels. Runs locally (no server): reads a model bundle's W_O and calibration dumps, ranks each head's context
 // with the sidecar's own CPU scorer, solves the per-dump allocation and writes the averaged
 // profile Φ [99, L, H_kv] as PROFILE.npy plus PROFILE.npy.json.
 //
-//   kvtrim profile --model BUNDLE.safetensors --metric snapkv
+//   kvtrim-lukv-profile --model BUNDLE.safetensors --metric snapkv
 //       --dumps a.safetensors,b.safetensors --out PROFILE.npy
 //       [--sink 4] [--window 32] [--param name=value,...] [--k_max 128] [--gqa_agg mean]
+//       [--threads 1]
 #pragma once
 
 #include <cstdint>
@@ -15,12 +16,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/lukv/npy.h"
+#include "formats/npy.h"
 #include "kernels/lukv/profile_builder.h"
 
-namespace kvtrim::cli {
+namespace kvtrim::lukv_profile {
 
-/// What `kvtrim profile` was asked to do.
+/// What kvtrim-lukv-profile was asked to do.
 struct ProfileCommandOptions {
   std::string model;               // model bundle (.safetensors)
   std::string metric;              // scorer name, e.g. "snapkv"
@@ -34,23 +35,22 @@ struct ProfileCommandOptions {
   int32_t threads = 1;             // CPU threads
 };
 
-/// The options as set by the profile flags (defined in cli_profile.cc) plus `params` (the
-/// CLI's shared --param flag).
-ProfileCommandOptions ProfileOptionsFromFlags(const std::string& params);
+/// The options as set by the program's flags (defined in profile_command.cc).
+ProfileCommandOptions ProfileOptionsFromFlags();
 
-/// Help text of the subcommand: what it does, the supported metrics and its flags.
+/// The program's help: what it does, the supported metrics and its flags.
 std::string ProfileHelp();
 
 /// Builds the profile in process without writing anything: Φ [99, L, H_kv] and the builder
 /// (for the manifest). `progress` (may be null) receives a one-line progress bar updated
 /// per (dump, layer). INVALID_ARGUMENT / NOT_FOUND for bad options or inputs.
-absl::StatusOr<lukv::NpyArray> BuildProfile(const ProfileCommandOptions& options,
+absl::StatusOr<NpyArray> BuildProfile(const ProfileCommandOptions& options,
                                             std::unique_ptr<lukv::ProfileBuilder>* builder,
                                             std::ostream* progress);
 
-/// `kvtrim profile`: BuildProfile with the progress bar on `err`, then writes the .npy and
+/// The program: BuildProfile with the progress bar on `err`, then writes the .npy and
 /// its manifest and prints a summary on `out`. Returns kExitOk, kExitUsage for bad options
 /// or inputs, kExitRpcError (1) when the output cannot be written.
 int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ostream& err);
 
-}  // namespace kvtrim::cli
+}  // namespace kvtrim::lukv_profile

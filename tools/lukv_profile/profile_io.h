@@ -1,4 +1,4 @@
-// File I/O of `kvtrim profile` (LU-KV offline profiling, lukv.md §5.2): calibration dumps
+// File I/O of kvtrim-lukv-profile (LU-KV offline profiling, lukv.md §5.2): calibration dumps
 // and the model bundle's W_O read with the safetensors reader, and the profile written as
 // .npy plus its JSON manifest.
 //
@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "kernels/lukv/calibration.h"
-#include "kernels/lukv/npy.h"
+#include "formats/npy.h"
 #include "kernels/lukv/profile_builder.h"
 
 namespace kvtrim {
@@ -39,12 +39,12 @@ std::string Sha256Hex(absl::string_view bytes);
 /// num_kv_heads, metric and its resolved parameters, sink, window, grid, calib_T, M,
 /// min_retention, oracle_norm, gqa_agg, layer_norm, k_max, shape, dtype, dumps and the
 /// sha256 of the array's little-endian float32 bytes.
-std::string ProfileManifestJson(const lukv::ProfileBuilder& builder, const lukv::NpyArray& profile,
+std::string ProfileManifestJson(const lukv::ProfileBuilder& builder, const NpyArray& profile,
                                 const std::vector<std::string>& dump_paths);
 
 /// Writes `profile` to `npy_path` and its manifest to `npy_path` + ".json".
 absl::Status WriteProfile(const std::string& npy_path, const lukv::ProfileBuilder& builder,
-                          const lukv::NpyArray& profile,
+                          const NpyArray& profile,
                           const std::vector<std::string>& dump_paths);
 
 }  // namespace kvtrim

@@ -1,4 +1,4 @@
-#include "client/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "client/cli_profile.h"
+#include "tools/lukv_profile/profile_command.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,14 +14,14 @@
 #include "client/cli/commands.h"
 #include "client/cli/flag_parse.h"
 #include "client/cli/param_parse.h"
-#include "client/lukv_profile_io.h"
+#include "tools/lukv_profile/profile_io.h"
 #include "kernels/lukv/greedy_solver.h"
 #include "kernels/registry.h"
 
-// --model is shared with main.cc's register-model and compress (ABSL_DECLARE_FLAG there).
 ABSL_FLAG(std::string, model, "",
-          "model bundle .safetensors (client/model_bundle.h): register-model and compress "
-          "register it; profile reads its layers.{l}.w_o [D, H_q*d] and layout metadata");
+          "profile: model bundle .safetensors (client/model_bundle.h); the profiler reads its "
+          "layers.{l}.w_o [D, H_q*d] and layout metadata");
+ABSL_FLAG(std::string, param, "", "profile: the scorer's parameter overrides, name=value,...");
 ABSL_FLAG(std::string, metric, "", "profile: the wrapped scorer, e.g. snapkv");
 ABSL_FLAG(std::string, dumps, "",
           "profile: comma-separated calibration dumps (.safetensors), one per question");
@@ -35,9 +35,16 @@ ABSL_FLAG(int64_t, window, 32,
 ABSL_FLAG(int64_t, k_max, 128, "profile: decode steps (answer tokens) the oracle reads");
 ABSL_FLAG(std::string, gqa_agg, "mean",
           "profile: how the query heads of a KV head combine in the oracle: mean, sum or max");
-ABSL_FLAG(int32_t, profile_threads, 1, "profile: CPU threads for scoring and the oracle");
+ABSL_FLAG(int32_t, threads, 1, "profile: CPU threads for scoring and the oracle");
 
-namespace kvtrim::cli {
+namespace kvtrim::lukv_profile {
+
+using cli::FlagsHelp;
+using cli::kExitOk;
+using cli::kExitRpcError;
+using cli::kExitUsage;
+using cli::ParseParams;
+
 namespace {
 
 /// Converts the CLI's parsed proto parameter values to the kernels' ParamValue.
@@ -83,7 +90,7 @@ class ProgressBar {
 
 }  // namespace
 
-ProfileCommandOptions ProfileOptionsFromFlags(const std::string& params) {
+ProfileCommandOptions ProfileOptionsFromFlags() {
   ProfileCommandOptions o;
   o.model = absl::GetFlag(FLAGS_model);
   o.metric = absl::GetFlag(FLAGS_metric);
@@ -91,12 +98,12 @@ ProfileCommandOptions ProfileOptionsFromFlags(const std::string& params) {
     o.dumps.emplace_back(p);
   }
   o.out = absl::GetFlag(FLAGS_out);
-  o.params = params;
+  o.params = absl::GetFlag(FLAGS_param);
   o.sink = absl::GetFlag(FLAGS_sink);
   o.window = absl::GetFlag(FLAGS_window);
   o.k_max = absl::GetFlag(FLAGS_k_max);
   o.gqa_agg = absl::GetFlag(FLAGS_gqa_agg);
-  o.threads = absl::GetFlag(FLAGS_profile_threads);
+  o.threads = absl::GetFlag(FLAGS_threads);
   return o;
 }
 
@@ -109,26 +116,26 @@ std::string ProfileHelp() {
         .push_back(s->name);
   }
   return absl::StrCat(
-      "profile (runs locally, no --target): LU-KV offline profiling. Reads --model's W_O and\n"
-      "  the --dumps, ranks each head's context with the CPU scorer --metric (sink and window\n"
-      "  tokens first), scores tokens with the oracle max_k A·||v W_O||_2 over the answer's\n"
+      "kvtrim-lukv-profile (runs locally, no server): LU-KV offline profiling. Reads --model's\n"
+      "  W_O and the --dumps, ranks each head's context with the CPU scorer --metric (sink and\n"
+      "  window tokens first), scores tokens with the oracle max_k A·||v W_O||_2 over the answer's\n"
       "  decode steps, solves the greedy allocation per dump and writes the mean local ratios\n"
       "  Φ [99, L, H_kv] to --out (.npy) and --out.json. Scorer parameters: --param.\n"
       "  Supported metrics (scorers that need no registered model):\n    ",
       absl::StrJoin(metrics, ", "),
       ".\n  Not supported: scorers that read a registered model (W_O or query statistics):\n"
       "    ",
-      absl::StrJoin(unsupported, ", "), ".\n\nprofile flags:\n",
-      FlagsHelp("client/cli_profile.cc"));
+      absl::StrJoin(unsupported, ", "), ".\n\nflags:\n",
+      FlagsHelp("tools/lukv_profile/profile_command.cc"));
 }
 
-absl::StatusOr<lukv::NpyArray> BuildProfile(const ProfileCommandOptions& options,
+absl::StatusOr<NpyArray> BuildProfile(const ProfileCommandOptions& options,
                                             std::unique_ptr<lukv::ProfileBuilder>* builder,
                                             std::ostream* progress) {
   if (options.model.empty()) return absl::InvalidArgumentError("--model is required");
   if (options.metric.empty()) return absl::InvalidArgumentError("--metric is required");
   if (options.dumps.empty()) return absl::InvalidArgumentError("--dumps is required");
-  if (options.threads < 1) return absl::InvalidArgumentError("--profile_threads must be >= 1");
+  if (options.threads < 1) return absl::InvalidArgumentError("--threads must be >= 1");
   lukv::ProfileConfig config;
   config.metric = options.metric;
   auto params = KernelParams(options.params);
@@ -155,7 +162,7 @@ absl::StatusOr<lukv::NpyArray> BuildProfile(const ProfileCommandOptions& options
   }
   auto phi = (*builder)->Profile();
   if (!phi.ok()) return phi.status();
-  return lukv::NpyArray{{lukv::kGridRows, L, H}, *std::move(phi)};
+  return NpyArray{{lukv::kGridRows, L, H}, *std::move(phi)};
 }
 
 int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ostream& err) {
@@ -165,7 +172,7 @@ int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ost
         {"--dumps", options.dumps.empty()},
         {"--out", options.out.empty()}}) {
     if (missing) {
-      err << "usage error: profile: " << flag << " is required\nrun 'kvtrim help profile' for usage\n";
+      err << "usage error: profile: " << flag << " is required\nrun 'kvtrim-lukv-profile --help' for usage\n";
       return kExitUsage;
     }
   }
@@ -186,7 +193,7 @@ int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ost
                          "M=%d) in %.1f s\nsha256 %s\n",
                          options.out, absl::StrJoin(profile->shape, ", "), options.out,
                          options.metric, options.sink, options.window, builder->num_dumps(),
-                         seconds, Sha256Hex(lukv::NpyDataBytes(*profile)));
+                         seconds, Sha256Hex(NpyDataBytes(*profile)));
   // Spread of the local ratios at a few global ratios.
   const int64_t heads = profile->shape[1] * profile->shape[2];
   for (double rho : {0.5, 0.8, 0.9}) {
@@ -198,4 +205,4 @@ int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ost
   return kExitOk;
 }
 
-}  // namespace kvtrim::cli
+}  // namespace kvtrim::lukv_profile
