@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 
 namespace kvtrim {
 
@@ -60,7 +61,7 @@ absl::StatusOr<ModelBundle> ModelBundleFromSafetensors(SafetensorsFile file,
         {"num_kv_heads", &v1::ModelHeader::set_num_kv_heads},
         {"head_dim", &v1::ModelHeader::set_head_dim},
         {"hidden_size", &v1::ModelHeader::set_hidden_size}}) {
-    if (auto st = ReadInt(meta, key, source, &value); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(ReadInt(meta, key, source, &value));
     (h.*setter)(value);
   }
   auto theta = meta.find("rope_theta");

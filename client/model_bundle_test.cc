@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/model_bundle_fixture.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/model_bundle_fixture.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/kvtrim_client.h"
-#include "tests/model_bundle_fixture.h"
+#include "tests/testing/model_bundle_fixture.h"
 
 namespace kvtrim {
 namespace {

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/grpc_status.h"
 
 namespace kvtrim {
@@ -44,7 +45,7 @@ absl::StatusOr<std::unique_ptr<RegionLease>> RegionLease::Open(
     return absl::InternalError("Regions: the stream ended before the server sent the lease");
   }
   // Any failure below leaves the stream open: the destructor cancels it.
-  if (absl::Status status = ResponseStatus(first); !status.ok()) return status;
+  KVTRIM_RETURN_IF_ERROR(ResponseStatus(first));
   if (!first.has_lease()) {
     return absl::InternalError("Regions: the first answer carries no `lease`");
   }
@@ -90,7 +91,7 @@ absl::StatusOr<v1::RegionResponse> RegionLease::Call(v1::RegionRequest request) 
   v1::RegionResponse response;
   while (stream_->Read(&response)) {
     if (response.tag() != tag) continue;  // not ours: an answer to an abandoned request
-    if (absl::Status status = ResponseStatus(response); !status.ok()) return status;
+    KVTRIM_RETURN_IF_ERROR(ResponseStatus(response));
     return response;
   }
   return stream_ended();

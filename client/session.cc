@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/chunk_framing.h"
 #include "client/grpc_status.h"
 #include "client/regions.h"
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(std::shared_ptr<grpc::Cha
     if (status.ok()) {
       return absl::InternalError("CompressSession: stream closed before `begin` was sent");
     }
-    if (auto recovered = session->RecoverOnce(status); !recovered.ok()) return recovered;
+    KVTRIM_RETURN_IF_ERROR(session->RecoverOnce(status));
   }
   return session;
 }
@@ -323,7 +324,7 @@ absl::Status Session::WaitForAnswer(int32_t layer_id) {
 }
 
 absl::StatusOr<v1::LayerResult> Session::Answer(int32_t layer_id) {
-  if (absl::Status st = WaitForAnswer(layer_id); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(WaitForAnswer(layer_id));
   absl::MutexLock lock(&mu_);
   for (auto it = result_.layers.rbegin(); it != result_.layers.rend(); ++it) {
     if (it->layer_id() == layer_id) return *it;

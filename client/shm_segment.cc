@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvtrim {
 namespace {
@@ -75,7 +76,7 @@ std::string UniqueShmName(const std::string& prefix) {
 
 absl::StatusOr<std::unique_ptr<SharedMemorySegment>> SharedMemorySegment::Create(
     const std::string& name, size_t bytes) {
-  if (absl::Status valid = ValidateShmName(name); !valid.ok()) return valid;
+  KVTRIM_RETURN_IF_ERROR(ValidateShmName(name));
   if (bytes == 0) return absl::InvalidArgumentError("bytes: must be positive, got 0");
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return ErrnoError("shm_open", name, errno);

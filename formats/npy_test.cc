@@ -6,7 +6,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
 
@@ -29,7 +29,7 @@ class PerturbationProbe {
 
 /// Decides one layer of an error-targeted budget from its raw scores (LayerScores with
 /// scores [H_kv, n], budget and numerics set) and a probe of the same layer: fills the kept
-/// lists, kept_per_head and perturbation of `out` (kernels/perturbation_budget.h).
+/// lists, kept_per_head and perturbation of `out` (kernels/decide/perturbation_budget.h).
 using PerturbationSearch =
     std::function<absl::Status(const LayerScores& scores, PerturbationProbe& probe,
                                LayerDecision* out)>;
@@ -119,6 +119,17 @@ class Backend {
   /// False once the backend hit an unrecoverable (sticky) device error: the server must
   /// turn NOT_SERVING and exit non-zero. The CPU backend is always healthy.
   virtual bool healthy() const { return true; }
+};
+
+/// A backend that reads host tensors, which a device backend falls back to for the layers
+/// its kernels cannot take (a head dimension over their limit) and for the fp64 statistic
+/// where its fp32 one overflowed. The CPU backend is one; the device backend receives it
+/// from whoever creates both (service/backend_factory.cc), so neither depends on the other.
+class HostFallback : public Backend {
+ public:
+  /// The exact (fp64, every window row) perturbation statistic of decision->offsets /
+  /// indices on `layer` (host tensors, values and queries present) into decision.
+  virtual void ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision) = 0;
 };
 
 }  // namespace kvtrim

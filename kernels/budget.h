@@ -11,7 +11,7 @@ struct Budget {
   bool by_fraction = true;
   double keep_fraction = 1.0;  // used when by_fraction
   int64_t keep_tokens = 0;     // used when !by_fraction
-  /// Error-targeted budget (kernels/perturbation_budget.h): each KV head keeps the fewest
+  /// Error-targeted budget (kernels/decide/perturbation_budget.h): each KV head keeps the fewest
   /// tokens of its ranking whose output perturbation is <= `epsilon`, at most the cap. The
   /// cap is the fraction budget above (by_fraction true, keep_fraction = max_keep_fraction),
   /// so KeptCount and the protection rules see the cap k_cap.

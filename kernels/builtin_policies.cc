@@ -63,6 +63,7 @@ void AddScorers(PolicyRegistry* r) {
   s.kind = ScorerKind::kStreamingLlm;
   s.description = "keep the first sink tokens and the most recent ones (position only)";
   s.paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024";
+  s.reads_key_values = false;
   s.required_inputs = kInputKeys;
   s.scope = DecisionScope::kHead;
   s.doc_default_sink = 4;
@@ -76,6 +77,7 @@ void AddScorers(PolicyRegistry* r) {
   s.kind = ScorerKind::kRandom;
   s.description = "uniform random scores from a counter hash of (seed, layer, head, token)";
   s.paper = "sanity floor (kvpress RandomPress); no seed paper";
+  s.reads_key_values = false;
   s.required_inputs = kInputKeys;
   s.default_protection = NoProtection;
   s.validate = ValidateNothing;

@@ -7,9 +7,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "kernels/finite_scan.h"
-#include "kernels/perturbation_budget.h"
+#include "kernels/decide/perturbation_budget.h"
 
 namespace kvtrim {
 
@@ -42,7 +43,7 @@ absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& 
                                                      const std::string& field_prefix) const {
   const Budget& b = settings.budget;
   if (b.by_perturbation) {
-    if (auto st = CheckPerturbationBudgetNumbers(b, field_prefix); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(CheckPerturbationBudgetNumbers(b, field_prefix));
   } else if (b.by_fraction) {
     if (!(b.keep_fraction > 0.0 && b.keep_fraction <= 1.0)) {
       return absl::InvalidArgumentError(
@@ -73,7 +74,7 @@ absl::StatusOr<ResolvedPolicy> PolicyEngine::Prepare(const CompressionSettings& 
   }
   absl::StatusOr<ResolvedPolicy> resolved = registry_.Resolve(settings, field_prefix);
   if (!resolved.ok()) return resolved.status();
-  if (auto st = CheckPerturbationBudget(*resolved, field_prefix); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckPerturbationBudget(*resolved, field_prefix));
   return resolved;
 }
 
@@ -138,7 +139,7 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
                                                       const std::string& field) const {
   const ScorerSpec& scorer = *policy.scorer;
   ValidatedLayer v;
-  if (auto st = CheckLayerId(layer.layer_id, field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckLayerId(layer.layer_id, field));
   if (policy.settings.num_layers > 0 && layer.layer_id >= policy.settings.num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".layer_id: ", layer.layer_id,
                                                    " is not below num_layers=",
@@ -259,7 +260,7 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
                         ? layer.softmax_scale
                         : static_cast<float>(1.0 / std::sqrt(static_cast<double>(v.shape.head_dim)));
   const int64_t kept = KeptCount(b, v.shape.num_tokens);
-  if (auto st = scorer.validate(v.shape, policy.params, kept, field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(scorer.validate(v.shape, policy.params, kept, field));
   // Device tensors (CUDA IPC regions) need a backend that reads device memory in place.
   const std::pair<const TensorView*, const char*> tensors[] = {
       {&k, ".keys"}, {&layer.values, ".values"}, {&layer.queries, ".queries"}};
@@ -282,7 +283,7 @@ absl::StatusOr<ValidatedLayer> PolicyEngine::Validate(const ResolvedPolicy& poli
       v.unchecked_keys_field = field + name;
       continue;
     }
-    if (auto st = CheckFinite(*tensor, field + name); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(CheckFinite(*tensor, field + name));
   }
   v.layer_id = layer.layer_id;
   v.num_layers = std::max(policy.settings.num_layers, layer.layer_id + 1);

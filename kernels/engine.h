@@ -36,7 +36,7 @@ class PolicyEngine {
 
   /// Resolves the policy and checks the settings that do not depend on a layer (budget
   /// range, protected counts, num_layers; a max_perturbation budget's numbers and the settings
-  /// it needs, kernels/perturbation_budget.h). `field_prefix` is the message field holding
+  /// it needs, kernels/decide/perturbation_budget.h). `field_prefix` is the message field holding
   /// the settings, e.g. "settings" or "begin"; errors name sub-fields of it.
   absl::StatusOr<ResolvedPolicy> Prepare(const CompressionSettings& settings,
                                          const std::string& field_prefix) const;
@@ -68,7 +68,7 @@ class PolicyEngine {
   /// CompressLayer's second half, on a layer Validate accepted (a session validates on its
   /// reading thread and computes on its own). `field_prefix` qualifies backend errors.
   /// A max_perturbation budget runs Backend::CompressByPerturbation with the bisection of
-  /// kernels/perturbation_budget.h.
+  /// kernels/decide/perturbation_budget.h.
   absl::StatusOr<LayerDecision> CompressValidated(const ResolvedPolicy& policy,
                                                   const ValidatedLayer& layer,
                                                   const std::string& field_prefix) const;

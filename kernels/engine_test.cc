@@ -1,7 +1,7 @@
 // PolicyEngine validation: every bad layer gets INVALID_ARGUMENT naming the field.
 #include "kernels/engine.h"
-#include "kernels/random_model_test_util.h"
-#include "kernels/random_layer_test_util.h"
+#include "tests/testing/random_model_test_util.h"
+#include "tests/testing/random_layer_test_util.h"
 
 #include <gtest/gtest.h>
 

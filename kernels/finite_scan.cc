@@ -2,6 +2,7 @@
 #include "kernels/finite_scan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 #include <vector>
 
@@ -84,6 +85,10 @@ absl::Status CheckFinite(const TensorView& t, const std::string& field) {
   float value = 0;
   ConvertToF32(t.dtype, static_cast<const char*>(t.data) + i * DTypeSize(t.dtype), 1, &value);
   return NonFiniteError(field, t, i, value);
+}
+
+bool AllFinite(const std::vector<double>& values) {
+  return std::all_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
 }
 
 }  // namespace kvtrim

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -24,5 +25,8 @@ int64_t FirstNonFinite(const TensorView& t, int max_threads = 0);
 /// OK when every element of host tensor `t` is finite, else INVALID_ARGUMENT "<field>:
 /// contains NaN at [a, b, c]" (NonFiniteError) for the first one.
 absl::Status CheckFinite(const TensorView& t, const std::string& field);
+
+/// True when every value is finite (no NaN, no infinity).
+bool AllFinite(const std::vector<double>& values);
 
 }  // namespace kvtrim

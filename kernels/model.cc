@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "nlohmann/json.hpp"
 
@@ -39,7 +40,7 @@ absl::Status CheckRawShape(const RawTensor& t, const std::vector<int64_t>& shape
 /// Converts a raw tensor of the expected shape to fp32, refusing NaN/Inf.
 absl::StatusOr<std::vector<float>> ToF32(const RawTensor& t, const std::vector<int64_t>& shape,
                                          const std::string& field) {
-  if (auto st = CheckRawShape(t, shape, field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckRawShape(t, shape, field));
   int64_t count = 1;
   for (int64_t s : shape) count *= s;
   std::vector<float> out(static_cast<size_t>(count));

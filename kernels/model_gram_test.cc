@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/model.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 
 namespace kvtrim {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 
 namespace kvtrim {
@@ -113,7 +114,7 @@ absl::StatusOr<ResolvedParams> ResolvedParams::Resolve(
       return absl::InvalidArgumentError(absl::StrCat(
           field, ": unknown parameter; this policy takes {", absl::StrJoin(known, ", "), "}"));
     }
-    if (auto st = CheckValue(*spec, value, field); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(CheckValue(*spec, value, field));
     out.values_[name] = value;
   }
   return out;

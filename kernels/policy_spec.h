@@ -36,6 +36,9 @@ struct ScorerSpec {
   std::string paper;
   uint32_t required_inputs = kInputKeys;
   uint32_t optional_inputs = 0;
+  /// False when the scores come from token positions or a hash alone (streaming_llm,
+  /// random): the keys are read for their shape only, never for their values.
+  bool reads_key_values = true;
   std::vector<ParamSpec> params;
   DecisionScope scope = DecisionScope::kHead;
   int32_t doc_default_sink = 0;        // for ListPolicies

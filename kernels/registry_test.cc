@@ -1,14 +1,20 @@
 // The registry's composability rule and output shapes, and how Resolve applies them.
 #include "kernels/registry.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "tests/testing/status_matchers.h"
+
 namespace kvtrim {
 namespace {
+
+using testing::IsOk;
+using testing::StatusIs;
 
 class RegistryTest : public ::testing::Test {
  protected:
@@ -51,14 +57,21 @@ TEST_F(RegistryTest, EveryPresetIsComposable) {
 }
 
 TEST_F(RegistryTest, ResolveRefusesACompositionThatCannotRunNamingThePolicyField) {
-  const auto resolved = Resolve("laprox+pyramid");
-  ASSERT_FALSE(resolved.ok());
-  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(resolved.status().message(),
-            "begin.policy.name: policy 'laprox+pyramid' cannot be served: laprox allocates by "
-            "its own top-K (policy.params.mode) and composes with the uniform allocator only, "
-            "not 'pyramid'");
-  EXPECT_TRUE(Resolve("laprox+uniform").ok());
+  EXPECT_THAT(Resolve("laprox+pyramid"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "begin.policy.name: policy 'laprox+pyramid' cannot be served: laprox "
+                       "allocates by its own top-K (policy.params.mode) and composes with the "
+                       "uniform allocator only, not 'pyramid'"));
+  EXPECT_THAT(Resolve("laprox+uniform"), IsOk());
+}
+
+TEST_F(RegistryTest, OnlyPositionAndHashScorersSkipTheKeyValues) {
+  // The backends read the keys' values only for the scorers whose description says so.
+  for (const ScorerSpec* scorer : registry_.scorers()) {
+    const bool position_or_hash =
+        scorer->kind == ScorerKind::kStreamingLlm || scorer->kind == ScorerKind::kRandom;
+    EXPECT_EQ(scorer->reads_key_values, !position_or_hash) << scorer->name;
+  }
 }
 
 TEST_F(RegistryTest, OutputShapesAreListedAndEnforcedByResolve) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "service/backend_factory.h"
 #include "service/model_codec.h"
 #include "service/response_codec.h"
@@ -61,7 +62,7 @@ absl::StatusOr<std::string> InprocessEngine::RegisterModel(
       return absl::InvalidArgumentError(
           absl::StrCat("messages[", i, "]: not a kvtrim.v1.RegisterModelRequest"));
     }
-    if (auto st = assembler.Add(message); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(assembler.Add(message));
   }
   auto input = assembler.Finish();
   if (!input.ok()) return input.status();
@@ -71,7 +72,7 @@ absl::StatusOr<std::string> InprocessEngine::RegisterModel(
 absl::StatusOr<LayerRequest> InprocessEngine::ToRequest(
     const CallerLayer& layer, const std::string& field,
     std::vector<std::shared_ptr<void>>* keep) const {
-  if (auto st = CheckLayerId(layer.layer_id, field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckLayerId(layer.layer_id, field));
   LayerRequest request;
   request.layer_id = layer.layer_id;
   request.softmax_scale = layer.softmax_scale;

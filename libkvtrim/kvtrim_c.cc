@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "libkvtrim/inprocess_engine.h"
 #include "libkvtrim/native_client.h"
 
@@ -301,7 +302,7 @@ int32_t kvtrim_session_finish(kvtrim_session* session, void** layers, size_t* la
     kvtrim::v1::CompressResponse response;
     response.set_backend(result->summary.backend());
     for (kvtrim::v1::LayerResult& layer : result->layers) *response.add_layers() = std::move(layer);
-    if (auto st = SerializeTo(response, layers, layers_size); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(SerializeTo(response, layers, layers_size));
     if (auto st = SerializeTo(result->summary, summary, summary_size); !st.ok()) {
       std::free(*layers);
       *layers = nullptr;

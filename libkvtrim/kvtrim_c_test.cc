@@ -12,7 +12,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/engine.h"
-#include "kernels/random_layer_test_util.h"
+#include "tests/testing/random_layer_test_util.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 #include "tests/integration/kvtrimd_process.h"
 

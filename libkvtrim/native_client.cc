@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "base/status_macros.h"
 
 #if KVTRIM_HAVE_CUDA
 #include <cuda.h>
@@ -371,9 +372,7 @@ absl::Status NativeSession::Send(const CallerLayer& layer, void* cuda_stream) {
   v1::LayerInput input;
   LayerTensorBytes bytes;
   int device = -1;
-  if (auto st = client_->BuildLayer(layer, "layer", &input, &bytes, &device); !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(client_->BuildLayer(layer, "layer", &input, &bytes, &device));
   if (device >= 0) {
     auto ready = client_->ReadyEvent(device, cuda_stream);
     if (!ready.ok()) return ready.status();

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "service/admission_gate.h"
-#include "service/scripted_backend.h"
+#include "service/scripted_backend_test_util.h"
 #include "service/test_util.h"
 
 namespace kvtrim::service::testing {

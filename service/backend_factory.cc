@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const Config& config, std
       options.arena_limit_bytes = static_cast<size_t>(
           std::max<int64_t>(1, config.gpu_memory_limit_bytes / std::max(1, config.workers)));
     }
-    auto backend = gpu::GpuBackend::Create(options);
+    auto backend = gpu::GpuBackend::Create(
+        options, std::make_unique<CpuBackend>(gpu::GpuBackend::HostFallbackThreads(options)));
     if (!backend.ok()) {
       return absl::Status(backend.status().code(),
                           absl::StrCat("--backend=gpu: device ", ordinal, ": ",

@@ -6,7 +6,7 @@
 #include <future>
 #include <thread>
 
-#include "service/scripted_backend.h"
+#include "service/scripted_backend_test_util.h"
 #include "service/test_util.h"
 
 namespace kvtrim::service::testing {

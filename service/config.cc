@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "version/build_version.h"
 
@@ -289,31 +290,18 @@ absl::Status ValidateListenAddress(const std::string& address, const std::string
 }
 
 absl::Status Config::Validate() const {
-  if (auto st = ValidateListenAddress(listen, "--listen", /*allow_unix=*/true); !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(ValidateListenAddress(listen, "--listen", /*allow_unix=*/true));
   if (!metrics_listen.empty()) {
-    if (auto st = ValidateListenAddress(metrics_listen, "--metrics_listen", false); !st.ok()) {
-      return st;
-    }
+    KVTRIM_RETURN_IF_ERROR(ValidateListenAddress(metrics_listen, "--metrics_listen", false));
   }
-  if (auto st = CheckRange("max_message_bytes", max_message_bytes, 1024, INT_MAX); !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckRange("workers", workers, 1, 1024); !st.ok()) return st;
-  if (auto st = CheckRange("max_inflight", max_inflight, 1, 1 << 20); !st.ok()) return st;
-  if (auto st = CheckRange("admission_wait_ms", admission_wait_ms, 0, 60000); !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckRange("max_leases", max_leases, 1, 1 << 20); !st.ok()) return st;
-  if (auto st = CheckRange("http2_window_bytes", http2_window_bytes, 0, 1 << 30); !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400); !st.ok()) return st;
-  if (auto st = CheckRange("max_connection_age_s", max_connection_age_s, 0, 7 * 86400);
-      !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_message_bytes", max_message_bytes, 1024, INT_MAX));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("workers", workers, 1, 1024));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_inflight", max_inflight, 1, 1 << 20));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("admission_wait_ms", admission_wait_ms, 0, 60000));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_leases", max_leases, 1, 1 << 20));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("http2_window_bytes", http2_window_bytes, 0, 1 << 30));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("drain_timeout_s", drain_timeout_s, 0, 86400));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_connection_age_s", max_connection_age_s, 0, 7 * 86400));
   if (auto st = CheckRange("max_connection_age_grace_s", max_connection_age_grace_s, 0, 86400);
       !st.ok()) {
     return st;
@@ -322,31 +310,18 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "--gpu_memory_limit_bytes: must be >= 0 (0 = no cap), got ", gpu_memory_limit_bytes));
   }
-  if (auto st = CheckRange("gpu_launch_graphs", gpu_launch_graphs, 0, 4096); !st.ok()) return st;
-  if (auto st = CheckRange("max_models", max_models, 1, 4096); !st.ok()) return st;
-  if (auto st = CheckRange("max_model_bytes", max_model_bytes, 1024, int64_t{1} << 40);
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckRange("max_regions_per_client", max_regions_per_client, 1, 65536);
-      !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckRange("max_layer_bytes", max_layer_bytes, 1024, int64_t{1} << 40);
-      !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(CheckRange("gpu_launch_graphs", gpu_launch_graphs, 0, 4096));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_models", max_models, 1, 4096));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_model_bytes", max_model_bytes, 1024, int64_t{1} << 40));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_regions_per_client", max_regions_per_client, 1, 65536));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("max_layer_bytes", max_layer_bytes, 1024, int64_t{1} << 40));
   if (auto st = CheckRange("max_pinned_shm_bytes", max_pinned_shm_bytes, 0, int64_t{1} << 44);
       !st.ok()) {
     return st;
   }
-  if (auto st = CheckRange("session_read_ahead", session_read_ahead, 1, 64); !st.ok()) return st;
-  if (auto st = CheckRange("session_parallel_layers", session_parallel_layers, 1, 16); !st.ok()) {
-    return st;
-  }
-  if (auto st = CheckRange("host_buffer_idle_s", host_buffer_idle_s, 0, 86400); !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(CheckRange("session_read_ahead", session_read_ahead, 1, 64));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("session_parallel_layers", session_parallel_layers, 1, 16));
+  KVTRIM_RETURN_IF_ERROR(CheckRange("host_buffer_idle_s", host_buffer_idle_s, 0, 86400));
   if (auto st = CheckRange("host_buffer_pool_bytes", host_buffer_pool_bytes, 0,
                            int64_t{1} << 40);
       !st.ok()) {
@@ -357,13 +332,13 @@ absl::Status Config::Validate() const {
       !st.ok()) {
     return st;
   }
-  if (auto st = CheckPrintable("data_dir", data_dir); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckPrintable("data_dir", data_dir));
   using FlagPath = std::pair<const char*, const std::string*>;
   for (const auto& [flag, path] :
        {FlagPath{"tls_cert", &tls_cert}, FlagPath{"tls_key", &tls_key},
         FlagPath{"tls_client_ca", &tls_client_ca},
         FlagPath{"auth_tokens_file", &auth_tokens_file}}) {
-    if (auto st = CheckPrintable(flag, *path); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(CheckPrintable(flag, *path));
   }
   if (tls_cert.empty() != tls_key.empty()) {
     return absl::InvalidArgumentError(
@@ -373,7 +348,7 @@ absl::Status Config::Validate() const {
     return absl::InvalidArgumentError(
         "--tls_client_ca: mutual TLS needs the server's own --tls_cert and --tls_key");
   }
-  if (auto st = CheckPrintable("port_file", port_file); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckPrintable("port_file", port_file));
   if (!port_file.empty() && port_file.back() == '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("--port_file: '", port_file, "' names a directory, not a file"));
@@ -581,7 +556,7 @@ absl::StatusOr<Config> ConfigFromFlags() {
         absl::StrCat("--numerics: must be fast or exact, got '", numerics, "'"));
   }
   config.numerics = *mode;
-  if (auto st = config.Validate(); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(config.Validate());
   return config;
 }
 

@@ -10,7 +10,7 @@
 #include "absl/flags/reflection.h"
 #include "service/config.h"
 #include "service/test_util.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 #ifndef KVTRIMD_PATH
 #error "KVTRIMD_PATH must name the kvtrimd binary"

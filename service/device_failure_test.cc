@@ -14,7 +14,7 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "service/backend_factory.h"
-#include "service/scripted_backend.h"
+#include "service/scripted_backend_test_util.h"
 #include "service/test_util.h"
 
 #if KVTRIM_HAVE_CUDA

@@ -16,7 +16,7 @@
 #include "service/process_metrics.h"
 #include "service/test_util.h"
 #include "version/build_version.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim::service::testing {
 namespace {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "nlohmann/json.hpp"
 
@@ -251,9 +252,7 @@ absl::Status ModelAssembler::StartWeight(const v1::ModelWeightChunk& chunk,
 
 absl::Status ModelAssembler::AddChunk(const v1::ModelWeightChunk& chunk) {
   const std::string field = absl::StrCat("weights[", ClientTextInField(chunk.name()), "]");
-  if (auto st = CheckWeightName(chunk.name(), header_->num_layers(), field); !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(CheckWeightName(chunk.name(), header_->num_layers(), field));
   auto it = weights_.find(chunk.name());
   if (it == weights_.end()) {
     if (chunk.offset_bytes() != 0) {
@@ -263,7 +262,7 @@ absl::Status ModelAssembler::AddChunk(const v1::ModelWeightChunk& chunk) {
           "starting at offset 0 with the name, dtype and shape"));
     }
     Pending pending;
-    if (auto st = StartWeight(chunk, field, &pending); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(StartWeight(chunk, field, &pending));
     it = weights_.emplace(chunk.name(), std::move(pending)).first;
   } else {
     Pending& p = it->second;

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "formats/safetensors.h"
 #include "nlohmann/json.hpp"
 #include "service/model_codec.h"
@@ -253,7 +254,7 @@ absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path,
                           {"num_kv_heads", &m.num_kv_heads},
                           {"head_dim", &m.head_dim},
                           {"hidden_size", &m.hidden_size}}) {
-    if (auto st = ReadInt(meta, key, out); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(ReadInt(meta, key, out));
   }
   auto theta = meta.find("rope_theta");
   if (theta == meta.end() || !absl::SimpleAtod(theta->second, &input.rope_theta)) {

@@ -1,6 +1,6 @@
 // Model-aware policies through kvtrimd: LaProx answered at `finish` (model-wide), unary and
 // session agreement, sessions abandoned half way, and the bad inputs of issue 4.
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kvtrim/v1/packed_lists.h"
 #include "service/model_test_util.h"
 #include "service/test_util.h"

@@ -17,7 +17,7 @@
 #include "service/model_digest.h"
 #include "service/model_file.h"
 #include "service/model_test_util.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim::service::testing {
 namespace {

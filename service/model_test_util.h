@@ -11,27 +11,15 @@
 #include "kernels/model.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 #include "service/model_codec.h"
-#include "tests/model_fixture.h"
+#include "tests/testing/model_fixture.h"
+#include "tests/testing/model_header_fixture.h"
 
 namespace kvtrim::service::testing {
 
 using kvtrim::testing::AddTestProfile;
+using kvtrim::testing::HeaderOf;
 using kvtrim::testing::MakeTestModelInput;
 
-/// The proto header of `input`.
-inline v1::ModelHeader HeaderOf(const ModelInput& input) {
-  v1::ModelHeader h;
-  h.set_name(input.layout.name);
-  h.set_num_layers(input.layout.num_layers);
-  h.set_num_query_heads(input.layout.num_query_heads);
-  h.set_num_kv_heads(input.layout.num_kv_heads);
-  h.set_head_dim(input.layout.head_dim);
-  h.set_hidden_size(input.layout.hidden_size);
-  h.set_rope_theta(input.rope_theta);
-  h.set_rope_scaling_json(input.rope_scaling_json);
-  h.set_rope_layout(input.rope_layout);
-  return h;
-}
 
 /// The chunks of one weight: `chunk_bytes` of data each; the first carries dtype, shape and
 /// `manifest`.

@@ -5,7 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 #include "service/model_test_util.h"
 #include "service/test_util.h"

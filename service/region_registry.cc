@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "service/bearer_tokens.h"
 
@@ -208,7 +209,7 @@ void RegionRegistry::CloseClient(const std::string& client_id) {
 
 absl::StatusOr<std::string> RegionRegistry::Register(const std::string& client_id,
                                                      const v1::RegisterRegion& request) {
-  if (auto st = CheckEnabled(); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckEnabled());
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = clients_.find(client_id);

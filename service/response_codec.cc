@@ -51,8 +51,9 @@ void EncodePolicy(const std::string& name, const std::string& description,
                   const std::string& selector, const Backend& backend, v1::PolicyInfo* out) {
   out->set_name(name);
   out->set_description(description);
-  out->set_paper(allocator.name == "uniform" ? scorer.paper
-                                             : absl::StrCat(scorer.paper, "; ", allocator.paper));
+  out->set_paper(allocator.kind == AllocatorKind::kUniform
+                     ? scorer.paper
+                     : absl::StrCat(scorer.paper, "; ", allocator.paper));
   out->set_scorer(scorer.name);
   out->set_allocator(allocator.name);
   out->set_selector(selector);

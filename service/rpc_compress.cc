@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "service/layer_runner.h"
 #include "service/reactors.h"
 #include "service/rpcs.h"
@@ -23,7 +24,7 @@ absl::Status CompressRequestLayers(
     const std::function<absl::Status(const std::string&)>& alive,
     const v1::CompressRequest& request, v1::CompressResponse* response) {
   const auto call_start = Clock::now();
-  if (auto st = alive("decoding the request"); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(alive("decoding the request"));
 
   // Decode: settings and every layer's tensor views (no copies), proto-level checks.
   int64_t bytes = 0;
@@ -78,10 +79,8 @@ absl::Status CompressRequestLayers(
     ModelWideScores buffered;
     for (size_t i = 0; i < layers.size(); ++i) {
       const std::string field = absl::StrCat("layers[", i, "]");
-      if (auto st = alive(field); !st.ok()) return st;
-      if (auto st = runner.Score(*policy, layers[i].request, field, &buffered); !st.ok()) {
-        return st;
-      }
+      KVTRIM_RETURN_IF_ERROR(alive(field));
+      KVTRIM_RETURN_IF_ERROR(runner.Score(*policy, layers[i].request, field, &buffered));
     }
     auto decided = runner.DecideModelWide(*policy, &buffered);
     if (!decided.ok()) return decided.status();
@@ -89,13 +88,11 @@ absl::Status CompressRequestLayers(
   } else {
     for (size_t i = 0; i < layers.size(); ++i) {
       const std::string field = absl::StrCat("layers[", i, "]");
-      if (auto st = alive(field); !st.ok()) return st;
+      KVTRIM_RETURN_IF_ERROR(alive(field));
       auto decision = runner.Compress(*policy, layers[i].request, field);
       if (!decision.ok()) return decision.status();
       if (layers[i].host_output.has_value()) {
-        if (auto st = WriteHostOutput(*layers[i].host_output, field, &*decision); !st.ok()) {
-          return st;
-        }
+        KVTRIM_RETURN_IF_ERROR(WriteHostOutput(*layers[i].host_output, field, &*decision));
       }
       decision->profile.decode = decode_seconds[i];
       decisions.push_back(*std::move(decision));

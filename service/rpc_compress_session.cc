@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "base/status_macros.h"
 #include "service/layer_runner.h"
 #include "service/reactors.h"
 #include "service/rpcs.h"
@@ -301,7 +302,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
         return item->status;
       case SessionItem::Kind::kEnd:
       default:
-        if (auto st = CheckCallAlive(*context_, "the end of the stream"); !st.ok()) return st;
+        KVTRIM_RETURN_IF_ERROR(CheckCallAlive(*context_, "the end of the stream"));
         return absl::InvalidArgumentError(
             "finish: the client closed the stream without sending finish; layers already "
             "answered stand, the session is abandoned");
@@ -312,7 +313,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
   absl::Status Layer(SessionItem* item) {
     core_.metrics().AddRequestBytes(Rpc::kCompressSession, item->wire_bytes);
     core_.CountTransportBytes(item->decoded->transport);
-    if (auto st = CheckCallAlive(*context_, "layer"); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(CheckCallAlive(*context_, "layer"));
     policy_ = item->policy;  // num_layers grows with the layers seen when begin left it 0
     const ResolvedPolicy& policy = *item->policy;
     if (policy.model_wide()) {
@@ -367,9 +368,7 @@ class SessionCall final : public BidiStream<grpc::ByteBuffer, grpc::ByteBuffer> 
     auto decision = runner_.CompressValidated(policy, *item->validated, item->validate_seconds);
     if (!decision.ok()) return decision.status();
     if (item->decoded->host_output.has_value()) {
-      if (auto st = WriteHostOutput(*item->decoded->host_output, "layer", &*decision); !st.ok()) {
-        return st;
-      }
+      KVTRIM_RETURN_IF_ERROR(WriteHostOutput(*item->decoded->host_output, "layer", &*decision));
     }
     decision->profile.decode = item->decode_seconds;
     decision->profile.queued =

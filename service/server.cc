@@ -1,3 +1,4 @@
+#include "base/status_macros.h"
 #include "kvtrim/v1/http2_window.h"
 #include "service/server.h"
 
@@ -74,9 +75,9 @@ Server::~Server() {
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const Config& config, std::ostream& log) {
-  if (auto st = config.Validate(); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Server> server(new Server(config));
-  if (auto st = server->Init(log, nullptr); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(server->Init(log, nullptr));
   return server;
 }
 
@@ -84,9 +85,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::StartWithBackend(const Config& c
                                                                  std::unique_ptr<Backend> backend,
                                                                  std::ostream& log) {
   if (backend == nullptr) return absl::InvalidArgumentError("StartWithBackend: backend is null");
-  if (auto st = config.Validate(); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(config.Validate());
   std::unique_ptr<Server> server(new Server(config));
-  if (auto st = server->Init(log, std::move(backend)); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(server->Init(log, std::move(backend)));
   return server;
 }
 
@@ -242,7 +243,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
 
   if (is_unix) {
     address_ = config_.listen;
-    if (auto st = SetSocketMode(config_.listen, config_.unix_socket_mode); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(SetSocketMode(config_.listen, config_.unix_socket_mode));
   } else {
     port_ = selected_port;
     address_ = absl::StrCat(config_.listen.substr(0, config_.listen.rfind(':')), ":", port_);
@@ -280,9 +281,7 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   // The port file is the readiness signal of scripts and tests: whoever sees it finds the
   // server SERVING. A failure to write it fails the start-up (the caller drains).
   if (!config_.port_file.empty()) {
-    if (auto st = WritePortFile(config_.port_file, {address_, metrics_host_port}); !st.ok()) {
-      return st;
-    }
+    KVTRIM_RETURN_IF_ERROR(WritePortFile(config_.port_file, {address_, metrics_host_port}));
     port_file_written_ = true;
   }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "service/memory_return.h"
 #include "service/response_codec.h"
@@ -113,7 +114,7 @@ absl::StatusOr<ResolvedPolicy> PreparePolicyWithModel(const PolicyEngine& engine
                        "; register the model (RegisterModel) and retry"));
     }
   }
-  if (auto st = engine.AttachModel(&*policy, std::move(model), field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(engine.AttachModel(&*policy, std::move(model), field));
   return policy;
 }
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/support/tensor_chunk_bytes.h"
+#include "tests/testing/tensor_chunk_bytes.h"
 
 namespace kvtrim::service {
 namespace {

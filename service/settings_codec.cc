@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "kernels/engine.h"
 
@@ -121,9 +122,7 @@ absl::StatusOr<CompressionSettings> DecodeSettings(const v1::CompressionSettings
         field, ".budget: required; set keep_fraction in (0, 1], keep_tokens >= 1 or "
                "max_perturbation"));
   }
-  if (auto st = DecodeBudget(settings.budget(), field + ".budget", &out.budget); !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(DecodeBudget(settings.budget(), field + ".budget", &out.budget));
   if (settings.has_sink_tokens()) {
     if (settings.sink_tokens() < 0) {
       return absl::InvalidArgumentError(

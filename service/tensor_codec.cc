@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "kernels/engine.h"
 
@@ -407,7 +408,7 @@ absl::Status DecodeLayer(const v1::LayerInput& input, const EngineLimits& limits
                          const std::string& field, const DecodeContext& context,
                          DecodedLayer* out) {
   out->tensor_bytes = InlineTensorBytes(input);
-  if (auto st = CheckLayerId(input.layer_id(), field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckLayerId(input.layer_id(), field));
   if (!std::isfinite(input.softmax_scale()) || input.softmax_scale() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".softmax_scale: must be finite and >= 0 (0 = 1/sqrt(d)), got ",

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "grpcpp/security/server_credentials.h"
 #include "service/bounded_file.h"
 
@@ -76,18 +77,13 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   if (!cert.ok()) return cert.status();
   auto key = ReadPem("tls_key", config.tls_key);
   if (!key.ok()) return key.status();
-  if (auto st = CheckPem("tls_cert", config.tls_cert, *cert, &*key, "tls_key"); !st.ok()) {
-    return st;
-  }
+  KVTRIM_RETURN_IF_ERROR(CheckPem("tls_cert", config.tls_cert, *cert, &*key, "tls_key"));
   grpc::SslServerCredentialsOptions options;
   options.pem_key_cert_pairs.push_back({*key, *cert});
   if (!config.tls_client_ca.empty()) {
     auto ca = ReadPem("tls_client_ca", config.tls_client_ca);
     if (!ca.ok()) return ca.status();
-    if (auto st = CheckPem("tls_client_ca", config.tls_client_ca, *ca, nullptr, nullptr);
-        !st.ok()) {
-      return st;
-    }
+    KVTRIM_RETURN_IF_ERROR(CheckPem("tls_client_ca", config.tls_client_ca, *ca, nullptr, nullptr));
     options.pem_root_certs = *ca;
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;

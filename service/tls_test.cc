@@ -1,5 +1,5 @@
 // kvtrimd over TLS and mutual TLS, end to end: a CA, a server and a client certificate made
-// with the openssl tool for the test (tests/support/make_test_certs.sh); clients with the
+// with the openssl tool for the test (tests/testing/make_test_certs.sh); clients with the
 // right credentials are served, others are refused at the handshake; wrong files are
 // start-up errors naming the flag.
 #include <cstdlib>
@@ -9,7 +9,7 @@
 
 #include "service/test_util.h"
 #include "service/tls_credentials.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim::service::testing {
 namespace {

@@ -1,6 +1,7 @@
 // The cuda_ipc transport (built with CUDA only): tensors as RegionSlices into one device
 // buffer exported by CUDA IPC, with a ready event per layer.
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/loadgen/device_buffer.h"
 #include "client/loadgen/layer_source.h"
 #include "client/regions.h"
@@ -28,7 +29,7 @@ class CudaIpcSource final : public LayerSource {
 
   absl::StatusOr<v1::LayerInput> Layer(int32_t layer_id) override {
     // The worker "wrote" this layer's slot on its stream: mark it ready there.
-    if (absl::Status recorded = buffer_->RecordReady(); !recorded.ok()) return recorded;
+    KVTRIM_RETURN_IF_ERROR(buffer_->RecordReady());
     const uint64_t base =
         static_cast<uint64_t>(layer_id % buffer_->slots()) * buffer_->slot_bytes();
     v1::LayerInput input = LayerTemplate(layer_, layer_id);

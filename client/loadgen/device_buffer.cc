@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvtrim::loadgen {
 namespace {
@@ -24,12 +25,9 @@ absl::StatusOr<std::unique_ptr<DeviceBuffer>> DeviceBuffer::Create(int device, u
   if (slot_bytes == 0 || wanted_slots < 1) {
     return absl::InvalidArgumentError("DeviceBuffer: slot_bytes and slots must be positive");
   }
-  if (absl::Status s = Check(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  KVTRIM_RETURN_IF_ERROR(Check(cudaSetDevice(device), "cudaSetDevice"));
   size_t free_bytes = 0, total_bytes = 0;
-  if (absl::Status s = Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-      !s.ok()) {
-    return s;
-  }
+  KVTRIM_RETURN_IF_ERROR(Check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
   std::unique_ptr<DeviceBuffer> buffer(new DeviceBuffer());
   buffer->slot_bytes_ = slot_bytes;
   buffer->slots_ = wanted_slots;
@@ -103,7 +101,7 @@ absl::Status DeviceBuffer::CopyToEverySlot(uint64_t offset, const void* source, 
                                                    slot_bytes_));
   }
   if (bytes == 0) return absl::OkStatus();
-  if (absl::Status s = Check(cudaSetDevice(export_.device), "cudaSetDevice"); !s.ok()) return s;
+  KVTRIM_RETURN_IF_ERROR(Check(cudaSetDevice(export_.device), "cudaSetDevice"));
   auto stream = static_cast<cudaStream_t>(stream_);
   for (int slot = 0; slot < slots_; ++slot) {
     char* target = static_cast<char*>(base_) + slot * slot_bytes_ + offset;

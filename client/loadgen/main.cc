@@ -17,6 +17,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "client/cli/flag_parse.h"
 #include "client/kvtrim_client.h"
 #include "client/loadgen/config.h"
@@ -171,7 +172,7 @@ absl::StatusOr<kvtrim::loadgen::LoadgenConfig> ConfigFromFlags() {
   }
   config.packed_answer = absl::GetFlag(FLAGS_packed_answer);
   config.profile = absl::GetFlag(FLAGS_profile);
-  if (absl::Status valid = kvtrim::loadgen::ValidateConfig(config); !valid.ok()) return valid;
+  KVTRIM_RETURN_IF_ERROR(kvtrim::loadgen::ValidateConfig(config));
   return config;
 }
 

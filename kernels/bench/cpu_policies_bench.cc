@@ -16,7 +16,7 @@
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/model.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 
 namespace kvtrim {

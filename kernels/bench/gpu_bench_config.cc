@@ -292,7 +292,7 @@ std::vector<Row> RunConfig(const PolicyRegistry& registry, const std::string& pr
   const size_t elem = DTypeSize(dtype);
   in.kv_bytes = static_cast<size_t>(kKvHeads * n * kHeadDim) * elem;
   in.q_bytes = static_cast<size_t>(kKvHeads * kGroup * w * kHeadDim) * elem;
-  const bool reads_keys = base.scorer != "streaming_llm" && base.scorer != "random";
+  const bool reads_keys = policy->scorer->reads_key_values;
   base.bytes = static_cast<int64_t>((reads_keys ? in.kv_bytes : 0) +
                                     (in.shape.has_values ? in.kv_bytes : 0) +
                                     (in.shape.has_queries ? in.q_bytes : 0));

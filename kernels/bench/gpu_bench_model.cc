@@ -5,7 +5,7 @@
 #include <cmath>
 #include <functional>
 
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/expected_attention_stats.h"
 
 namespace kvtrim::gpu::bench {

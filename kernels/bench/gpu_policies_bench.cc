@@ -37,7 +37,7 @@
 // the n of --extra_dtypes_n among them), hidden D = 4096, on random device-resident model
 // tensors (W_O / Gram matrices lane-major fp32, EA statistics in the arena) and a host model
 // stub carrying a random snapkv LU-KV profile. Host-decided presets (criticalkv*, lukv) time
-// the device scoring with events and the host part (scores copied back, then kernels/decide.h
+// the device scoring with events and the host part (scores copied back, then kernels/decide/decide.h
 // DecideLayer) with the host clock: select = copy + decide. laprox times the per-layer score
 // kernel; the row "laprox_decide32" times the host DecideLaProx (mode model) over 32 layers
 // of [8, n] scores, and "ea_stats_host" the host ComputeExpectedQueryStats of one layer
@@ -57,6 +57,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,7 @@
 #include "kernels/bench/gpu_bench_row.h"
 #include "kernels/bench/gpu_bench_stages.h"
 #include "kernels/bench/gpu_bench_timing.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/runtime/device_probe.h"
 #include "kernels/registry.h"
@@ -155,7 +157,9 @@ int Main(int argc, char** argv) {
     return 1;
   }
   GpuBackendOptions backend_options;
-  auto backend = GpuBackend::Create(backend_options);
+  auto backend = GpuBackend::Create(
+      backend_options,
+      std::make_unique<CpuBackend>(GpuBackend::HostFallbackThreads(backend_options)));
   if (!backend.ok()) {
     std::cerr << "kvtrim_gpu_bench: backend: " << backend.status() << "\n";
     return 1;

@@ -6,10 +6,12 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/fast/fast_perturbation.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/cpu/perturbation_probe.h"
 #include "kernels/cpu/scorers.h"
+#include "kernels/decide/protection.h"
 #include "kernels/finite_scan.h"
 
 namespace kvtrim {
@@ -41,15 +43,6 @@ std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
   (void)allocator;
   if (HasFastPath(scorer.kind)) return {Numerics::kFast, Numerics::kExact};
   return {Numerics::kExact};
-}
-
-void ApplyProtection(const Protection& p, int64_t num_heads, int64_t n, float* scores) {
-  const float inf = std::numeric_limits<float>::infinity();
-  for (int64_t h = 0; h < num_heads; ++h) {
-    float* s = scores + h * n;
-    for (int64_t j = 0; j < p.sink && j < n; ++j) s[j] = inf;
-    for (int64_t j = std::max<int64_t>(0, n - p.recent); j < n; ++j) s[j] = inf;
-  }
 }
 
 namespace {
@@ -122,28 +115,24 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
   // Keys the engine did not scan: the kernels checked each tile they read; a flagged (or
   // failed) run gets the engine's own error for the first non-finite key.
   if (layer.keys_nonfinite != nullptr && (!st.ok() || layer.keys_nonfinite->load())) {
-    if (absl::Status finite = CheckFinite(layer.keys_in, layer.unchecked_keys_field);
-        !finite.ok()) {
-      return finite;
-    }
+    KVTRIM_RETURN_IF_ERROR(CheckFinite(layer.keys_in, layer.unchecked_keys_field));
   }
   if (!st.ok()) return st;
-  if (auto nan = CheckNoNaN(name, *scores, n); !nan.ok()) return nan;
+  KVTRIM_RETURN_IF_ERROR(CheckNoNaN(name, *scores, n));
   return CheckNoNaN(name, *critical, n);
 }
 
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const CpuLayer& layer,
                                     const LayerBudget& budget, std::vector<float>* scores) {
   std::vector<float> critical;
-  if (auto st = ScoreRaw(policy, layer, scores, &critical); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(ScoreRaw(policy, layer, scores, &critical));
   ApplyProtection(budget.protection, layer.shape.num_kv_heads, layer.shape.num_tokens,
                   scores->data());
   return absl::OkStatus();
 }
 
 bool CpuBackend::ChecksKeysFinite(const ResolvedPolicy& policy) const {
-  const ScorerKind kind = policy.scorer->kind;
-  return RunsFast(policy) && kind != ScorerKind::kStreamingLlm && kind != ScorerKind::kRandom;
+  return RunsFast(policy) && policy.scorer->reads_key_values;
 }
 
 bool CpuBackend::HasFastPath(ScorerKind kind) const {
@@ -160,10 +149,6 @@ absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const Validate
   const CpuLayer cpu = CpuLayer::From(layer, /*widen_keys_values=*/!RunsFast(policy));
   return ScoreRawIn(policy.settings.numerics, policy, cpu, &out->scores, &out->critical,
                     &out->numerics);
-}
-
-bool AllFinite(const std::vector<double>& values) {
-  return std::all_of(values.begin(), values.end(), [](double v) { return std::isfinite(v); });
 }
 
 void CpuBackend::ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision) {
@@ -197,7 +182,7 @@ absl::Status CpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
   auto stage_start = Clock::now();
   LayerScores scores;
   FastRowOutputs rows;  // the window rows' full outputs, where a fast scorer has them
-  if (auto st = ScoreForDecision(policy, cpu, budget, &scores, &rows); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(ScoreForDecision(policy, cpu, budget, &scores, &rows));
   const double score_seconds = since(stage_start);
   stage_start = Clock::now();
   if (policy.scorer->kind == ScorerKind::kLaProx) {
@@ -257,7 +242,7 @@ absl::Status CpuBackend::CompressByPerturbation(const ResolvedPolicy& policy,
   auto stage_start = Clock::now();
   LayerScores scores;
   FastRowOutputs rows;  // the window rows' full outputs, where a fast scorer has them
-  if (auto st = ScoreForDecision(policy, cpu, budget, &scores, &rows); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(ScoreForDecision(policy, cpu, budget, &scores, &rows));
   const double score_seconds = since(stage_start);
   stage_start = Clock::now();
   // The statistic's rows and numerics, as CompressLayer computes HeadStats.perturbation.
@@ -268,7 +253,7 @@ absl::Status CpuBackend::CompressByPerturbation(const ResolvedPolicy& policy,
   const bool reuse = fast && rows.rows_per_head == stat_rows && !rows.outputs.empty();
   CpuPerturbationProbe probe(cpu, fast, stat_rows, reuse ? rows.outputs.data() : nullptr,
                              pool_);
-  if (auto st = search(scores, probe, out); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(search(scores, probe, out));
   out->numerics = scores.numerics;
   out->perturbation_rows = stat_rows;
   out->perturbation_sampled = stat_rows < w;

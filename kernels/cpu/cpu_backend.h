@@ -7,7 +7,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 
@@ -15,7 +15,7 @@ namespace kvtrim {
 using CpuScoreFn = absl::Status (*)(const CpuLayer&, const ResolvedParams&, ThreadPool&, float*);
 
 /// Composes scorer -> protection -> allocator -> selector -> perturbation on the CPU.
-class CpuBackend final : public Backend {
+class CpuBackend final : public HostFallback {
  public:
   /// `num_threads` threads per layer computation (<= 1: inline).
   explicit CpuBackend(int num_threads);
@@ -51,7 +51,7 @@ class CpuBackend final : public Backend {
   /// The exact (fp64, every window row) perturbation statistic of decision->offsets /
   /// indices on `layer` (host tensors, values and queries present) into decision: the
   /// fallback where a fast statistic overflowed fp32 (non-finite), on either backend.
-  void ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision);
+  void ExactPerturbation(const ValidatedLayer& layer, LayerDecision* decision) override;
 
   /// kFast and kExact: every scorer has a fast CPU path (the model-aware ones included;
   /// StreamingLLM's and Random's fast scores are their exact ones).
@@ -82,10 +82,5 @@ class CpuBackend final : public Backend {
   std::map<ScorerKind, CpuScoreFn> fast_scorers_;  // their fast numerics, where they have one
 };
 
-/// True when every value is finite (no NaN, no infinity).
-bool AllFinite(const std::vector<double>& values);
-
-/// Sets scores of protected tokens (first p.sink, last p.recent of each head) to +inf.
-void ApplyProtection(const Protection& p, int64_t num_heads, int64_t n, float* scores);
 
 }  // namespace kvtrim

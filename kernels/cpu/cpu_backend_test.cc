@@ -1,14 +1,14 @@
 // CpuBackend composition: protection, allocation, output shapes, determinism, dtypes.
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/random_layer_test_util.h"
+#include "tests/testing/random_layer_test_util.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "kernels/cpu/allocate.h"
+#include "kernels/decide/allocate.h"
 #include "kernels/engine.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 
 namespace kvtrim {
 namespace {

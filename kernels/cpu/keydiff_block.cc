@@ -7,8 +7,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/budget.h"
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 
 namespace kvtrim {
 
@@ -52,7 +53,7 @@ absl::StatusOr<KeyDiffBlockResult> RunKeyDiffBlocks(const float* keys, int64_t n
                                                     int64_t head_dim,
                                                     const KeyDiffBlockOptions& options,
                                                     const KeyDiffStepObserver& observer) {
-  if (auto st = CheckBlockArgs(keys, num_tokens, head_dim, options); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckBlockArgs(keys, num_tokens, head_dim, options));
   const int64_t N = options.budget;
   const int64_t B = options.block_size;
   const int64_t d = head_dim;

@@ -10,17 +10,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
+#include "kernels/scorer_params.h"
+
 namespace kvtrim {
 
-/// The anchor KeyDiff compares every key with (keydiff.md §1, §7.1).
-enum class KeyDiffAnchor {
-  kNormalizedMean,  // mean of the unit keys k_i / ||k_i|| (the project default)
-  kRawMean,         // mean of the raw keys
-};
-
-/// Parses the `anchor` parameter: "normalized_mean" or "raw_mean". INVALID_ARGUMENT
-/// otherwise, naming the value.
-absl::StatusOr<KeyDiffAnchor> ParseKeyDiffAnchor(std::string_view text);
 
 /// KeyDiff §2.2 scores of one head: scores[i] = -<k_i, a> / max(||k_i|| * ||a||, eps), where
 /// a is the anchor over all n rows of `keys`, in the canonical arithmetic of

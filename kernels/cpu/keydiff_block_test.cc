@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 #include "tests/oracle/keydiff_oracle.h"
 
 namespace kvtrim {

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 

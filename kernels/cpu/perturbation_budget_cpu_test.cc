@@ -16,9 +16,9 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/engine.h"
-#include "kernels/perturbation_budget.h"
-#include "kernels/perturbation_budget_reference.h"
-#include "kernels/random_layer_test_util.h"
+#include "kernels/decide/perturbation_budget.h"
+#include "kernels/decide/perturbation_budget_reference.h"
+#include "tests/testing/random_layer_test_util.h"
 #include "kernels/registry.h"
 
 namespace kvtrim {

@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 

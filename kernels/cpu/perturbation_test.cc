@@ -1,6 +1,6 @@
 // OutputPerturbation vs direct recomputation in the fp64 oracle, and Lemma 1.
 #include "kernels/cpu/perturbation.h"
-#include "kernels/cpu/attention_test_layer.h"
+#include "tests/testing/attention_test_layer.h"
 
 #include <algorithm>
 #include <cmath>

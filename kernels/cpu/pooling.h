@@ -8,21 +8,10 @@
 
 #include "absl/status/statusor.h"
 
+#include "kernels/scorer_params.h"
+
 namespace kvtrim {
 
-/// The pooling operator of the window-attention scorers (SnapKV, DropKV).
-enum class PoolKind {
-  kMax,  // max over the window clipped at the sequence ends (-inf padding)
-  kAvg,  // PyTorch avg_pool1d default: zero padding, always divided by the kernel size
-};
-
-/// Parses "max" or "avg"; nullopt for anything else.
-std::optional<PoolKind> ParsePoolKind(std::string_view name);
-
-/// Parses `name` and checks `kernel` for a scorer: INVALID_ARGUMENT naming `scorer` for an
-/// unknown pooling name or a kernel that is not odd and >= 1.
-absl::StatusOr<PoolKind> ResolvePooling(const char* scorer, const std::string& name,
-                                        int64_t kernel);
 
 /// Pools in[0..n) into out[0..n) with an odd `kernel` >= 1 (the caller validates it),
 /// stride 1 and radius r = kernel / 2:

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/fast/dropkv_cost.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
@@ -37,7 +38,7 @@ absl::StatusOr<DropKVSettings> ResolveDropKV(const CpuLayer& layer,
   out.window = params.Int("window");
   out.kernel = params.Int("kernel");
   out.eps = static_cast<float>(params.Number("eps"));
-  if (absl::Status st = CheckQueryWindow("dropkv", layer, out.window); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("dropkv", layer, out.window));
   if (!layer.shape.has_values || (!layer.values.present() && !layer.values_in.present())) {
     return absl::InvalidArgumentError("dropkv: needs values");
   }

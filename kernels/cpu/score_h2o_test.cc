@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/cpu/attention_test_layer.h"
+#include "tests/testing/attention_test_layer.h"
 #include "tests/oracle/attention_oracle.h"
 
 namespace kvtrim {

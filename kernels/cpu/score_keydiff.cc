@@ -11,13 +11,6 @@
 
 namespace kvtrim {
 
-absl::StatusOr<KeyDiffAnchor> ParseKeyDiffAnchor(std::string_view text) {
-  if (text == "normalized_mean") return KeyDiffAnchor::kNormalizedMean;
-  if (text == "raw_mean") return KeyDiffAnchor::kRawMean;
-  return absl::InvalidArgumentError(absl::StrCat("keydiff anchor '", std::string(text),
-                                                 "' is not one of {normalized_mean, raw_mean}"));
-}
-
 // The canonical KeyDiff definition (keydiff.md §2.2), bit for bit; the GPU backend
 // (kernels/gpu/kernels/key_scorers.cu) computes exactly these IEEE-754 operations, only spread
 // over threads. Every operation is a canonical_math.h one (never fused), in this order:

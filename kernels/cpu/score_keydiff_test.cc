@@ -12,7 +12,7 @@
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/keydiff_block.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 #include "kernels/registry.h"
 #include "tests/oracle/keydiff_oracle.h"
 #include "tests/oracle/selection_oracle.h"

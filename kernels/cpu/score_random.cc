@@ -1,7 +1,7 @@
 // Random scorer (specs/baselines.md §9): a seeded, deterministic U[0, 1) score per token.
 #include <cstdint>
 
-#include "kernels/cpu/counter_hash.h"
+#include "kernels/counter_hash.h"
 #include "kernels/cpu/scorers.h"
 
 namespace kvtrim {

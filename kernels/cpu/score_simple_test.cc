@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/counter_hash.h"
+#include "kernels/counter_hash.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 namespace {

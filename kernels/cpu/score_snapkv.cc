@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "kernels/cpu/fast/window_prob_sums.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
@@ -26,7 +27,7 @@ absl::Status SnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadP
                     bool fast, float* scores) {
   const int64_t window = params.Int("window");
   const int64_t kernel = params.Int("kernel");
-  if (absl::Status st = CheckQueryWindow("snapkv", layer, window); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("snapkv", layer, window));
   absl::StatusOr<PoolKind> kind = ResolvePooling("snapkv", params.Text("pooling"), kernel);
   if (!kind.ok()) return kind.status();
 

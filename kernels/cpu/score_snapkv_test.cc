@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_test_layer.h"
+#include "tests/testing/attention_test_layer.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/engine.h"

@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 #include "kernels/model.h"
 #include "kernels/params.h"
 

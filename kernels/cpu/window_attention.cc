@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvtrim {
 
@@ -28,7 +29,7 @@ absl::StatusOr<WindowPooling> ResolveWindowPooling(const char* scorer, const Cpu
   WindowPooling out;
   out.window = params.Int("window");
   out.kernel = params.Int("kernel");
-  if (absl::Status st = CheckQueryWindow(scorer, layer, out.window); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow(scorer, layer, out.window));
   absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, params.Text("pooling"), out.kernel);
   if (!kind.ok()) return kind.status();
   out.pooling = *kind;

@@ -1,7 +1,7 @@
 // Tests of the canonical window attention (window_attention.h): the streaming tree sum, a
 // literal transcription of the documented definition, and accuracy against the fp64 oracle.
 #include "kernels/cpu/window_attention.h"
-#include "kernels/cpu/attention_test_layer.h"
+#include "tests/testing/attention_test_layer.h"
 
 #include <algorithm>
 #include <cmath>

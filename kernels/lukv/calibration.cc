@@ -3,6 +3,7 @@
 #include <array>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kvtrim::lukv {
 namespace {
@@ -39,7 +40,7 @@ absl::Status CalibrationDims::Validate(const std::string& source) const {
 }
 
 absl::Status CalibrationDump::Validate() const {
-  if (auto st = dims.Validate(source); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(dims.Validate(source));
   const size_t L = static_cast<size_t>(dims.num_layers);
   if (keys.size() != L || values.size() != L || queries.size() != L) {
     return absl::InvalidArgumentError(
@@ -49,9 +50,9 @@ absl::Status CalibrationDump::Validate() const {
   const std::array<int64_t, 3> q{dims.num_query_heads, dims.num_tokens, dims.head_dim};
   for (size_t l = 0; l < L; ++l) {
     const std::string prefix = absl::StrCat(source, ": layers.", l);
-    if (auto st = CheckTensor(keys[l], kv, prefix + ".keys"); !st.ok()) return st;
-    if (auto st = CheckTensor(values[l], kv, prefix + ".values"); !st.ok()) return st;
-    if (auto st = CheckTensor(queries[l], q, prefix + ".queries"); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(CheckTensor(keys[l], kv, prefix + ".keys"));
+    KVTRIM_RETURN_IF_ERROR(CheckTensor(values[l], kv, prefix + ".values"));
+    KVTRIM_RETURN_IF_ERROR(CheckTensor(queries[l], q, prefix + ".queries"));
   }
   return absl::OkStatus();
 }

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim::lukv {
 

@@ -7,7 +7,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim::lukv {
 namespace {

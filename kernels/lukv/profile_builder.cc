@@ -6,8 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "kernels/budget.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 #include "kernels/lukv/greedy_solver.h"
 #include "kernels/lukv/loss_curves.h"
 
@@ -35,7 +36,7 @@ ProfileBuilder::ProfileBuilder(ProfileConfig config, ModelWeights model, PolicyR
 
 absl::StatusOr<std::unique_ptr<ProfileBuilder>> ProfileBuilder::Create(ProfileConfig config,
                                                                       ModelWeights model) {
-  if (auto st = model.Validate(); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(model.Validate());
   if (config.sink < 0 || config.window < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sink and window must be >= 0, got sink=", config.sink, " window=", config.window));
@@ -117,7 +118,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> ProfileBuilder::PiOrders(
                           ? dump.softmax_scale
                           : static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.head_dim)));
   const std::string field = absl::StrCat(dump.source, ": layers.", layer);
-  if (auto st = scorer.validate(cpu.shape, policy_.params, T, field); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(scorer.validate(cpu.shape, policy_.params, T, field));
 
   LayerBudget budget;
   budget.kept_per_head = T;
@@ -143,8 +144,8 @@ std::vector<double> ProfileBuilder::Importance(const CalibrationDump& dump, int6
 
 absl::StatusOr<std::vector<std::vector<double>>> ProfileBuilder::RawGains(
     const CalibrationDump& dump, const LayerCallback& on_layer) {
-  if (auto st = dump.Validate(); !st.ok()) return st;
-  if (auto st = model_.CheckMatches(dump.dims, dump.source); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(dump.Validate());
+  KVTRIM_RETURN_IF_ERROR(model_.CheckMatches(dump.dims, dump.source));
   const int64_t L = dump.dims.num_layers, hkv = dump.dims.num_kv_heads;
   const int64_t T = dump.dims.context_length;
   std::vector<std::vector<double>> gains(static_cast<size_t>(L * hkv));

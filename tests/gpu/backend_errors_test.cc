@@ -13,6 +13,7 @@
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
 #include "tests/gpu/fault_injection.h"
+#include "tests/gpu/gpu_backend_for_tests.h"
 #include "tests/gpu/test_device.h"
 
 namespace kvtrim::gpu::testing {
@@ -66,7 +67,7 @@ void ExpectMatchesCpu(Backend& backend, KnormLayer& layer) {
 
 TEST(GpuBackendCreateTest, WithoutGpuIsFailedPrecondition) {
   if (HaveGpu()) GTEST_SKIP() << "a GPU is present; this test covers machines without one";
-  auto backend = GpuBackend::Create({});
+  auto backend = testing::CreateGpuBackend();
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(backend.status().message()), HasSubstr("no CUDA device is visible"));
@@ -76,7 +77,7 @@ TEST(GpuBackendCreateTest, MissingOrdinalIsFailedPrecondition) {
   KVTRIM_SKIP_WITHOUT_GPU();
   GpuBackendOptions options;
   options.device = 4096;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(backend.status().message()), HasSubstr("device 4096 does not exist"));
@@ -86,7 +87,7 @@ TEST(GpuBackendCreateTest, ZeroWorkersIsInvalidArgument) {
   KVTRIM_SKIP_WITHOUT_GPU();
   GpuBackendOptions options;
   options.workers = 0;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   ASSERT_FALSE(backend.ok());
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(backend.status().message()), HasSubstr("at least one worker"));
@@ -97,7 +98,7 @@ TEST(GpuBackendMemoryTest, ArenaCapIsResourceExhaustedAndBackendRecovers) {
   GpuBackendOptions options;
   options.workers = 1;
   options.arena_limit_bytes = size_t{1} << 20;  // 1 MiB
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
 
   KnormLayer big(40000, 128);  // keys alone: 3 x 40000 x 128 x 4 B = 61 MB
@@ -119,7 +120,7 @@ TEST(GpuBackendMemoryTest, DeviceOutOfMemoryIsResourceExhaustedAndBackendRecover
   KVTRIM_SKIP_WITHOUT_GPU();
   GpuBackendOptions options;
   options.workers = 2;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
 
   // A validated layer of 64 x 4M x 256 f32 keys = 256 GiB: more than any GPU holds, so
@@ -153,7 +154,7 @@ TEST(GpuBackendMemoryTest, DeviceOutOfMemoryIsResourceExhaustedAndBackendRecover
 void StickyErrorScenario() {
   GpuBackendOptions options;
   options.workers = 1;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   if (!backend.ok()) {
     std::fprintf(stderr, "create failed: %s\n", backend.status().ToString().c_str());
     std::exit(1);

@@ -4,7 +4,8 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/gpu_backend.h"
-#include "kernels/random_layer_test_util.h"
+#include "tests/gpu/gpu_backend_for_tests.h"
+#include "tests/testing/random_layer_test_util.h"
 #include "kernels/registry.h"
 #include "tests/gpu/test_device.h"
 
@@ -13,7 +14,7 @@ namespace {
 
 TEST(GpuBackendHeadDimTest, WideHeadsFallBackToTheCpuWithTheSameAnswer) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  auto gpu = GpuBackend::Create(GpuBackendOptions{});
+  auto gpu = testing::CreateGpuBackend();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   PolicyRegistry registry;
   RegisterBuiltinPolicies(&registry);

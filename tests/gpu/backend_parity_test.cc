@@ -31,7 +31,7 @@
 #include "absl/strings/str_replace.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/gpu_backend.h"

@@ -11,14 +11,14 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/budget.h"
-#include "kernels/cpu/select.h"
-#include "kernels/decide.h"
+#include "kernels/decide/select.h"
+#include "kernels/decide/decide.h"
 #include "kernels/policy_spec.h"
 
 namespace kvtrim::gpu::testing {
 
 /// The final ranking [H_kv, n] of a CriticalKV layer, built from its raw scores as
-/// DecideLayer (kernels/decide.cc) builds it: the stage-2 scores (layer.critical) with every
+/// DecideLayer (kernels/decide/decide.cc) builds it: the stage-2 scores (layer.critical) with every
 /// protected token and every stage-1 token (the top protected + round_half_up(alpha * b) by
 /// protected attention, b = the head's count minus its protected tokens) set to +inf. Every
 /// output shape selects its lists by this ranking, so a fast list may differ from the exact

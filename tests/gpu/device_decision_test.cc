@@ -29,11 +29,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
+#include "tests/gpu/gpu_backend_for_tests.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
@@ -348,7 +349,7 @@ TEST(DeviceModelWide, ScoreBufferCap) {
   KVTRIM_SKIP_WITHOUT_GPU();
   GpuBackendOptions options;
   options.score_buffer_bytes = 4096;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
   const ResolvedPolicy policy = LaProxPolicy("model", OutputShape::kPerHead, kKeepFraction);
   // [3, 99 - 4 - 8] candidates = 1044 bytes fit; [3, 1000 - 12] = 11856 bytes do not.
@@ -371,7 +372,7 @@ TEST(DeviceModelWide, ScoreBufferCap) {
 
 TEST(DeviceModelWide, ForeignScores) {
   KVTRIM_SKIP_WITHOUT_GPU();
-  auto other = GpuBackend::Create(GpuBackendOptions{});
+  auto other = testing::CreateGpuBackend();
   ASSERT_TRUE(other.ok()) << other.status();
   const ResolvedPolicy policy = LaProxPolicy("model", OutputShape::kPerHead, kKeepFraction);
   std::vector<LayerScores> layers;

@@ -20,13 +20,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/allocate.h"
-#include "kernels/cpu/counter_hash.h"
+#include "kernels/decide/allocate.h"
+#include "kernels/counter_hash.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/cpu/select.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/decide/protection.h"
+#include "kernels/decide/select.h"
+#include "kernels/thread_pool.h"
 #include "kernels/dtype.h"
 #include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/gpu/kernels/launchers.h"

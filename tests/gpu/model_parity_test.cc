@@ -9,7 +9,7 @@
 // x f32 / f16 / bf16 x n in {1, 7, 99, 1000, 40000} x d in {64, 128} x G in {1, 4} x hidden D in
 // {64, 512} (D = 64 only at n = 40000, where the CPU's o_proj-sized L1 reference would dominate
 // the run; D matters only to criticalkv l1), H_kv = 3, w = min(32, n) with the window lowered to
-// w. Random models come from kernels/random_model_test_util.h (query statistics included).
+// w. Random models come from tests/testing/random_model_test_util.h (query statistics included).
 //
 // Decisions: GpuBackend::CompressLayer against CpuBackend::CompressLayer through PolicyEngine
 // (AttachModel) for the presets criticalkv, criticalkv_adakv, expected_attention, lukv (snapkv +
@@ -38,6 +38,7 @@
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"
+#include "tests/gpu/gpu_backend_for_tests.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
 #include "tests/gpu/policy_test_setup.h"
@@ -430,7 +431,7 @@ TEST(GpuModelCacheTest, EvictsWithTheModelAndUnderTheCap) {
   GpuBackendOptions options;
   options.workers = 2;
   options.model_cache_bytes = 256 << 10;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   ASSERT_TRUE(backend.ok()) << backend.status();
   PolicyEngine gpu_engine(BuiltinRegistry(), **backend);
   auto check = [&](const OwnModelCase& o) {
@@ -461,7 +462,7 @@ TEST(GpuModelCacheTest, EvictsWithTheModelAndUnderTheCap) {
 
   // A tensor above the cap is refused; the backend stays usable.
   options.model_cache_bytes = 64 << 10;
-  auto small = GpuBackend::Create(options);
+  auto small = testing::CreateGpuBackend(options);
   ASSERT_TRUE(small.ok()) << small.status();
   PolicyEngine small_engine(BuiltinRegistry(), **small);
   const LayerRequest request = MakeRequest(c.c, *c.data, true, true);

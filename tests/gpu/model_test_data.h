@@ -16,7 +16,7 @@
 #include "kernels/dtype.h"
 #include "kernels/layer.h"
 #include "kernels/model.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "tests/gpu/shared_backends.h"
 
 namespace kvtrim::gpu::testing {
@@ -92,7 +92,7 @@ struct TestModelKey {
 };
 
 /// A random registered model with query statistics (RandomModel of
-/// kernels/random_model_test_util.h), built once per key and shared (thread-safe).
+/// tests/testing/random_model_test_util.h), built once per key and shared (thread-safe).
 inline std::shared_ptr<const RegisteredModel> TestModel(const TestModelKey& key) {
   static auto* cache = new OnceCache<TestModelKey, std::shared_ptr<const RegisteredModel>>();
   return *cache->Get(key, [&] {

@@ -6,7 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 
 namespace kvtrim::gpu::testing {
 

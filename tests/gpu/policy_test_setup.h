@@ -11,6 +11,7 @@
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"
+#include "tests/gpu/gpu_backend_for_tests.h"
 
 namespace kvtrim::gpu::testing {
 
@@ -44,7 +45,7 @@ inline std::unique_ptr<GpuBackend> OneWorkerBackend(size_t launch_graphs) {
   GpuBackendOptions options;
   options.workers = 1;
   options.launch_graphs = launch_graphs;
-  auto backend = GpuBackend::Create(options);
+  auto backend = testing::CreateGpuBackend(options);
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? *std::move(backend) : nullptr;
 }

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpu/runtime/gpu_backend.h"
+#include "tests/gpu/gpu_backend_for_tests.h"
 
 namespace kvtrim::gpu::testing {
 
@@ -29,7 +30,7 @@ inline GpuBackend& SharedGpu() {
     if (const char* graphs = std::getenv("KVTRIM_TEST_LAUNCH_GRAPHS")) {
       options.launch_graphs = static_cast<size_t>(std::strtoul(graphs, nullptr, 10));
     }
-    auto created = GpuBackend::Create(options);
+    auto created = testing::CreateGpuBackend(options);
     if (!created.ok()) {
       ADD_FAILURE() << "GpuBackend::Create: " << created.status();
       std::abort();

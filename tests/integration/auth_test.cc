@@ -18,7 +18,7 @@
 #include "client/regions.h"
 #include "client/shm_segment.h"
 #include "tests/integration/kvtrimd_process.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim {
 namespace {

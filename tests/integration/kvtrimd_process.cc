@@ -16,7 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 extern char** environ;
 

@@ -20,7 +20,7 @@ struct KvtrimdAddresses {
 };
 
 /// One kvtrimd child process, its stdout and stderr captured in a log file in the test's own
-/// directory (tests/support/test_dir.h). It is started with a --port_file of its own, so a
+/// directory (tests/testing/test_dir.h). It is started with a --port_file of its own, so a
 /// test passes --listen=127.0.0.1:0 (or a unix socket in TestDir()) and learns the address
 /// the server bound: no test picks a port and hopes nobody takes it first. The destructor
 /// kills (SIGKILL) a child that is still running, so a failing test leaves nothing behind.

@@ -19,8 +19,8 @@
 #include "formats/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
 #include "tests/integration/metrics_scrape.h"
-#include "tests/model_bundle_fixture.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/model_bundle_fixture.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim {
 namespace {

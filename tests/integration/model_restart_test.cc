@@ -22,8 +22,8 @@
 #include "client/layer_inputs.h"
 #include "formats/safetensors.h"
 #include "tests/integration/kvtrimd_process.h"
-#include "tests/model_bundle_fixture.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/model_bundle_fixture.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim {
 namespace {

@@ -17,7 +17,7 @@
 #include "kernels/lukv/greedy_solver.h"
 #include "kernels/lukv/loss_curves.h"
 #include "kernels/lukv/pava.h"
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 namespace kvtrim::lukv_profile {
 namespace {

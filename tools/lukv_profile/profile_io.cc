@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/status_macros.h"
 #include "formats/safetensors.h"
 #include "kernels/lukv/greedy_solver.h"
 #include "nlohmann/json.hpp"
@@ -105,7 +106,7 @@ absl::StatusOr<lukv::CalibrationDump> ReadCalibrationDump(const std::string& pat
   dump.dims.num_query_heads = dump.queries[0].dim(0);
   dump.dims.context_length = *T;
   dump.dims.decode_start = *S;
-  if (auto st = dump.Validate(); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(dump.Validate());
   return dump;
 }
 
@@ -202,7 +203,7 @@ std::string ProfileManifestJson(const lukv::ProfileBuilder& builder, const NpyAr
 absl::Status WriteProfile(const std::string& npy_path, const lukv::ProfileBuilder& builder,
                           const NpyArray& profile,
                           const std::vector<std::string>& dump_paths) {
-  if (auto st = WriteNpy(npy_path, profile); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(WriteNpy(npy_path, profile));
   const std::string json_path = npy_path + ".json";
   std::ofstream out(json_path, std::ios::trunc);
   if (!out) return absl::InternalError(absl::StrCat(json_path, ": cannot open for writing"));

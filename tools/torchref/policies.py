@@ -70,7 +70,7 @@ def protection(scorer, k, window):
 
 
 def pyramid_layer_budget(k, n, protected):
-    """PyramidLayerBudget (kernels/cpu/allocate.cc) for LAYER_ID of NUM_LAYERS."""
+    """PyramidLayerBudget (kernels/decide/allocate.cc) for LAYER_ID of NUM_LAYERS."""
     span, layer = NUM_LAYERS - 1, LAYER_ID
     floor_tokens = max(1, protected)
     unclamped = k >= floor_tokens * PYRAMID_BETA

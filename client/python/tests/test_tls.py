@@ -1,5 +1,5 @@
 """The Python client against kvtrimd over TLS and mutual TLS (certificates made with the
-openssl tool for the test, tests/support/make_test_certs.sh): served with the right
+openssl tool for the test, tests/testing/make_test_certs.sh): served with the right
 credentials, refused without them."""
 
 import pathlib
@@ -13,7 +13,7 @@ import kvtrim
 
 from conftest import KVTRIM_CLI, Server
 
-MAKE_CERTS = pathlib.Path(__file__).resolve().parents[3] / "tests/support/make_test_certs.sh"
+MAKE_CERTS = pathlib.Path(__file__).resolve().parents[3] / "tests/testing/make_test_certs.sh"
 
 
 @pytest.fixture(scope="module")

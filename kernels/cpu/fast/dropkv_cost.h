@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 

@@ -27,7 +27,7 @@
 #include "kernels/cpu/fast/fast_test_data.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 #include "tests/gpu/parity_rule.h"
 

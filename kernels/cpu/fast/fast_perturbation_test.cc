@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_test_layer.h"
+#include "tests/testing/attention_test_layer.h"
 #include "kernels/cpu/fast/dropkv_cost.h"
 #include "kernels/cpu/fast/fast_cpu.h"
 #include "kernels/cpu/perturbation.h"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/dtype.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 
 namespace kvtrim {

@@ -41,7 +41,7 @@
 #include "kernels/cpu/fast/fast_test_data.h"
 #include "kernels/dtype.h"
 #include "kernels/engine.h"
-#include "kernels/random_model_test_util.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 #include "tests/gpu/criticalkv_ranking.h"
 #include "tests/gpu/parity_rule.h"

@@ -24,7 +24,7 @@
 
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/fast/fast_cpu.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 

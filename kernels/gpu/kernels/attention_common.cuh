@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "kernels/canonical_math.h"
-#include "kernels/cpu/window_attention.h"
+#include "kernels/canonical_attention.h"
 #include "kernels/dtype.h"
 
 namespace kvtrim::gpu::attn {

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/cpu/window_attention.h"
+#include "kernels/canonical_attention.h"
 #include "kernels/gpu/kernels/attention_common.cuh"
 #include "kernels/gpu/kernels/launchers.h"
 

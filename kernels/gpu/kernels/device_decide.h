@@ -1,5 +1,5 @@
 // Launchers of the device decisions (device_decide.cu): the steps of DecideLayer and
-// DecideLaProx (kernels/decide.h) that the selection launchers of launchers.h do not cover,
+// DecideLaProx (kernels/decide/decide.h) that the selection launchers of launchers.h do not cover,
 // over scores already in device memory, bit-identical to the host code.
 //   per layer   per-head protection (lukv's per-head clamps of rule 3), CriticalKV's stage-1
 //               counts and its stage-1 tokens forced to +inf, BLOCK_ALIGNED's block maxima and

@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "kernels/canonical_math.h"
-#include "kernels/cpu/counter_hash.h"
+#include "kernels/counter_hash.h"
 #include "kernels/gpu/kernels/key_scorers_device.cuh"
 
 namespace kvtrim::gpu {

@@ -50,7 +50,7 @@
 #include <cstdint>
 
 #include "kernels/canonical_math.h"
-#include "kernels/cpu/window_attention.h"
+#include "kernels/canonical_attention.h"
 #include "kernels/gpu/kernels/attention_common.cuh"
 #include "kernels/gpu/kernels/attention_plan.cuh"
 #include "kernels/gpu/kernels/attention_score.cuh"

@@ -1,6 +1,6 @@
 // GPU selectors and the AdaKV allocator (launchers.h): SelectScratchBytes, LaunchSelectTopK,
 // LaunchAdaKVCounts and LaunchSelectShared, identical to SelectTopK, AllocateAdaKV and
-// SelectSharedRoundRobin of the CPU backend (kernels/cpu/select.cc, allocate.cc).
+// SelectSharedRoundRobin of the CPU backend (kernels/decide/select.cc, allocate.cc).
 //
 //   top-k    3 radix passes over the 32-bit score key find each head's k-th key K; a
 //            stable compaction keeps key < K and the first (k - #less) keys == K, ascending.

@@ -1,7 +1,7 @@
 // Sort keys of the GPU selectors (select.cu): every selector ranks elements by one unsigned
 // 64-bit key, smaller = ranked first, unique where the CPU's order is total. The scores
 // become order-preserving 32-bit keys (descending), so radix selection on the key reproduces
-// the CPU's comparisons (kernels/cpu/select.cc, allocate.cc) exactly.
+// the CPU's comparisons (kernels/decide/select.cc, allocate.cc) exactly.
 #pragma once
 
 #include <cuda_runtime.h>

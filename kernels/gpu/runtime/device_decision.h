@@ -2,7 +2,7 @@
 // CriticalKV's two stages (any allocator), the lukv allocator, BLOCK_ALIGNED and EQUAL_COUNT
 // outputs, and LaProx one layer at a time (CompressLayer) or over every buffered layer
 // (DecideModelWide). The launch sequences reproduce DecideLayer / DecideLaProx
-// (kernels/decide.h) exactly, with the launchers of launchers.h (AdaKV counts, the fused
+// (kernels/decide/decide.h) exactly, with the launchers of launchers.h (AdaKV counts, the fused
 // per-head top-k, the shared round robin) and of device_decide.h.
 #pragma once
 
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/kernels/device_decide.h"
 #include "kernels/gpu/kernels/launchers.h"

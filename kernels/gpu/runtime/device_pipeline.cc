@@ -6,15 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/budget.h"
-#include "kernels/cpu/allocate.h"
-#include "kernels/cpu/keydiff_block.h"
-#include "kernels/cpu/pooling.h"
+#include "kernels/decide/allocate.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/runtime/stage_events.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/fast_attention.cuh"
 #include "kernels/gpu/kernels/fast_keys.cuh"
 #include "kernels/gpu/kernels/key_scorers.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim::gpu {
 
@@ -218,8 +217,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
                                  : w;
     plan.perturbation_sampled = plan.perturbation_rows < w;
   }
-  plan.reads_keys = plan.perturbation || (plan.scorer != ScorerKind::kStreamingLlm &&
-                                          plan.scorer != ScorerKind::kRandom);
+  plan.reads_keys = plan.perturbation || policy.scorer->reads_key_values;
   plan.reads_values = shape.has_values && (plan.perturbation || (inputs & kInputValues));
   plan.reads_queries = shape.has_queries && (plan.perturbation || (inputs & kInputQueries));
   // Host-decided lists are uploaded for the perturbation: room for any decision's indices.
@@ -241,7 +239,7 @@ int64_t LayerPlan::kept_bound() const {
 void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, LayerPlan* plan) {
   const uint32_t inputs = policy.scorer->required_inputs;
   plan->perturbation = false;
-  plan->reads_keys = plan->scorer != ScorerKind::kStreamingLlm && plan->scorer != ScorerKind::kRandom;
+  plan->reads_keys = policy.scorer->reads_key_values;
   plan->reads_values = shape.has_values && (inputs & kInputValues);
   plan->reads_queries = shape.has_queries && (inputs & kInputQueries);
   plan->total_indices = 0;

@@ -5,8 +5,8 @@
 // launch (LaunchProtectSelectTopK).
 // Decisions EnqueueLayer does not make (CriticalKV's two stages, LaProx, LU-KV budgets,
 // block-aligned and equal-count outputs: LayerPlan::host_decide) are made on the device by
-// EnqueueDecision (device_decision.h), which reproduces kernels/decide.h exactly; DecideOnHost
-// (the raw scores copied back, kernels/decide.h on the host) remains for the layers it cannot
+// EnqueueDecision (device_decision.h), which reproduces kernels/decide/decide.h exactly; DecideOnHost
+// (the raw scores copied back, kernels/decide/decide.h on the host) remains for the layers it cannot
 // plan (DecisionKind::kNone).
 #pragma once
 
@@ -19,7 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/statusor.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/device_decision.h"
 #include "kernels/gpu/runtime/launch_graph.h"

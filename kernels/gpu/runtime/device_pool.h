@@ -11,7 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/statusor.h"
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/launch_graph.h"
 #include "kernels/gpu/runtime/stage_events.h"

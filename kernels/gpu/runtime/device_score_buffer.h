@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 
 namespace kvtrim::gpu {
 

@@ -16,7 +16,16 @@
 
 namespace kvtrim::gpu {
 
-absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendOptions& options) {
+int GpuBackend::HostFallbackThreads(const GpuBackendOptions& options) {
+  return std::max(1, std::min(options.workers,
+                              static_cast<int>(std::thread::hardware_concurrency())));
+}
+
+absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
+    const GpuBackendOptions& options, std::unique_ptr<HostFallback> host_fallback) {
+  if (host_fallback == nullptr) {
+    return absl::InvalidArgumentError("the GPU backend needs a host fallback backend");
+  }
   const DeviceCensus census = CountCudaDevices();
   if (census.count == 0) {
     return absl::FailedPreconditionError(
@@ -31,8 +40,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
         absl::StrCat("the GPU backend needs at least one worker, got ", options.workers));
   }
   std::unique_ptr<GpuBackend> backend(new GpuBackend(options));
-  backend->cpu_fallback_ = std::make_unique<CpuBackend>(std::max(
-      1, std::min(options.workers, static_cast<int>(std::thread::hardware_concurrency()))));
+  backend->host_fallback_ = std::move(host_fallback);
   backend->description_ = DescribeCudaDevice(options.device);
   WorkerOptions worker;
   worker.arena_limit_bytes = options.arena_limit_bytes;
@@ -140,7 +148,7 @@ absl::Status GpuBackend::CompressLayer(const ResolvedPolicy& policy, const Valid
     std::vector<std::vector<char>> storage;
     auto host = HostOnlyLayer(layer, options_.device, &storage);
     if (!host.ok()) return host.status();
-    return cpu_fallback_->CompressLayer(policy, *host, budget, out);
+    return host_fallback_->CompressLayer(policy, *host, budget, out);
   }
   Outputs outputs;
   outputs.decision = out;
@@ -158,7 +166,7 @@ absl::Status GpuBackend::RecomputeNonFinitePerturbation(const ValidatedLayer& la
   std::vector<std::vector<char>> storage;
   auto host = HostOnlyLayer(layer, options_.device, &storage);
   if (!host.ok()) return host.status();
-  cpu_fallback_->ExactPerturbation(*host, out);
+  host_fallback_->ExactPerturbation(*host, out);
   return absl::OkStatus();
 }
 
@@ -171,7 +179,7 @@ absl::Status GpuBackend::CompressByPerturbation(const ResolvedPolicy& policy,
     std::vector<std::vector<char>> storage;
     auto host = HostOnlyLayer(layer, options_.device, &storage);
     if (!host.ok()) return host.status();
-    return cpu_fallback_->CompressByPerturbation(policy, *host, budget, search, out);
+    return host_fallback_->CompressByPerturbation(policy, *host, budget, search, out);
   }
   Outputs outputs;
   outputs.decision = out;
@@ -190,7 +198,7 @@ absl::Status GpuBackend::ScoreLayer(const ResolvedPolicy& policy, const Validate
     std::vector<std::vector<char>> storage;
     auto host = HostOnlyLayer(layer, options_.device, &storage);
     if (!host.ok()) return host.status();
-    return cpu_fallback_->ScoreLayer(policy, *host, budget, out);
+    return host_fallback_->ScoreLayer(policy, *host, budget, out);
   }
   Outputs outputs;
   outputs.raw = out;

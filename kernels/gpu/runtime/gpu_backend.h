@@ -12,7 +12,6 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "kernels/gpu/runtime/device_model_cache.h"
 #include "kernels/gpu/runtime/device_pool.h"
 #include "kernels/gpu/runtime/device_score_buffer.h"
@@ -58,7 +57,14 @@ class GpuBackend final : public Backend {
   /// Errors: FAILED_PRECONDITION when no CUDA device is visible or the ordinal is out of
   /// range (the message says why); INVALID_ARGUMENT for workers < 1; INTERNAL for CUDA
   /// failures while creating streams.
-  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(const GpuBackendOptions& options);
+  /// `host_fallback` (not null) takes the layers over kMaxGpuHeadDim and recomputes an
+  /// overflowed fp32 perturbation statistic in fp64; HostFallbackThreads(options) threads
+  /// suit it.
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(
+      const GpuBackendOptions& options, std::unique_ptr<HostFallback> host_fallback);
+
+  /// Threads for the host fallback: the workers, at most the machine's cores, at least 1.
+  static int HostFallbackThreads(const GpuBackendOptions& options);
 
   /// Largest head dimension d the GPU kernels take; larger layers run on the CPU backend
   /// (same canonical arithmetic, so the same answer).
@@ -68,7 +74,7 @@ class GpuBackend final : public Backend {
   /// Scores, decides and computes the perturbation on the device: EnqueueLayer (protection,
   /// uniform / pyramid / AdaKV counts, per-head or shared selection) or, for CriticalKV,
   /// LaProx (one layer), LU-KV and the block-aligned / equal-count outputs, EnqueueDecision
-  /// (device_decision.h), bit-identical to kernels/decide.h. Only the kept lists come back.
+  /// (device_decision.h), bit-identical to kernels/decide/decide.h. Only the kept lists come back.
   absl::Status CompressLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,
                              const LayerBudget& budget, LayerDecision* out) override;
   /// Error-targeted budgets: the raw scores come back once, the host runs `search`, and each
@@ -141,7 +147,7 @@ class GpuBackend final : public Backend {
   explicit GpuBackend(const GpuBackendOptions& options) : options_(options) {}
 
   /// Serves layers with d > kMaxGpuHeadDim.
-  std::unique_ptr<CpuBackend> cpu_fallback_;
+  std::unique_ptr<HostFallback> host_fallback_;
 
   /// What one call computes (layer_run.h).
   using Outputs = RunOutputs;

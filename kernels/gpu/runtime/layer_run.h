@@ -18,7 +18,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/gpu/runtime/device_arena.h"
 #include "kernels/gpu/runtime/device_decision.h"
 #include "kernels/gpu/runtime/device_input_stage.h"

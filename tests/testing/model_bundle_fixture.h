@@ -1,4 +1,4 @@
-// Test models as client bundles (header-only): MakeTestModelInput (tests/model_fixture.h)
+// Test models as client bundles (header-only): MakeTestModelInput (tests/testing/model_fixture.h)
 // converted to a kvtrim::ModelBundle, so that the client and integration tests register
 // exactly the content the service tests build.
 #pragma once
@@ -7,23 +7,15 @@
 #include <string>
 
 #include "client/model_bundle.h"
-#include "tests/model_fixture.h"
+#include "tests/testing/model_fixture.h"
+#include "tests/testing/model_header_fixture.h"
 
 namespace kvtrim::testing {
 
 /// The bundle of a registration: same header, tensors (f32) and profile manifests.
 inline ModelBundle BundleFromModelInput(const ModelInput& input) {
   ModelBundle bundle;
-  v1::ModelHeader& h = bundle.header;
-  h.set_name(input.layout.name);
-  h.set_num_layers(input.layout.num_layers);
-  h.set_num_query_heads(input.layout.num_query_heads);
-  h.set_num_kv_heads(input.layout.num_kv_heads);
-  h.set_head_dim(input.layout.head_dim);
-  h.set_hidden_size(input.layout.hidden_size);
-  h.set_rope_theta(input.rope_theta);
-  h.set_rope_scaling_json(input.rope_scaling_json);
-  h.set_rope_layout(input.rope_layout);
+  bundle.header = HeaderOf(input);
   auto convert = [](const RawTensor& raw) {
     SafetensorsTensor t;
     t.dtype = raw.dtype == DType::kF32   ? SafetensorsDType::kF32

@@ -1,6 +1,6 @@
 // Tests of the selectors (select.h) against the fp64 brute-force oracle: ties to the lower
 // index, +inf (protected) and -inf scores, ascending output, append semantics.
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 
 #include <cmath>
 #include <cstdint>

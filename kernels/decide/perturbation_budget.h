@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
 

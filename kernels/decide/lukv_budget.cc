@@ -1,4 +1,4 @@
-#include "kernels/lukv_budget.h"
+#include "kernels/decide/lukv_budget.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Tests only: the max_perturbation rule of the proto comment for one head, written out on its
-// own (no shared code with kernels/perturbation_budget.cc), as the reference the bisection
+// own (no shared code with kernels/decide/perturbation_budget.cc), as the reference the bisection
 // and the backends are checked against.
 #pragma once
 

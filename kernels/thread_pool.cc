@@ -1,4 +1,4 @@
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 namespace kvtrim {
 

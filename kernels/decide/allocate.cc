@@ -1,4 +1,4 @@
-#include "kernels/cpu/allocate.h"
+#include "kernels/decide/allocate.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "tests/support/test_dir.h"
+#include "tests/testing/test_dir.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

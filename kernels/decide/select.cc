@@ -1,4 +1,4 @@
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 
 #include <algorithm>
 #include <array>

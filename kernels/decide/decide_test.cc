@@ -1,6 +1,6 @@
 // DecideLayer / DecideLaProx: the checkable theorems of criticalkv.md §4 and laprox.md §4,
 // LU-KV's online allocation (lukv.md §5.3) and the block_aligned / equal_count shapes.
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,10 +10,10 @@
 #include <tuple>
 
 #include "gtest/gtest.h"
-#include "kernels/cpu/attention_test_layer.h"
+#include "tests/testing/attention_test_layer.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/lukv_budget.h"
-#include "kernels/random_model_test_util.h"
+#include "kernels/decide/lukv_budget.h"
+#include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 
 namespace kvtrim {

@@ -1,7 +1,7 @@
 // The max_perturbation bisection (perturbation_budget.h) on fake statistics: monotone and
 // not, the cap, epsilon 0, the protected floor, bad bounds; and the rankings' prefixes.
-#include "kernels/perturbation_budget.h"
-#include "kernels/perturbation_budget_reference.h"
+#include "kernels/decide/perturbation_budget.h"
+#include "kernels/decide/perturbation_budget_reference.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // ThreadPool: every index runs once, on the pool's threads only (never the caller's), nested
 // loops run inline, and concurrent callers each get their whole loop.
-#include "kernels/cpu/thread_pool.h"
+#include "kernels/thread_pool.h"
 
 #include <atomic>
 #include <chrono>

@@ -1,12 +1,13 @@
-#include "kernels/perturbation_budget.h"
+#include "kernels/decide/perturbation_budget.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/client_text.h"
-#include "kernels/cpu/select.h"
+#include "kernels/decide/select.h"
 
 namespace kvtrim {
 
@@ -30,7 +31,7 @@ absl::StatusOr<BisectionResult> BisectKeptCounts(const std::vector<int64_t>& k_m
   auto run = [&](const std::vector<int64_t>& counts) -> absl::Status {
     values.assign(heads, 0.0);
     ++result.evaluations;
-    if (auto st = evaluate(counts, &values); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(evaluate(counts, &values));
     if (values.size() != heads) {
       return absl::InternalError(absl::StrCat("max_perturbation: the evaluator returned ",
                                               values.size(), " values for ", heads, " heads"));
@@ -38,7 +39,7 @@ absl::StatusOr<BisectionResult> BisectKeptCounts(const std::vector<int64_t>& k_m
     return absl::OkStatus();
   };
   // E(k_cap) first: a head above epsilon there keeps the cap.
-  if (auto st = run(k_cap); !st.ok()) return st;
+  KVTRIM_RETURN_IF_ERROR(run(k_cap));
   std::vector<int64_t> lo(heads), hi(k_cap);
   result.perturbation = values;  // E(hi) of every head, kept as hi moves
   for (size_t h = 0; h < heads; ++h) {
@@ -52,7 +53,7 @@ absl::StatusOr<BisectionResult> BisectKeptCounts(const std::vector<int64_t>& k_m
       searching = searching || lo[h] < hi[h];
     }
     if (!searching) break;
-    if (auto st = run(mid); !st.ok()) return st;
+    KVTRIM_RETURN_IF_ERROR(run(mid));
     for (size_t h = 0; h < heads; ++h) {
       if (lo[h] >= hi[h]) continue;  // converged: its list only filled the layer's evaluation
       if (values[h] <= epsilon) {

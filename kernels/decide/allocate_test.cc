@@ -1,6 +1,6 @@
 // Tests of the allocators (allocate.h) against the fp64 brute-force oracle: AdaKV (rule 4)
 // totals and safeguard, the PyramidKV schedule (rule 5, baselines §4), uniform.
-#include "kernels/cpu/allocate.h"
+#include "kernels/decide/allocate.h"
 
 #include <cmath>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "kernels/decide.h"
+#include "kernels/decide/decide.h"
 
 #include <algorithm>
 #include <cstring>
@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/budget.h"
 #include "kernels/canonical_math.h"
-#include "kernels/cpu/allocate.h"
-#include "kernels/cpu/select.h"
-#include "kernels/lukv_budget.h"
+#include "kernels/decide/allocate.h"
+#include "kernels/decide/select.h"
+#include "kernels/decide/lukv_budget.h"
 
 namespace kvtrim {
 
