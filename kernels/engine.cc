@@ -5,30 +5,16 @@
 #include <cmath>
 #include <cstdint>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/client_text.h"
 #include "kernels/finite_scan.h"
 #include "kernels/decide/perturbation_budget.h"
+#include "kernels/layer_error.h"
 
 namespace kvtrim {
 
 namespace {
-
-/// Backends name a layer's tensor without the request's field ("keys: contains NaN ...");
-/// prefix INVALID_ARGUMENT messages that start with a tensor name with `field` + ".".
-absl::Status QualifyBackendError(const absl::Status& status, const std::string& field) {
-  if (status.code() != absl::StatusCode::kInvalidArgument) return status;
-  const absl::string_view message = status.message();
-  for (const char* name : {"keys", "values", "queries"}) {
-    if (absl::StartsWith(message, absl::StrCat(name, ":")) ||
-        absl::StartsWith(message, absl::StrCat(name, "."))) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".", message));
-    }
-  }
-  return status;
-}
 
 std::string ShapeString(const TensorView& t) {
   return absl::StrCat("[", t.shape[0], ", ", t.shape[1], ", ", t.shape[2], "]");
@@ -104,7 +90,7 @@ absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
     if (profile == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           field, ".model_digest: lukv over scorer '", scorer.name, "' needs profile.",
-          scorer.name, " registered with the model (kvtrim profile builds it); model ",
+          scorer.name, " registered with the model (kvtrim-lukv-profile builds it); model ",
           policy->model->digest, " has none"));
     }
     if (profile->metric != scorer.name) {
@@ -361,7 +347,7 @@ absl::StatusOr<LayerScores> PolicyEngine::ScoreValidated(const ResolvedPolicy& p
   const auto start = std::chrono::steady_clock::now();
   if (auto st = backend_.ScoreLayerForModelWide(policy, validated, scores.budget, &scores);
       !st.ok()) {
-    return QualifyBackendError(st, field);
+    return QualifyLayerError(st, field);
   }
   *compute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -395,10 +381,10 @@ absl::StatusOr<LayerDecision> PolicyEngine::CompressValidated(const ResolvedPoli
     };
     if (auto st = backend_.CompressByPerturbation(policy, validated, budget, search, &decision);
         !st.ok()) {
-      return QualifyBackendError(st, field);
+      return QualifyLayerError(st, field);
     }
   } else if (auto st = backend_.CompressLayer(policy, validated, budget, &decision); !st.ok()) {
-    return QualifyBackendError(st, field);
+    return QualifyLayerError(st, field);
   }
   decision.compute_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/layer_error.h"
 
 namespace kvtrim {
 
@@ -95,9 +96,9 @@ absl::StatusOr<ExpectedQueryStats> ComputeExpectedQueryStats(const RegisteredMod
     for (size_t i = 0; i < cov.size(); ++i) cov[i] = model.query_cov[layer_id][i];
   } else {
     if (!queries.present()) {
-      return absl::InvalidArgumentError(
-          "queries: expected_attention without registered query statistics estimates them "
-          "from the query window [H_q, w, d]; send it");
+      return LayerFieldError("queries",
+                             "expected_attention without registered query statistics estimates "
+                             "them from the query window [H_q, w, d]; send it");
     }
     out.from_window = true;
     const int64_t w = queries.shape[1];

@@ -13,6 +13,7 @@
 #include "kernels/cpu/scorers.h"
 #include "kernels/decide/protection.h"
 #include "kernels/finite_scan.h"
+#include "kernels/layer_error.h"
 
 namespace kvtrim {
 
@@ -51,10 +52,10 @@ namespace {
 absl::Status CheckNoNaN(const std::string& scorer, const std::vector<float>& scores, int64_t n) {
   for (size_t i = 0; i < scores.size(); ++i) {
     if (std::isnan(scores[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "keys: scorer '", scorer, "' produced NaN for head ", static_cast<int64_t>(i) / n,
-          " token ", static_cast<int64_t>(i) % n,
-          "; the input magnitudes overflow fp32 arithmetic"));
+      return LayerFieldError(
+          "keys", absl::StrCat("scorer '", scorer, "' produced NaN for head ",
+                               static_cast<int64_t>(i) / n, " token ", static_cast<int64_t>(i) % n,
+                               "; the input magnitudes overflow fp32 arithmetic"));
     }
   }
   return absl::OkStatus();

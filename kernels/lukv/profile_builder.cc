@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<ProfileBuilder>> ProfileBuilder::Create(ProfileCo
   if (scorer->required_inputs & (kInputModel | kInputProfile)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metric: scorer '", config.metric,
-        "' needs a registered model (W_O or query statistics); kvtrim profile supports only "
+        "' needs a registered model (W_O or query statistics); kvtrim-lukv-profile supports only "
         "scorers that read keys, values and queries alone"));
   }
   bool has_window = false;

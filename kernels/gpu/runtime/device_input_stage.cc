@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/kernels/device_inputs.h"
+#include "kernels/layer_error.h"
 
 namespace kvtrim::gpu {
 
@@ -37,7 +38,7 @@ absl::Status NonFiniteStatus(const char* name, const TensorView& view, const voi
       "cudaMemcpy(non-finite element)");
   float value = 0;
   ConvertToF32(view.dtype, &raw, 1, &value);
-  return NonFiniteError(name, view, static_cast<int64_t>(i), value);
+  return AsLayerFieldError(NonFiniteError(name, view, static_cast<int64_t>(i), value), name);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "kernels/gpu/kernels/fast_attention.cuh"
 #include "kernels/gpu/kernels/fast_keys.cuh"
 #include "kernels/gpu/kernels/key_scorers.h"
+#include "kernels/layer_error.h"
 #include "kernels/scorer_params.h"
 
 namespace kvtrim::gpu {
@@ -564,9 +565,9 @@ absl::Status NaNStatus(const LayerPlan& plan, unsigned long long first_nan) {
   if (first_nan == kNoNaN) return absl::OkStatus();
   const int64_t n = plan.num_tokens;
   const int64_t i = static_cast<int64_t>(first_nan);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "keys: scorer '", plan.scorer_name, "' produced NaN for head ", i / n, " token ", i % n,
-      "; the input magnitudes overflow fp32 arithmetic"));
+  return LayerFieldError(
+      "keys", absl::StrCat("scorer '", plan.scorer_name, "' produced NaN for head ", i / n,
+                           " token ", i % n, "; the input magnitudes overflow fp32 arithmetic"));
 }
 
 absl::Status HostNaNStatus(const LayerPlan& plan, const std::vector<float>& scores,

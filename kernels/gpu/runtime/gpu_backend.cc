@@ -13,6 +13,7 @@
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/runtime/device_probe.h"
 #include "kernels/gpu/runtime/layer_run.h"
+#include "kernels/layer_error.h"
 
 namespace kvtrim::gpu {
 
@@ -130,7 +131,7 @@ absl::StatusOr<ValidatedLayer> HostOnlyLayer(const ValidatedLayer& layer, int de
       KVTRIM_CUDA_RETURN_IF_ERROR(err, "cudaMemcpy(pinned host input)");
       view->data = bytes.data();
       view->space = MemorySpace::kHost;
-      KVTRIM_RETURN_IF_ERROR(CheckFinite(*view, name));
+      KVTRIM_RETURN_IF_ERROR(AsLayerFieldError(CheckFinite(*view, name), name));
     }
     return host;
   }

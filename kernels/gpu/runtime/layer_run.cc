@@ -10,6 +10,7 @@
 #include "kernels/gpu/kernels/device_decide.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
+#include "kernels/layer_error.h"
 
 namespace kvtrim::gpu {
 
@@ -65,9 +66,10 @@ absl::Status LayerRun::PlanModelInputs() {
   const RegisteredModel& model = *policy_.model;
   if (model.layout.head_dim != shape.head_dim || model.layout.num_kv_heads != shape.num_kv_heads ||
       (shape.has_queries && model.layout.num_query_heads != shape.num_query_heads)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "keys.shape: the layer's heads (H_kv=", shape.num_kv_heads, ", H_q=",
-        shape.num_query_heads, ", d=", shape.head_dim, ") do not match the registered model's"));
+    return LayerFieldError(
+        "keys.shape", absl::StrCat("the layer's heads (H_kv=", shape.num_kv_heads, ", H_q=",
+                                   shape.num_query_heads, ", d=", shape.head_dim,
+                                   ") do not match the registered model's"));
   }
   WorkerContext& context = context_;
   auto upload = [&context](void* dst, const void* src, size_t bytes) -> absl::Status {
