@@ -13,13 +13,13 @@ namespace kvtrim {
 v1::Tensor ToProtoTensor(const SafetensorsTensor& tensor) {
   v1::Tensor out;
   switch (tensor.dtype) {
-    case SafetensorsDType::kF32:
+    case DType::kF32:
       out.set_dtype(v1::DTYPE_F32);
       break;
-    case SafetensorsDType::kF16:
+    case DType::kF16:
       out.set_dtype(v1::DTYPE_F16);
       break;
-    case SafetensorsDType::kBF16:
+    case DType::kBF16:
       out.set_dtype(v1::DTYPE_BF16);
       break;
   }

@@ -37,10 +37,10 @@ TEST(LayerInputsTest, GroupsTensorsByLayerInIdOrder) {
 
 TEST(LayerInputsTest, MapsHalfDTypes) {
   SafetensorsTensor t = F32({1});
-  t.dtype = SafetensorsDType::kBF16;
+  t.dtype = DType::kBF16;
   t.data.resize(2);
   EXPECT_EQ(ToProtoTensor(t).dtype(), v1::DTYPE_BF16);
-  t.dtype = SafetensorsDType::kF16;
+  t.dtype = DType::kF16;
   EXPECT_EQ(ToProtoTensor(t).dtype(), v1::DTYPE_F16);
 }
 

@@ -38,11 +38,11 @@ int64_t ModelBundle::WeightBytes() const {
   return bytes;
 }
 
-v1::DType ToProtoDType(SafetensorsDType dtype) {
+v1::DType ToProtoDType(DType dtype) {
   switch (dtype) {
-    case SafetensorsDType::kF32: return v1::DTYPE_F32;
-    case SafetensorsDType::kF16: return v1::DTYPE_F16;
-    case SafetensorsDType::kBF16: return v1::DTYPE_BF16;
+    case DType::kF32: return v1::DTYPE_F32;
+    case DType::kF16: return v1::DTYPE_F16;
+    case DType::kBF16: return v1::DTYPE_BF16;
   }
   return v1::DTYPE_UNSPECIFIED;
 }

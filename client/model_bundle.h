@@ -35,7 +35,7 @@ struct ModelBundle {
 };
 
 /// The proto dtype of a safetensors dtype.
-v1::DType ToProtoDType(SafetensorsDType dtype);
+v1::DType ToProtoDType(DType dtype);
 
 /// A bundle from a parsed safetensors file. INVALID_ARGUMENT starting with `source` and
 /// naming the key: a missing or non-integer header field, a rope_theta that is not a number,

@@ -28,7 +28,7 @@ TEST(ModelBundleTest, WriteReadRoundTrip) {
   }
   EXPECT_EQ(read->manifests, bundle.manifests);
   EXPECT_EQ(read->WeightBytes(), bundle.WeightBytes());
-  EXPECT_EQ(ToProtoDType(SafetensorsDType::kBF16), v1::DTYPE_BF16);
+  EXPECT_EQ(ToProtoDType(DType::kBF16), v1::DTYPE_BF16);
 }
 
 TEST(ModelBundleTest, ErrorsNameTheMetadataKey) {

@@ -23,13 +23,13 @@ using Json = nlohmann::json;
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the format's own limit
 constexpr char kMetadataKey[] = "__metadata__";
 
-bool ParseDType(const std::string& name, SafetensorsDType* dtype) {
+bool ParseDType(const std::string& name, DType* dtype) {
   if (name == "F32") {
-    *dtype = SafetensorsDType::kF32;
+    *dtype = DType::kF32;
   } else if (name == "F16") {
-    *dtype = SafetensorsDType::kF16;
+    *dtype = DType::kF16;
   } else if (name == "BF16") {
-    *dtype = SafetensorsDType::kBF16;
+    *dtype = DType::kBF16;
   } else {
     return false;
   }
@@ -113,7 +113,7 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& value,
   if (entry.end - entry.begin != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, "data_offsets [", entry.begin, ", ", entry.end, "] hold ", entry.end - entry.begin,
-        " bytes but shape ", ShapeText(*shape), " of ", DTypeName(entry.tensor.dtype), " needs ",
+        " bytes but shape ", ShapeText(*shape), " of ", SafetensorsDTypeName(entry.tensor.dtype), " needs ",
         bytes));
   }
   return entry;
@@ -121,15 +121,13 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& value,
 
 }  // namespace
 
-int DTypeSize(SafetensorsDType dtype) { return dtype == SafetensorsDType::kF32 ? 4 : 2; }
-
-const char* DTypeName(SafetensorsDType dtype) {
+const char* SafetensorsDTypeName(DType dtype) {
   switch (dtype) {
-    case SafetensorsDType::kF32:
+    case DType::kF32:
       return "F32";
-    case SafetensorsDType::kF16:
+    case DType::kF16:
       return "F16";
-    case SafetensorsDType::kBF16:
+    case DType::kBF16:
       return "BF16";
   }
   return "?";
@@ -264,9 +262,9 @@ absl::StatusOr<std::string> SerializeSafetensors(const SafetensorsFile& file) {
     if (bytes != tensor.data.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", name, "\": ", tensor.data.size(), " bytes of data but shape [",
-          absl::StrJoin(tensor.shape, ", "), "] of ", DTypeName(tensor.dtype), " needs ", bytes));
+          absl::StrJoin(tensor.shape, ", "), "] of ", SafetensorsDTypeName(tensor.dtype), " needs ", bytes));
     }
-    header[name] = {{"dtype", DTypeName(tensor.dtype)},
+    header[name] = {{"dtype", SafetensorsDTypeName(tensor.dtype)},
                     {"shape", tensor.shape},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

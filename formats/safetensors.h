@@ -10,20 +10,17 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/dtype.h"
 
 namespace kvtrim {
 
-/// Element type of a safetensors tensor (the subset kvtrim accepts).
-enum class SafetensorsDType { kF32, kF16, kBF16 };
-
-/// Bytes per element of `dtype`.
-int DTypeSize(SafetensorsDType dtype);
-/// The header spelling of `dtype`: "F32", "F16" or "BF16".
-const char* DTypeName(SafetensorsDType dtype);
+/// The header spelling of `dtype` (the subset of safetensors dtypes kvtrim accepts): "F32",
+/// "F16" or "BF16".
+const char* SafetensorsDTypeName(DType dtype);
 
 /// One tensor: dtype, shape and its dense row-major little-endian bytes.
 struct SafetensorsTensor {
-  SafetensorsDType dtype = SafetensorsDType::kF32;
+  DType dtype = DType::kF32;
   std::vector<int64_t> shape;  // e.g. [H_kv, n, d]; empty = scalar
   std::string data;            // product(shape) * DTypeSize(dtype) bytes
 

@@ -23,18 +23,18 @@ std::string RawFile(const std::string& header, const std::string& data) {
 SafetensorsFile SampleFile() {
   SafetensorsFile file;
   SafetensorsTensor keys;  // [2, 3, 2] f32
-  keys.dtype = SafetensorsDType::kF32;
+  keys.dtype = DType::kF32;
   keys.shape = {2, 3, 2};
   for (int i = 0; i < 12; ++i) {
     float v = 0.5f * i - 1.0f;
     keys.data.append(reinterpret_cast<const char*>(&v), sizeof v);
   }
   SafetensorsTensor half;  // [4] bf16
-  half.dtype = SafetensorsDType::kBF16;
+  half.dtype = DType::kBF16;
   half.shape = {4};
   half.data = std::string("\x80\x3f\x00\x40\x40\x40\x80\x40", 8);
   SafetensorsTensor scalar;  // [] f16
-  scalar.dtype = SafetensorsDType::kF16;
+  scalar.dtype = DType::kF16;
   scalar.data = std::string("\x00\x3c", 2);
   file.tensors["layer.0.keys"] = keys;
   file.tensors["b"] = half;
@@ -83,7 +83,7 @@ TEST(SafetensorsTest, ReadsTheBundledSampleWrittenByPython) {
     EXPECT_EQ(keys.shape, (std::vector<int64_t>{4, 256, 8}));
     EXPECT_EQ(values.shape, (std::vector<int64_t>{4, 256, 8}));
     EXPECT_EQ(queries.shape, (std::vector<int64_t>{8, 32, 8}));
-    EXPECT_EQ(keys.dtype, SafetensorsDType::kF32);
+    EXPECT_EQ(keys.dtype, DType::kF32);
   }
 }
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/chunk_framing.h"
 #include "fuzz/records.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 
 namespace kvtrim::fuzz {

@@ -154,9 +154,9 @@ Seeds SafetensorsSeeds(const SafetensorsFile& prefill, const ModelBundle& small_
   layers.tensors["layer.0.queries"] = SliceTokens(prefill.tensors.at("layer.0.queries"), 28, 4);
   layers.metadata = {{"n", "16"}, {"w", "4"}};
   SafetensorsFile mixed;
-  mixed.tensors["a"] = {SafetensorsDType::kBF16, {2, 1}, std::string(4, '\x3f')};
-  mixed.tensors["b"] = {SafetensorsDType::kF16, {}, std::string(2, '\x3c')};
-  mixed.tensors["c"] = {SafetensorsDType::kF32, {0, 3}, ""};
+  mixed.tensors["a"] = {DType::kBF16, {2, 1}, std::string(4, '\x3f')};
+  mixed.tensors["b"] = {DType::kF16, {}, std::string(2, '\x3c')};
+  mixed.tensors["c"] = {DType::kF32, {0, 3}, ""};
   return {{"layer_inputs", Check(SerializeSafetensors(layers), "layers")},
           {"model_bundle_2_layers",
            Check(SerializeSafetensors(ModelBundleToSafetensors(small_model)), "bundle")},

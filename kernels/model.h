@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim {
 

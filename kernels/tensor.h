@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim {
 

@@ -230,15 +230,6 @@ absl::Status CheckRange(const char* flag, int64_t value, int64_t lo, int64_t hi)
 
 }  // namespace
 
-std::string BackendKindName(BackendKind kind) {
-  switch (kind) {
-    case BackendKind::kAuto: return "auto";
-    case BackendKind::kCpu: return "cpu";
-    case BackendKind::kGpu: return "gpu";
-  }
-  return "unknown";
-}
-
 bool BuiltWithCuda() { return KVTRIM_WITH_CUDA != 0; }
 
 std::string KvtrimVersion() { return ReleaseVersion(); }

@@ -18,9 +18,6 @@ enum class BackendKind {
   kGpu,   // the CUDA backend (needs a CUDA build and a visible device)
 };
 
-/// Lower-case flag spelling of `kind` ("auto", "cpu", "gpu").
-std::string BackendKindName(BackendKind kind);
-
 /// The validated configuration of one kvtrimd process. Built by ConfigFromFlags() (the
 /// daemon) or directly (tests); Validate() must pass before a server is started with it.
 struct Config {

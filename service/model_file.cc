@@ -27,24 +27,6 @@ namespace {
 constexpr char kProfilePrefix[] = "profile.";
 constexpr char kManifestSuffix[] = ".manifest";
 
-const char* SafetensorsDTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-  }
-  return "?";
-}
-
-DType FromSafetensors(SafetensorsDType dtype) {
-  switch (dtype) {
-    case SafetensorsDType::kF32: return DType::kF32;
-    case SafetensorsDType::kF16: return DType::kF16;
-    case SafetensorsDType::kBF16: return DType::kBF16;
-  }
-  return DType::kF32;
-}
-
 /// An OS error on `path` as a status: RESOURCE_EXHAUSTED for a full disk, else INTERNAL.
 absl::Status OsError(const char* what, const std::string& path, int error) {
   const std::string message =
@@ -266,7 +248,7 @@ absl::StatusOr<ModelFileContents> ReadModelFile(const std::string& path,
   }
   for (auto& [name, tensor] : file->tensors) {
     RawTensor raw;
-    raw.dtype = FromSafetensors(tensor.dtype);
+    raw.dtype = tensor.dtype;
     raw.shape = tensor.shape;
     raw.bytes = std::move(tensor.data);
     if (!absl::StartsWith(name, kProfilePrefix)) {

@@ -15,7 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kvtrim/v1/kvtrim.grpc.pb.h"
 #include "prometheus/metric_family.h"
 #include "service/server.h"

@@ -41,37 +41,6 @@ void SetHeader(v1::Tensor* tensor, v1::DType dtype, const std::vector<int64_t>& 
 
 }  // namespace
 
-uint16_t FloatToBf16(float value) {
-  const uint32_t bits = Bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
-uint16_t FloatToF16(float value) {
-  const uint32_t bits = Bits(value);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  const int32_t exponent = static_cast<int32_t>(magnitude >> 23) - 127 + 15;
-  uint32_t mantissa = magnitude & 0x7fffffu;
-  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow / inf
-  if (exponent <= 0) {                                               // subnormal binary16 (or zero)
-    if (exponent < -10) return static_cast<uint16_t>(sign);
-    mantissa |= 0x800000u;
-    const uint32_t shift = static_cast<uint32_t>(14 - exponent);
-    uint32_t half = mantissa >> shift;
-    const uint32_t rest = mantissa & ((1u << shift) - 1);
-    const uint32_t middle = 1u << (shift - 1);
-    if (rest > middle || (rest == middle && (half & 1u))) ++half;
-    return static_cast<uint16_t>(sign | half);
-  }
-  uint32_t half = (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
-  const uint32_t rest = mantissa & 0x1fffu;
-  if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;  // may carry into inf
-  return static_cast<uint16_t>(sign | half);
-}
-
 std::vector<float> NormalSamples(uint64_t seed, size_t count) {
   std::vector<float> out(count);
   uint64_t state = seed;

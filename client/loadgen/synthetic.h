@@ -6,18 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
 #include "client/loadgen/config.h"
 #include "kvtrim/v1/kvtrim.pb.h"
 
 namespace kvtrim::loadgen {
-
-/// bfloat16 bits of `value`: the upper 16 bits of its binary32, rounded to nearest even
-/// (NaN stays a quiet NaN).
-uint16_t FloatToBf16(float value);
-
-/// IEEE binary16 bits of `value`, rounded to nearest even (overflow -> infinity,
-/// subnormals kept, NaN stays a quiet NaN).
-uint16_t FloatToF16(float value);
 
 /// `count` approximately standard-normal values (Box-Muller over a splitmix64 stream), the
 /// same for the same `seed` on every platform.

@@ -13,7 +13,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/model.h"
 #include "tests/testing/random_model_test_util.h"

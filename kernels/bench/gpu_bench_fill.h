@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim::gpu::bench {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/policy_kind.h"
 
 namespace kvtrim::gpu::bench {

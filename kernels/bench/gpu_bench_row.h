@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "kernels/bench/gpu_bench_stages.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/policy_kind.h"
 #include "nlohmann/json.hpp"
 

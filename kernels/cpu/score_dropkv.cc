@@ -9,7 +9,7 @@
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim {
 

@@ -20,7 +20,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/cpu/scorers.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/gpu/kernels/attention_plan.cuh"
 #include "kernels/gpu/kernels/attention_score.cuh"
 #include "kernels/gpu/kernels/attention_stats.cuh"

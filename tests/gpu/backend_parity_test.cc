@@ -32,7 +32,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/decide/select.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/registry.h"

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/gpu/kernels/fast_l1.cuh"
 #include "kernels/gpu/kernels/fast_model.cuh"
 #include "tests/gpu/device_test_util.h"

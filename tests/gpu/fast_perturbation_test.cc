@@ -16,7 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/layer.h"

@@ -28,7 +28,7 @@
 #include "kernels/decide/protection.h"
 #include "kernels/decide/select.h"
 #include "kernels/thread_pool.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"

@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/layer.h"
 #include "kernels/model.h"
 #include "tests/testing/random_model_test_util.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/gpu/kernels/device_inputs.h"
 #include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"

@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
 

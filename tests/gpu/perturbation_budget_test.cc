@@ -25,7 +25,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/perturbation.h"
 #include "kernels/decide/protection.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/gpu_backend.h"
 #include "kernels/decide/perturbation_budget.h"

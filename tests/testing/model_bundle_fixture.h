@@ -18,9 +18,7 @@ inline ModelBundle BundleFromModelInput(const ModelInput& input) {
   bundle.header = HeaderOf(input);
   auto convert = [](const RawTensor& raw) {
     SafetensorsTensor t;
-    t.dtype = raw.dtype == DType::kF32   ? SafetensorsDType::kF32
-              : raw.dtype == DType::kF16 ? SafetensorsDType::kF16
-                                         : SafetensorsDType::kBF16;
+    t.dtype = raw.dtype;
     t.shape = raw.shape;
     t.data = raw.bytes;
     return t;

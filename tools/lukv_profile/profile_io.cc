@@ -19,15 +19,6 @@
 namespace kvtrim {
 namespace {
 
-DType ToDType(SafetensorsDType dtype) {
-  switch (dtype) {
-    case SafetensorsDType::kF32: return DType::kF32;
-    case SafetensorsDType::kF16: return DType::kF16;
-    case SafetensorsDType::kBF16: return DType::kBF16;
-  }
-  return DType::kF32;
-}
-
 /// The tensor `name` of `file` as fp32 [shape0, shape1, shape2] (rank 2 is read as
 /// [1, s0, s1]); INVALID_ARGUMENT when it is missing or has another rank.
 absl::StatusOr<F32Tensor> Tensor(const SafetensorsFile& file, const std::string& name,
@@ -43,7 +34,7 @@ absl::StatusOr<F32Tensor> Tensor(const SafetensorsFile& file, const std::string&
   }
   TensorView view;
   view.data = t.data.data();
-  view.dtype = ToDType(t.dtype);
+  view.dtype = t.dtype;
   view.shape = rank == 3 ? std::array<int64_t, 3>{t.shape[0], t.shape[1], t.shape[2]}
                          : std::array<int64_t, 3>{1, t.shape[0], t.shape[1]};
   return F32Tensor::FromView(view);

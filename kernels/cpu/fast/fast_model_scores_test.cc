@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/fast/fast_test_data.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/engine.h"
 #include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"

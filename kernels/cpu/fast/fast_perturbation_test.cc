@@ -16,7 +16,7 @@
 #include "kernels/cpu/fast/dropkv_cost.h"
 #include "kernels/cpu/fast/fast_cpu.h"
 #include "kernels/cpu/perturbation.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "tests/oracle/attention_oracle.h"
 
 namespace kvtrim {

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
 

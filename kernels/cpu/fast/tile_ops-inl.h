@@ -354,7 +354,7 @@ inline void TileSquaredNorms(const float* v, int64_t count, int64_t d, float* ou
 }
 
 /// p rounded to the nearest bf16 (ties to even), kept in fp32: DropKV's bf16_prob_round
-/// (RoundToBf16 of kernels/dtype.h for the finite p in [0, 1] this sees).
+/// (RoundToBf16 of base/dtype.h for the finite p in [0, 1] this sees).
 template <class D, class V>
 HWY_INLINE V RoundToBf16Lanes(D df, V p) {
   const hn::RebindToUnsigned<D> du;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim {
 

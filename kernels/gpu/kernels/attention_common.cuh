@@ -21,7 +21,7 @@
 
 #include "kernels/canonical_math.h"
 #include "kernels/canonical_attention.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim::gpu::attn {
 

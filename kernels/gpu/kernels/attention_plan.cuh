@@ -57,13 +57,6 @@ struct AttentionPlan {
   size_t row_out_offset = 0;    // [H_kv, R, d] f32 a (with_output)
   size_t pre_pool_offset = 0;   // [H_kv, n] f32 pre-pooling scores (pooled)
   size_t scratch_bytes = 0;     // total
-
-  /// Window row of local row r.
-  __host__ __device__ int32_t RowT(int32_t r) const { return first_row + r % rows_per_qhead; }
-  /// Query head of local row r of KV head h.
-  __host__ __device__ int32_t RowQHead(int32_t h, int32_t r) const {
-    return h * group + r / rows_per_qhead;
-  }
 };
 
 /// True for the scorers this module implements (kSnapKV, kH2O, kTova, kDropKV).

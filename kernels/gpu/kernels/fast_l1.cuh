@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/gpu/kernels/mma_kernel.h"
 
 namespace kvtrim::gpu {

@@ -51,7 +51,7 @@
 #include <type_traits>
 
 #include "kernels/canonical_math.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 #include "kernels/gpu/kernels/attention_plan.cuh"
 #include "kernels/gpu/kernels/attention_score.cuh"
 #include "kernels/gpu/kernels/attention_stats.cuh"

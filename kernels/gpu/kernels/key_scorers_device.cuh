@@ -1,5 +1,5 @@
 // Device helpers of the key scorers (key_scorers.cu): readers of key tensors in their input
-// dtype, converting to fp32 exactly (as kernels/dtype.h does on the CPU), and the canonical
+// dtype, converting to fp32 exactly (as base/dtype.h does on the CPU), and the canonical
 // 8-lane dot-product pieces that let eight consecutive threads of a warp compute CmDot
 // (canonical_math.h) bit for bit.
 #pragma once
@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "kernels/canonical_math.h"
-#include "kernels/dtype.h"
+#include "base/dtype.h"
 
 namespace kvtrim::gpu {
 

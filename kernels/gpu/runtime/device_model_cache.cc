@@ -81,11 +81,6 @@ int DeviceModelCache::PurgeExpiredLocked() {
   return purged;
 }
 
-int DeviceModelCache::PurgeExpired() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return PurgeExpiredLocked();
-}
-
 size_t DeviceModelCache::bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return bytes_;

@@ -82,8 +82,6 @@ class DeviceModelCache {
       const std::shared_ptr<const RegisteredModel>& model, int32_t layer, ModelTensor tensor,
       const Uploader& upload);
 
-  /// Drops every entry whose model is gone; returns how many.
-  int PurgeExpired();
   /// Bytes held by the cache now.
   size_t bytes() const;
   /// Entries held now.

@@ -1,4 +1,5 @@
-// Element types of the tensors kvtrim reads, and conversion of f16/bf16 to f32.
+// Element types of the tensors kvtrim reads and writes (the one dtype vocabulary of every
+// module: kernels, formats, service, client), and conversion between f32 and f16/bf16.
 #pragma once
 
 #include <cstddef>
