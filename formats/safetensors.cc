@@ -113,8 +113,8 @@ absl::StatusOr<Entry> ParseEntry(const std::string& name, const Json& value,
   if (entry.end - entry.begin != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, "data_offsets [", entry.begin, ", ", entry.end, "] hold ", entry.end - entry.begin,
-        " bytes but shape ", ShapeText(*shape), " of ", SafetensorsDTypeName(entry.tensor.dtype), " needs ",
-        bytes));
+        " bytes but shape ", ShapeText(*shape), " of ", SafetensorsDTypeName(entry.tensor.dtype),
+        " needs ", bytes));
   }
   return entry;
 }
@@ -262,7 +262,8 @@ absl::StatusOr<std::string> SerializeSafetensors(const SafetensorsFile& file) {
     if (bytes != tensor.data.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor \"", name, "\": ", tensor.data.size(), " bytes of data but shape [",
-          absl::StrJoin(tensor.shape, ", "), "] of ", SafetensorsDTypeName(tensor.dtype), " needs ", bytes));
+          absl::StrJoin(tensor.shape, ", "), "] of ", SafetensorsDTypeName(tensor.dtype),
+          " needs ", bytes));
     }
     header[name] = {{"dtype", SafetensorsDTypeName(tensor.dtype)},
                     {"shape", tensor.shape},

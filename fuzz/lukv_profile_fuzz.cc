@@ -1,7 +1,8 @@
 // Fuzz target: the LU-KV profile inputs. The input's first byte picks the parser, the rest
 // is its input:
 //   0  a calibration dump (safetensors, layers.{l}.keys/values/queries + metadata), read by
-//      `kvtrim profile` (tools/lukv_profile/profile_io.h ReadCalibrationDump) from an in-memory file
+//      kvtrim-lukv-profile (tools/lukv_profile/profile_io.h ReadCalibrationDump) from an
+//      in-memory file
 //   1  a model bundle's W_O and layout for profiling (ReadModelWeights), likewise
 //   2  a profile manifest ({"metric": ..., "sink": ..., "window": ...}), as RegisterModel
 //      and kvtrimd's model files carry it (service/model_codec.h ParseProfileManifest)

@@ -37,7 +37,8 @@ cmake --build "$BUILD_DIR" -j"$JOBS"
 # Reports end the process with a failure; leaks are reported at exit (kvtrimd's too).
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=0:exitcode=86:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=87"
-export TSAN_OPTIONS="halt_on_error=1:exitcode=88:second_deadlock_stack=1:suppressions=$PWD/tests/testing/tsan.supp"
+TSAN_SUPPRESSIONS="$PWD/tests/testing/tsan.supp"
+export TSAN_OPTIONS="halt_on_error=1:exitcode=88:second_deadlock_stack=1:suppressions=$TSAN_SUPPRESSIONS"
 cd "$BUILD_DIR"
 # Sanitized code runs 2-15x slower: the per-test timeout is raised accordingly.
 if [ "$SANITIZER" = thread ]; then

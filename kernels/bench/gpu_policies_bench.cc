@@ -37,11 +37,12 @@
 // the n of --extra_dtypes_n among them), hidden D = 4096, on random device-resident model
 // tensors (W_O / Gram matrices lane-major fp32, EA statistics in the arena) and a host model
 // stub carrying a random snapkv LU-KV profile. Host-decided presets (criticalkv*, lukv) time
-// the device scoring with events and the host part (scores copied back, then kernels/decide/decide.h
-// DecideLayer) with the host clock: select = copy + decide. laprox times the per-layer score
-// kernel; the row "laprox_decide32" times the host DecideLaProx (mode model) over 32 layers
-// of [8, n] scores, and "ea_stats_host" the host ComputeExpectedQueryStats of one layer
-// (query_stats model); these two rows have no numerics (null).
+// the device scoring with events and the host part (scores copied back, then
+// kernels/decide/decide.h DecideLayer) with the host clock: select = copy + decide. laprox
+// times the per-layer score kernel; the row "laprox_decide32" times the host DecideLaProx
+// (mode model) over 32 layers of [8, n] scores, and "ea_stats_host" the host
+// ComputeExpectedQueryStats of one layer (query_stats model); these two rows have no
+// numerics (null).
 //
 // Usage: kvtrim_gpu_bench [--out=DIR] [--reps=25] [--warmup=3] [--n=4096,32768,131072]
 //                         [--w=8,32] [--policies=a,b] [--copy_mib=1024]

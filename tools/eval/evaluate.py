@@ -260,8 +260,9 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=32,
                         help="window query rows sent (>= the policies' own window, 32)")
     parser.add_argument("--lukv_profile", default="",
-                        help="an LU-KV profile (.npy with its .json manifest, `kvtrim-lukv-profile` on "
-                        "lukv_calibration.py's dumps) registered with the model, for lukv")
+                        help="an LU-KV profile (.npy with its .json manifest, "
+                        "`kvtrim-lukv-profile` on lukv_calibration.py's dumps) registered with "
+                        "the model, for lukv")
     parser.add_argument("--policy_window", type=int, default=0,
                         help="observation window of every policy that has one (params.window);"
                         " 0: each policy's default. Retrieval uses 2, the question `? k`")

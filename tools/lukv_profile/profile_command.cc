@@ -172,7 +172,8 @@ int RunProfile(const ProfileCommandOptions& options, std::ostream& out, std::ost
         {"--dumps", options.dumps.empty()},
         {"--out", options.out.empty()}}) {
     if (missing) {
-      err << "usage error: profile: " << flag << " is required\nrun 'kvtrim-lukv-profile --help' for usage\n";
+      err << "usage error: profile: " << flag
+          << " is required\nrun 'kvtrim-lukv-profile --help' for usage\n";
       return kExitUsage;
     }
   }

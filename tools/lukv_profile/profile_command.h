@@ -1,7 +1,8 @@
 // kvtrim-lukv-profile: LU-KV offline profiling (lukv.md §5.2), a program of its own so that the
-// kvtrim CLI does not link the kernels. Runs locally (no server): reads a model bundle's W_O and calibration dumps, ranks each head's context
-// with the sidecar's own CPU scorer, solves the per-dump allocation and writes the averaged
-// profile Φ [99, L, H_kv] as PROFILE.npy plus PROFILE.npy.json.
+// kvtrim CLI does not link the kernels. Runs locally (no server): reads a model bundle's W_O
+// and calibration dumps, ranks each head's context with the sidecar's own CPU scorer, solves
+// the per-dump allocation and writes the averaged profile Φ [99, L, H_kv] as PROFILE.npy plus
+// PROFILE.npy.json.
 //
 //   kvtrim-lukv-profile --model BUNDLE.safetensors --metric snapkv
 //       --dumps a.safetensors,b.safetensors --out PROFILE.npy

@@ -5,9 +5,9 @@
 // launch (LaunchProtectSelectTopK).
 // Decisions EnqueueLayer does not make (CriticalKV's two stages, LaProx, LU-KV budgets,
 // block-aligned and equal-count outputs: LayerPlan::host_decide) are made on the device by
-// EnqueueDecision (device_decision.h), which reproduces kernels/decide/decide.h exactly; DecideOnHost
-// (the raw scores copied back, kernels/decide/decide.h on the host) remains for the layers it cannot
-// plan (DecisionKind::kNone).
+// EnqueueDecision (device_decision.h), which reproduces kernels/decide/decide.h exactly;
+// DecideOnHost (the raw scores copied back, kernels/decide/decide.h on the host) remains for
+// the layers it cannot plan (DecisionKind::kNone).
 #pragma once
 
 #include <cstddef>
