@@ -6,23 +6,19 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/budget.h"
 #include "kernels/canonical_math.h"
 #include "kernels/decide/allocate.h"
 #include "kernels/decide/select.h"
 #include "kernels/decide/lukv_budget.h"
+#include "kernels/decide/protection.h"
 
 namespace kvtrim {
 
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-/// Sets the first p.sink and last p.recent scores of one head row [n] to +inf.
-void ProtectRow(const Protection& p, int64_t n, float* row) {
-  for (int64_t j = 0; j < p.sink && j < n; ++j) row[j] = kInf;
-  for (int64_t j = std::max<int64_t>(0, n - p.recent); j < n; ++j) row[j] = kInf;
-}
 
 /// Appends one head's (or one shared) list to the CSR of `out`.
 void AppendList(const std::vector<int32_t>& list, LayerDecision* out) {
@@ -114,54 +110,65 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
       absl::StrCat("allocator '", policy.allocator->name, "' has no allocation rule"));
 }
 
+int64_t CriticalKVStage1Tokens(double alpha, int64_t count, const Protection& protection,
+                               int64_t n) {
+  const int64_t guarded = protection.sink + protection.recent;
+  const int64_t b = std::max<int64_t>(0, count - guarded);
+  const int64_t b1 = std::min(b, RoundHalfUp(alpha * static_cast<double>(b)));
+  return std::min(n, guarded + b1);
+}
+
+absl::StatusOr<LayerRanking> RankLayer(const ResolvedPolicy& policy, const LayerScores& layer) {
+  const int64_t heads = layer.num_heads;
+  const int64_t n = layer.num_tokens;
+  const bool lukv = policy.allocator->kind == AllocatorKind::kLukv &&
+                    policy.settings.output_shape != OutputShape::kEqualCount;
+
+  // Protection: uniform (rule 3 on the uniform k), or per head on lukv's own counts.
+  LayerRanking out;
+  out.ranked = layer.scores;  // [H, n]
+  if (!lukv) ApplyProtection(layer.budget.protection, heads, n, out.ranked.data());
+  KVTRIM_ASSIGN_OR_RETURN(out.counts, AllocateCounts(policy, layer, out.ranked));
+  out.protection.assign(static_cast<size_t>(heads), layer.budget.protection);
+  if (lukv) {
+    for (int64_t h = 0; h < heads; ++h) {
+      out.protection[h] = ClampProtection(layer.budget.requested, out.counts[h], n);
+      ApplyProtection(out.protection[h], 1, n, out.ranked.data() + h * n);
+    }
+  }
+  if (layer.critical.empty()) return out;
+
+  // CriticalKV: stage 1 = the top (protected + b1) by attention, b1 = round_half_up(alpha * b)
+  // in double (specs README rule 6, over criticalkv.md's floor); the final ranking is the
+  // stage-2 score with stage-1 tokens forced to +inf.
+  const double alpha = policy.params.Number("alpha");
+  std::vector<float> stage2 = layer.critical;
+  std::vector<int32_t> stage1;
+  for (int64_t h = 0; h < heads; ++h) {
+    stage1.clear();
+    SelectTopK(out.ranked.data() + h * n, n,
+               CriticalKVStage1Tokens(alpha, out.counts[h], out.protection[h], n), &stage1);
+    float* row = stage2.data() + h * n;
+    ApplyProtection(out.protection[h], 1, n, row);
+    for (int32_t j : stage1) row[j] = kInf;
+  }
+  out.ranked.swap(stage2);
+  return out;
+}
+
 absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
                          LayerDecision* out) {
   const int64_t heads = layer.num_heads;
   const int64_t n = layer.num_tokens;
   const OutputShape shape = policy.settings.output_shape;
-  const bool lukv =
-      policy.allocator->kind == AllocatorKind::kLukv && shape != OutputShape::kEqualCount;
-  const bool critical = !layer.critical.empty();
-
-  // Protection: uniform (rule 3 on the uniform k), or per head on lukv's own counts.
-  std::vector<float> ranked = layer.scores;  // [H, n]
-  if (!lukv) {
-    for (int64_t h = 0; h < heads; ++h) ProtectRow(layer.budget.protection, n, ranked.data() + h * n);
-  }
-  auto counts = AllocateCounts(policy, layer, ranked);
-  if (!counts.ok()) return counts.status();
-  std::vector<Protection> protection(static_cast<size_t>(heads), layer.budget.protection);
-  if (lukv) {
-    for (int64_t h = 0; h < heads; ++h) {
-      protection[h] = ClampProtection(layer.budget.requested, (*counts)[h], n);
-      ProtectRow(protection[h], n, ranked.data() + h * n);
-    }
-  }
-
-  // CriticalKV: stage 1 = the top (protected + b1) by attention, b1 = round_half_up(alpha * b)
-  // in double (specs README rule 6, over criticalkv.md's floor); the final ranking is the
-  // stage-2 score with stage-1 tokens forced to +inf.
-  if (critical) {
-    const double alpha = policy.params.Number("alpha");
-    std::vector<float> stage2 = layer.critical;
-    std::vector<int32_t> stage1;
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t guarded = protection[h].sink + protection[h].recent;
-      const int64_t b = std::max<int64_t>(0, (*counts)[h] - guarded);
-      const int64_t b1 = std::min(b, RoundHalfUp(alpha * static_cast<double>(b)));
-      stage1.clear();
-      SelectTopK(ranked.data() + h * n, n, std::min(n, guarded + b1), &stage1);
-      float* row = stage2.data() + h * n;
-      ProtectRow(protection[h], n, row);
-      for (int32_t j : stage1) row[j] = kInf;
-    }
-    ranked.swap(stage2);
-  }
+  KVTRIM_ASSIGN_OR_RETURN(LayerRanking ranking, RankLayer(policy, layer));
+  const std::vector<float>& ranked = ranking.ranked;
+  const std::vector<int64_t>& counts = ranking.counts;
 
   StartDecision(layer, shape, out);
   std::vector<int32_t> list;
   if (shape == OutputShape::kShared || shape == OutputShape::kBlockAligned) {
-    const int64_t total = std::accumulate(counts->begin(), counts->end(), int64_t{0});
+    const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
     const double mean = static_cast<double>(total) / static_cast<double>(heads);
     if (shape == OutputShape::kShared) {
       SelectSharedRoundRobin(ranked.data(), heads, n, std::clamp<int64_t>(RoundHalfUp(mean), 1, n),
@@ -179,7 +186,7 @@ absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
   }
   for (int64_t h = 0; h < heads; ++h) {
     list.clear();
-    SelectTopK(ranked.data() + h * n, n, (*counts)[h], &list);
+    SelectTopK(ranked.data() + h * n, n, counts[h], &list);
     AppendList(list, out);
     out->kept_per_head[h] = static_cast<int32_t>(list.size());
   }

@@ -49,6 +49,25 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
                                                     const LayerScores& layer,
                                                     const std::vector<float>& protected_scores);
 
+/// The ranking a layer's decision selects by, and the counts and protection behind it.
+struct LayerRanking {
+  std::vector<float> ranked;           // [H, n] fp32 row-major: protected tokens (and
+                                       // CriticalKV's stage-1 tokens) at +inf
+  std::vector<int64_t> counts;         // [H] tokens each head keeps (AllocateCounts)
+  std::vector<Protection> protection;  // [H] each head's protection (per head for lukv)
+};
+
+/// The first steps of DecideLayer: protection (uniform, or per head on lukv's own counts),
+/// the allocation, and for CriticalKV (layer.critical set) the two-stage ranking: the
+/// stage-2 scores with every protected and every stage-1 token at +inf.
+absl::StatusOr<LayerRanking> RankLayer(const ResolvedPolicy& policy, const LayerScores& layer);
+
+/// CriticalKV's stage-1 set size of one head of n tokens: its protected tokens plus
+/// b1 = round_half_up(alpha * b) (in double; specs README rule 6), b = count - protected,
+/// at most n.
+int64_t CriticalKVStage1Tokens(double alpha, int64_t count, const Protection& protection,
+                               int64_t n);
+
 /// Decides one layer from its scores (every output shape, every allocator, CriticalKV's two
 /// stages). Fills every LayerDecision field except perturbation and compute_seconds.
 /// Model-wide LaProx modes are decided by DecideLaProx instead.

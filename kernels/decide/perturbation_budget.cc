@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/client_text.h"
+#include "kernels/decide/protection.h"
 #include "kernels/decide/select.h"
 
 namespace kvtrim {
@@ -72,14 +73,12 @@ std::vector<int32_t> RankHeads(const LayerScores& layer, int64_t depth) {
   const int64_t heads = layer.num_heads;
   const int64_t n = layer.num_tokens;
   const Protection& p = layer.budget.protection;
-  const float inf = std::numeric_limits<float>::infinity();
   std::vector<int32_t> ranking(static_cast<size_t>(heads * depth));
   std::vector<float> row(static_cast<size_t>(n));
   std::vector<int32_t> order;
   for (int64_t h = 0; h < heads; ++h) {
     std::copy_n(layer.scores.begin() + h * n, n, row.begin());
-    for (int64_t j = 0; j < p.sink && j < n; ++j) row[j] = inf;
-    for (int64_t j = std::max<int64_t>(0, n - p.recent); j < n; ++j) row[j] = inf;
+    ApplyProtection(p, 1, n, row.data());
     RankTokens(row.data(), n, &order);  // top-k's order: score descending, lower index first
     std::copy_n(order.begin(), depth, ranking.begin() + h * depth);
   }

@@ -30,14 +30,17 @@
 #include "kernels/engine.h"
 #include "kernels/gpu/runtime/device_pipeline.h"
 #include "kernels/registry.h"
-#include "tests/gpu/criticalkv_ranking.h"
 #include "tests/gpu/model_test_data.h"
 #include "tests/gpu/parity_rule.h"
 #include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
+#include "tests/testing/criticalkv_ranking.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
+
+using kvtrim::testing::CriticalKVRanking;
+using kvtrim::testing::CriticalKVStage1Band;
 
 constexpr int64_t kKvHeads = 3;
 constexpr int64_t kMaxWindow = 32;

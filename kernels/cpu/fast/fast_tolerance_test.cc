@@ -10,7 +10,7 @@
 //   * the tolerance rule: a fast kept list differs from the exact one only in tokens whose
 //     exact score lies within tau * (|b| + s) of the list's boundary b (tests/gpu/parity_rule.h,
 //     ToleranceBand, tau = 2^-11); protected tokens never differ; CriticalKV's band lies on
-//     its stage-2 ranking or its stage-1 boundary (tests/gpu/criticalkv_ranking.h), LaProx's
+//     its stage-2 ranking or its stage-1 boundary (tests/testing/criticalkv_ranking.h), LaProx's
 //     layer and model top-K may move counts between heads;
 //   * the swap rate (kept tokens that differ / kept tokens), printed per policy, below 1e-3;
 //   * determinism: 1, 2 and 7 threads give identical offsets and indices;
@@ -43,7 +43,7 @@
 #include "kernels/engine.h"
 #include "tests/testing/random_model_test_util.h"
 #include "kernels/registry.h"
-#include "tests/gpu/criticalkv_ranking.h"
+#include "tests/testing/criticalkv_ranking.h"
 #include "tests/gpu/parity_rule.h"
 
 namespace kvtrim {
@@ -52,8 +52,8 @@ namespace {
 using gpu::testing::CaseSpec;
 using gpu::testing::CompareDecisions;
 using gpu::testing::CpuScores;
-using gpu::testing::CriticalKVRanking;
-using gpu::testing::CriticalKVStage1Band;
+using kvtrim::testing::CriticalKVRanking;
+using kvtrim::testing::CriticalKVStage1Band;
 using gpu::testing::FastScoreCheckedTokens;
 using gpu::testing::FastTau;
 using gpu::testing::HeadScales;
