@@ -7,10 +7,14 @@
 
 namespace kvtrim {
 
-/// Every built-in scorer. The last three read a registered model.
+/// The scorers the backends know by identity (kCriticalKV, kLaProx and kExpectedAttention read
+/// a registered model), and kTable: a scorer no backend special-cases. Each backend finds a
+/// kTable scorer's implementation in its scorer table by the scorer's registered name
+/// (kernels/cpu/cpu_scorer_table.h, kernels/gpu/kernels/gpu_scorer_table.h), so adding one
+/// takes its registry entry, its CPU file and its GPU file (docs/architecture.md).
 enum class ScorerKind {
   kStreamingLlm, kRandom, kKnorm, kKeyDiff, kSnapKV, kH2O, kTova, kDropKV,
-  kCriticalKV, kLaProx, kExpectedAttention
+  kCriticalKV, kLaProx, kExpectedAttention, kTable
 };
 
 /// Every built-in allocator.

@@ -39,7 +39,16 @@ non-application) file of the modules kernels* and service, except the registry i
   - an argument of .compare(, StartsWith( or EqualsIgnoreCase( (reported whatever the other
     operand is: these calls are rare enough to read);
   - a case label.
-Comments are blanked before both checks (string literals are kept), so a commented-out
+Part 3, a table scorer lives in its files.  A table scorer (ScorerKind::kTable) is a file
+kernels/cpu/scorers/<name>.cc, a file kernels/gpu/scorers/<name>.cu and its registry entry
+(docs/architecture.md, "Adding a scorer").  For every such <name> (test files aside):
+  - both files must exist ("has a CPU file but no GPU file", or the reverse);
+  - <name> must be a policy name of the registry ("registers no scorer of the registry");
+  - its quoted name may appear in library files of kernels* and service only in those two
+    files and the registry (REGISTRY_FILES): anywhere else, the scorer is special-cased
+    outside its files ("names table scorer ... outside its files").
+
+Comments are blanked before every check (string literals are kept), so a commented-out
 include or a policy name in a comment is never reported.
 
 Output: one line per violation, `path:line: <module> may not include "<header>" (<rule>)`
@@ -147,6 +156,9 @@ MIN_POLICY_NAMES = 5
 GUARDED_MODULE_PREFIXES = ("kernels", "service")  # kernels, kernels.*, service
 POLICY_OPERAND_WORDS = ("name", "policy", "scorer", "allocator", "preset")
 POLICY_RULE = "string compare of a policy name below the registry"
+# The folders of the table scorers' files, CPU and GPU, and their extensions (Part 3).
+TABLE_SCORER_FOLDERS = (("kernels/cpu/scorers/", ".cc"), ("kernels/gpu/scorers/", ".cu"))
+TABLE_RULE = "a table scorer is its CPU file, its GPU file and its registry entry"
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 
@@ -402,11 +414,42 @@ class Report:
     policy_names: int = 0
 
 
+# Returns {name: [its files]} of the table scorers' files among `paths` (tests aside).
+def table_scorer_files(paths: list[str]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        for folder, extension in TABLE_SCORER_FOLDERS:
+            rest = path[len(folder):]
+            if (path.startswith(folder) and "/" not in rest and rest.endswith(extension)
+                    and not rest.endswith("_test" + extension)):
+                found.setdefault(rest[:-len(extension)], []).append(path)
+    return found
+
+
+# Returns the file-level violations of Part 3 (a missing twin, an unregistered name).
+def table_scorer_violations(files: dict[str, list[str]], names: set[str]) -> list[Violation]:
+    violations = []
+    for name, paths in sorted(files.items()):
+        for folder, extension in TABLE_SCORER_FOLDERS:
+            twin = folder + name + extension
+            if twin not in paths:
+                violations.append(Violation(
+                    paths[0], 1, f'table scorer "{name}" has no {twin} ({TABLE_RULE})'))
+        if name not in names:
+            violations.append(Violation(
+                paths[0], 1, f'table scorer "{name}" registers no scorer of the registry '
+                f"({TABLE_RULE})"))
+    return violations
+
+
 # Lints the tree under `root`: returns every violation and the counts.
 def scan(root: Path) -> Report:
     names = read_policy_names(root)
     report = Report(violations=[], policy_names=len(names))
-    for path in source_files(root):
+    paths = source_files(root)
+    table_files = table_scorer_files(paths)
+    report.violations.extend(table_scorer_violations(table_files, names))
+    for path in paths:
         report.files_scanned += 1
         rule = rule_for(path)
         if rule is None:
@@ -430,6 +473,11 @@ def scan(root: Path) -> Report:
                         path, number,
                         f'{rule.module} compares policy name "{name}" as a string '
                         f"({POLICY_RULE})"))
+                for name in re.findall(r'"([a-z][a-z0-9_]*)"', line):
+                    if name in table_files and path not in table_files[name]:
+                        report.violations.append(Violation(
+                            path, number, f'{rule.module} names table scorer "{name}" '
+                            f"outside its files ({TABLE_RULE})"))
     return report
 
 
@@ -478,10 +526,21 @@ def self_test() -> None:
         "kernels/newdir/y.h": "// a kernels sub-folder missing from the table\n",
         "build/kernels/z.h": "// not scanned\n",
         "kernels/build-gpu/w.h": '#include "client/cli.h"\n',
+        "kernels/cpu/scorers/h2o.cc": 'void R(T& t) { t.Register("h2o", {}); }\n',
+        "kernels/cpu/scorers/h2o_test.cc": 'auto* s = Find("h2o");\n',
+        "kernels/gpu/scorers/h2o.cu": 'void R(T& t) { t.Register("h2o", {}); }\n',
+        "kernels/cpu/scorers/lonely.cc": "// no twin, no registry entry\n",
+        "kernels/gpu/runtime/plan.cc": 'auto* s = Find("h2o");  // "h2o" special-cased\n',
     }
     expected = [
+        'kernels/cpu/scorers/lonely.cc:1: table scorer "lonely" has no '
+        f"kernels/gpu/scorers/lonely.cu ({TABLE_RULE})",
+        'kernels/cpu/scorers/lonely.cc:1: table scorer "lonely" registers no scorer of the '
+        f"registry ({TABLE_RULE})",
         'client/cli.cc:2: client may not include "kernels/cpu/select.h" '
         "(client may include only base, client, formats, proto, version)",
+        'kernels/gpu/runtime/plan.cc:1: kernels.gpu names table scorer "h2o" outside its '
+        f"files ({TABLE_RULE})",
         "kernels/newdir/y.h:1: file is in no module (unknown module: add it to the rule table)",
         "newtop/x.h:1: file is in no module (unknown module: add it to the rule table)",
         'service/core.cc:1: service may not include "service/helper_test_util.h" '
@@ -491,6 +550,7 @@ def self_test() -> None:
         f"({POLICY_RULE})",
         'service/core.cc:6: service compares policy name "h2o" as a string '
         f"({POLICY_RULE})",
+        f'service/core.cc:6: service names table scorer "h2o" outside its files ({TABLE_RULE})',
     ]
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp)
@@ -500,7 +560,7 @@ def self_test() -> None:
         report = scan(root)
         found = [str(v) for v in report.violations]
         assert found == expected, "self-test: got\n  " + "\n  ".join(found)
-        assert report.files_scanned == 13, report.files_scanned
+        assert report.files_scanned == 18, report.files_scanned
         assert report.policy_names == 5, report.policy_names
     assert rule_for("kernels/bench/x.cc").module == "bench"
     assert rule_for("kernels/cpu/fast/a.h").module == "kernels.cpu"

@@ -42,7 +42,7 @@ CpuBackend::CpuBackend(int num_threads)
 std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
                                                 const AllocatorSpec& allocator) const {
   (void)allocator;
-  if (HasFastPath(scorer.kind)) return {Numerics::kFast, Numerics::kExact};
+  if (HasFastPath(scorer)) return {Numerics::kFast, Numerics::kExact};
   return {Numerics::kExact};
 }
 
@@ -99,6 +99,15 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
       st = (fast ? ScoreExpectedAttentionFast : ScoreExpectedAttention)(
           layer, policy.params, *policy.model, pool_, scores->data());
     }
+  } else if (kind == ScorerKind::kTable) {
+    const CpuScorer* table = CpuScorerTable::Builtin().Find(name);
+    if (table == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("scorer '", name, "' has no CPU implementation"));
+    }
+    const bool fast = numerics == Numerics::kFast && table->fast != nullptr;
+    if (fast) *used = Numerics::kFast;
+    st = (fast ? table->fast : table->exact)(layer, policy.params, pool_, scores->data());
   } else if (auto fast = fast_scorers_.find(kind);
              numerics == Numerics::kFast && fast != fast_scorers_.end()) {
     *used = Numerics::kFast;
@@ -136,12 +145,16 @@ bool CpuBackend::ChecksKeysFinite(const ResolvedPolicy& policy) const {
   return RunsFast(policy) && policy.scorer->reads_key_values;
 }
 
-bool CpuBackend::HasFastPath(ScorerKind kind) const {
-  return fast_scorers_.count(kind) != 0 || IsModelScorer(kind);
+bool CpuBackend::HasFastPath(const ScorerSpec& scorer) const {
+  if (scorer.kind == ScorerKind::kTable) {
+    const CpuScorer* table = CpuScorerTable::Builtin().Find(scorer.name);
+    return table != nullptr && table->fast != nullptr;
+  }
+  return fast_scorers_.count(scorer.kind) != 0 || IsModelScorer(scorer.kind);
 }
 
 bool CpuBackend::RunsFast(const ResolvedPolicy& policy) const {
-  return policy.settings.numerics == Numerics::kFast && HasFastPath(policy.scorer->kind);
+  return policy.settings.numerics == Numerics::kFast && HasFastPath(*policy.scorer);
 }
 
 absl::Status CpuBackend::ScoreLayer(const ResolvedPolicy& policy, const ValidatedLayer& layer,

@@ -6,13 +6,11 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/cpu_scorer_table.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/thread_pool.h"
 
 namespace kvtrim {
-
-/// Signature of a CPU scorer (see scorers.h): writes scores [H_kv, n].
-using CpuScoreFn = absl::Status (*)(const CpuLayer&, const ResolvedParams&, ThreadPool&, float*);
 
 /// Composes scorer -> protection -> allocator -> selector -> perturbation on the CPU.
 class CpuBackend final : public HostFallback {
@@ -74,11 +72,13 @@ class CpuBackend final : public HostFallback {
   absl::Status ScoreForDecision(const ResolvedPolicy& policy, const CpuLayer& cpu,
                                 const LayerBudget& budget, LayerScores* scores,
                                 FastRowOutputs* rows);
-  /// True when `kind` has fast CPU numerics (fast_scorers_, or the model-aware scorers).
-  bool HasFastPath(ScorerKind kind) const;
+  /// True when `scorer` has fast CPU numerics (fast_scorers_, a table scorer's fast entry,
+  /// or the model-aware scorers).
+  bool HasFastPath(const ScorerSpec& scorer) const;
 
   ThreadPool pool_;
-  std::map<ScorerKind, CpuScoreFn> scorers_;       // the scorers that need no model
+  // The scorers known by kind that need no model; kTable scorers are CpuScorerTable's.
+  std::map<ScorerKind, CpuScoreFn> scorers_;
   std::map<ScorerKind, CpuScoreFn> fast_scorers_;  // their fast numerics, where they have one
 };
 

@@ -168,7 +168,7 @@ std::string RawScores(const ModelCase& c, Numerics mode, LayerScores* out) {
   const absl::Status st = SharedGpu().ScoreLayer(*policy, *validated, BudgetOf(*policy, c.n), out);
   if (!st.ok()) return st.ToString();
   const Numerics expected =
-      mode == Numerics::kFast && HasFastPath(policy->scorer->kind, c.dtype, c.d) ? Numerics::kFast
+      mode == Numerics::kFast && HasFastPath(*policy->scorer, c.dtype, c.d) ? Numerics::kFast
                                                                                  : Numerics::kExact;
   if (out->numerics != expected) {
     return absl::StrCat("computed ", NumericsName(out->numerics), ", expected ",
@@ -374,14 +374,16 @@ struct DeviceBytes {
 TEST(FastModelLauncher, WhichScorersAndShapesAreFast) {
   for (ScorerKind kind : {ScorerKind::kCriticalKV, ScorerKind::kLaProx,
                           ScorerKind::kExpectedAttention}) {
+    ScorerSpec spec;
+    spec.kind = kind;
     for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
       for (int32_t d : {8, 64, 96, 128}) {
         EXPECT_TRUE(FastModelSupported(kind, dtype, d)) << d;
-        EXPECT_TRUE(HasFastPath(kind, dtype, d)) << d;
+        EXPECT_TRUE(HasFastPath(spec, dtype, d)) << d;
       }
       for (int32_t d : {0, 4, 100, 136, 256}) {
         EXPECT_FALSE(FastModelSupported(kind, dtype, d)) << d;
-        EXPECT_FALSE(HasFastPath(kind, dtype, d)) << d;
+        EXPECT_FALSE(HasFastPath(spec, dtype, d)) << d;
       }
     }
   }

@@ -187,7 +187,7 @@ CaseResult RunCase(const FastCase& c) {
     return result;
   }
   result.fast = fast->numerics == Numerics::kFast;
-  const bool expect_fast = HasFastPath(exact_policy->scorer->kind, c.dtype, c.d);
+  const bool expect_fast = HasFastPath(*exact_policy->scorer, c.dtype, c.d);
   if (result.fast != expect_fast) {
     result.failure = absl::StrCat(c.Describe(), ": fast request answered as ",
                                   NumericsName(fast->numerics));

@@ -40,6 +40,7 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
     case ScorerKind::kRandom:
     case ScorerKind::kKnorm:
     case ScorerKind::kTova:
+    case ScorerKind::kTable:
       break;
     case ScorerKind::kKeyDiff: {
       absl::StatusOr<KeyDiffAnchor> anchor = ParseKeyDiffAnchor(p.Text("anchor"));
@@ -106,15 +107,21 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
 
 }  // namespace
 
-bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim) {
+bool HasFastPath(const ScorerSpec& scorer, DType dtype, int64_t head_dim) {
   if (head_dim > 256) return false;
   const int32_t d = static_cast<int32_t>(head_dim);
+  if (scorer.kind == ScorerKind::kTable) {
+    const GpuScorer* table = GpuScorerTable::Builtin().Find(scorer.name);
+    return table != nullptr && table->fast.Supports(dtype, d);
+  }
+  const ScorerKind kind = scorer.kind;
   return fast::FastAttentionSupported(kind, dtype, d) ||
          fast::FastKeyScorerSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
 }
 
 uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer) {
-  if (!plan.params.fast || plan.model_scorer || IsKeyScorer(plan.scorer) ||
+  if (!plan.params.fast || plan.model_scorer || plan.table_scorer != nullptr ||
+      IsKeyScorer(plan.scorer) ||
       layer.dtype == DType::kF32) {
     return 0;
   }
@@ -131,11 +138,18 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   LayerPlan plan;
   plan.scorer_name = policy.scorer->name;
   plan.scorer = policy.scorer->kind;
+  if (plan.scorer == ScorerKind::kTable) {
+    plan.table_scorer = GpuScorerTable::Builtin().Find(plan.scorer_name);
+    if (plan.table_scorer == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("scorer '", plan.scorer_name, "' has no GPU implementation"));
+    }
+  }
   absl::StatusOr<ScorerParams> params = ReadScorerParams(plan.scorer, policy.params, dtype);
   if (!params.ok()) return params.status();
   plan.params = *params;
   if (policy.settings.numerics == Numerics::kFast &&
-      HasFastPath(plan.scorer, dtype, shape.head_dim)) {
+      HasFastPath(*policy.scorer, dtype, shape.head_dim)) {
     plan.numerics = Numerics::kFast;
     plan.params.fast = true;
   }
@@ -328,6 +342,8 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
     } else {
       score_scratch = ModelScoreScratchBytes(plan.scorer, layer, plan.params, sizing);
     }
+  } else if (plan.table_scorer != nullptr) {
+    score_scratch = plan.table_scorer->For(plan.params.fast).ScratchBytes(layer, plan.params);
   } else {
     score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
   }
@@ -408,6 +424,11 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
         LaunchModelScore(plan.scorer, layer, plan.params, b.model, b.scores, b.critical,
                          b.scratch, b.scratch_bytes, stream),
         absl::StrCat("LaunchModelScore(", plan.scorer_name, ")"));
+  } else if (plan.table_scorer != nullptr) {
+    KVTRIM_CUDA_RETURN_IF_ERROR(
+        plan.table_scorer->For(plan.params.fast)
+            .launch(layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
+        absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
   } else {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
@@ -534,7 +555,8 @@ void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
                         const PipelineBuffers& buffers, const PipelineEvents* events,
                         LaunchKey* key) {
   // The plan: which launches, and their by-value arguments.
-  key->Add(plan.scorer).Add(plan.model_scorer).Add(plan.host_decide).Add(plan.critical);
+  key->Add(plan.scorer).Add(plan.table_scorer).Add(plan.model_scorer).Add(plan.host_decide);
+  key->Add(plan.critical);
   const ScorerParams& p = plan.params;
   key->Add(p.window).Add(p.kernel).Add(p.pool_max).Add(p.eps).Add(p.bf16_prob_round);
   key->Add(p.causal_normalize).Add(p.anchor_raw_mean).Add(p.norm_l2).Add(p.gqa);

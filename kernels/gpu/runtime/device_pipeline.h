@@ -24,6 +24,7 @@
 #include "kernels/gpu/runtime/device_decision.h"
 #include "kernels/gpu/runtime/launch_graph.h"
 #include "kernels/gpu/kernels/fast_model.cuh"
+#include "kernels/gpu/kernels/gpu_scorer_table.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/layer.h"
 #include "kernels/policy_spec.h"
@@ -35,6 +36,7 @@ namespace kvtrim::gpu {
 struct LayerPlan {
   std::string scorer_name;
   ScorerKind scorer = ScorerKind::kStreamingLlm;
+  const GpuScorer* table_scorer = nullptr;  // kTable: its kernels (GpuScorerTable::Builtin)
   ScorerParams params;            // params.fast: the scorer runs its fast kernels
   Numerics numerics = Numerics::kExact;  // the mode that computes the scores (fast when the
                                          // request asks for it and the scorer has a fast path
@@ -81,9 +83,10 @@ struct LayerPlan {
   int64_t kept_bound() const;
 };
 
-/// True when `kind` has fast-numerics kernels for `dtype` and head dimension `head_dim`
-/// (the model-aware scorers: fast_model.cuh FastModelSupported, every norm / gqa parameter).
-bool HasFastPath(ScorerKind kind, DType dtype, int64_t head_dim);
+/// True when `scorer` has fast-numerics kernels for `dtype` and head dimension `head_dim`
+/// (the model-aware scorers: fast_model.cuh FastModelSupported, every norm / gqa parameter;
+/// a table scorer: its fast kernels' Supports).
+bool HasFastPath(const ScorerSpec& scorer, DType dtype, int64_t head_dim);
 
 /// Builds the plan: scorer kind and ScorerParams read from the resolved parameters as the
 /// CPU scorers read them (dropkv bf16_prob_round "auto" = on iff `dtype` is bf16; keydiff

@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(
 std::vector<Numerics> GpuBackend::NumericsModes(const ScorerSpec& scorer,
                                                 const AllocatorSpec& allocator) const {
   (void)allocator;
-  if (HasFastPath(scorer.kind, DType::kBF16, 128)) return {Numerics::kFast, Numerics::kExact};
+  if (HasFastPath(scorer, DType::kBF16, 128)) return {Numerics::kFast, Numerics::kExact};
   return {Numerics::kExact};
 }
 

@@ -1,0 +1,78 @@
+// The device implementations of the table scorers (ScorerKind::kTable), found by the
+// scorer's registered name: the GPU twin of kernels/cpu/cpu_scorer_table.h. Every file
+// kernels/gpu/scorers/<stem>.cu defines
+//   void RegisterGpuScorer_<stem>(GpuScorerTable& table);
+// which adds its scorer; the build generates the one function that calls them all
+// (RegisterGpuScorerFiles, kernels/gpu/CMakeLists.txt), so a new file needs no other edit.
+// Launchers follow launchers.h: explicit stream and scratch, cudaError_t, no allocation.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/gpu/kernels/launchers.h"
+
+namespace kvtrim::gpu {
+
+/// One numerics' kernels of a table scorer (CUB's two-phase pattern, as LaunchScore).
+struct GpuScorerKernels {
+  /// True when the kernels take a layer of `dtype` and `head_dim`; nullptr: every layer.
+  bool (*supports)(DType dtype, int32_t head_dim) = nullptr;
+  /// Device scratch bytes `launch` needs for the layer; nullptr: none.
+  size_t (*scratch_bytes)(const DeviceLayer& layer, const ScorerParams& params) = nullptr;
+  /// Writes scores [H_kv, n] fp32 (device, row-major) without protection on `stream`;
+  /// cudaErrorInvalidValue for a layer it cannot take, null pointers where data is needed or
+  /// too little scratch. nullptr: no kernels in this numerics.
+  cudaError_t (*launch)(const DeviceLayer& layer, const ScorerParams& params, float* scores,
+                        void* scratch, size_t scratch_bytes, cudaStream_t stream) = nullptr;
+
+  /// True when `launch` exists and takes the layer's dtype and head_dim.
+  bool Supports(DType dtype, int32_t head_dim) const {
+    return launch != nullptr && (supports == nullptr || supports(dtype, head_dim));
+  }
+  /// scratch_bytes(layer, params), or 0 without it.
+  size_t ScratchBytes(const DeviceLayer& layer, const ScorerParams& params) const {
+    return scratch_bytes == nullptr ? 0 : scratch_bytes(layer, params);
+  }
+};
+
+/// One table scorer's device implementations.
+struct GpuScorer {
+  GpuScorerKernels exact;  // the canonical arithmetic: bit-identical to the CPU's exact scorer
+  GpuScorerKernels fast;   // fast numerics, within docs/numerics.md's tolerance of exact
+
+  /// The kernels a layer runs: fast when asked for and supported, exact otherwise.
+  const GpuScorerKernels& For(bool fast_numerics) const { return fast_numerics ? fast : exact; }
+};
+
+/// Scorer name -> GpuScorer. Filled once at start-up; read-only (and thread-safe) after.
+class GpuScorerTable {
+ public:
+  /// Adds `scorer` under `name`; false (and no change) when the name is taken or the exact
+  /// kernels are missing.
+  bool Add(std::string name, GpuScorer scorer);
+  /// Add, from a scorer file's registration: a refusal is a build error, so it aborts with
+  /// the name.
+  void Register(std::string name, GpuScorer scorer);
+  /// The scorer registered as `name`, or nullptr.
+  const GpuScorer* Find(std::string_view name) const;
+  /// Every registered name, sorted.
+  std::vector<std::string> Names() const;
+
+  /// The table of every file in kernels/gpu/scorers/ (built on first use).
+  static const GpuScorerTable& Builtin();
+
+ private:
+  std::map<std::string, GpuScorer, std::less<>> scorers_;
+};
+
+/// Calls RegisterGpuScorer_<stem>(table) for every kernels/gpu/scorers/<stem>.cu (generated).
+void RegisterGpuScorerFiles(GpuScorerTable& table);
+
+}  // namespace kvtrim::gpu
