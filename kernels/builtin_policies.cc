@@ -85,7 +85,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "knorm";
-  s.kind = ScorerKind::kKnorm;
+  s.kind = ScorerKind::kTable;  // kernels/cpu/scorers/knorm.cc, kernels/gpu/scorers/knorm.cu
   s.description = "keep the keys with the smallest L2 norm (score = -||k_j||)";
   s.paper = "Devoto et al., A Simple and Effective L2 Norm-Based Strategy for KV Cache "
             "Compression, EMNLP 2024";

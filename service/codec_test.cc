@@ -240,7 +240,7 @@ class FastKnormBackend final : public Backend {
   }
   std::vector<Numerics> NumericsModes(const ScorerSpec& scorer,
                                       const AllocatorSpec&) const override {
-    if (scorer.kind == ScorerKind::kKnorm) return {Numerics::kExact, Numerics::kFast};
+    if (scorer.name == "knorm") return {Numerics::kExact, Numerics::kFast};
     return {Numerics::kExact};
   }
 };

@@ -21,7 +21,6 @@ CpuBackend::CpuBackend(int num_threads)
     : pool_(num_threads),
       scorers_{{ScorerKind::kStreamingLlm, &ScoreStreamingLlm},
                {ScorerKind::kRandom, &ScoreRandom},
-               {ScorerKind::kKnorm, &ScoreKnorm},
                {ScorerKind::kKeyDiff, &ScoreKeyDiff},
                {ScorerKind::kSnapKV, &ScoreSnapKV},
                {ScorerKind::kH2O, &ScoreH2O},
@@ -32,7 +31,6 @@ CpuBackend::CpuBackend(int num_threads)
       // the f16 / bf16 reads of the fast path.
       fast_scorers_{{ScorerKind::kStreamingLlm, &ScoreStreamingLlm},
                     {ScorerKind::kRandom, &ScoreRandom},
-                    {ScorerKind::kKnorm, &ScoreKnormFast},
                     {ScorerKind::kKeyDiff, &ScoreKeyDiffFast},
                     {ScorerKind::kSnapKV, &ScoreSnapKVFast},
                     {ScorerKind::kH2O, &ScoreH2OFast},

@@ -1,5 +1,5 @@
-// Tests of the key-only scorers without parameters: StreamingLLM, Random (and its counter
-// hash) and K-norm, against their definitions and an fp64 reference.
+// Tests of the key-only scorers without parameters known by kind: StreamingLLM and Random (and
+// its counter hash), against their definitions. K-norm's are in scorers/knorm_test.cc.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,45 +11,19 @@
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/thread_pool.h"
+#include "tests/testing/cpu_keys_layer.h"
 
 namespace kvtrim {
 namespace {
 
-// A CpuLayer owning random N(0, scale^2) keys [H, n, d].
-CpuLayer MakeLayer(int64_t heads, int64_t n, int64_t d, uint64_t rng_seed, int32_t layer_id = 0,
-                   uint64_t seed = 0, float scale = 1.0f) {
-  std::mt19937_64 rng(rng_seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> keys(static_cast<size_t>(heads * n * d));  // [H, n, d] fp32
-  for (float& x : keys) x = normal(rng);
-  CpuLayer layer;
-  layer.layer_id = layer_id;
-  layer.num_layers = layer_id + 1;
-  layer.shape.num_kv_heads = heads;
-  layer.shape.num_tokens = n;
-  layer.shape.head_dim = d;
-  layer.keys = F32Tensor::Owning(std::move(keys), {heads, n, d});
-  layer.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  layer.seed = seed;
-  return layer;
-}
-
-// Runs `fn` on `layer` with a pool of `threads` threads; returns scores [H, n].
-template <typename Fn>
-std::vector<float> RunScorer(Fn fn, const CpuLayer& layer, int threads) {
-  ThreadPool pool(threads);
-  std::vector<float> scores(static_cast<size_t>(layer.shape.num_kv_heads * layer.shape.num_tokens),
-                            NAN);
-  const absl::Status st = fn(layer, ResolvedParams{}, pool, scores.data());
-  EXPECT_TRUE(st.ok()) << st;
-  return scores;
-}
+using testing::RandomKeysLayer;
+using testing::RunCpuScorer;
 
 // ---- StreamingLLM -----------------------------------------------------------------------
 
 TEST(StreamingLlmScore, ScoreIsThePositionInEveryHead) {
-  const CpuLayer layer = MakeLayer(3, 1001, 4, 1);
-  const std::vector<float> s = RunScorer(ScoreStreamingLlm, layer, 2);
+  const CpuLayer layer = RandomKeysLayer(3, 1001, 4, 1);
+  const std::vector<float> s = RunCpuScorer(ScoreStreamingLlm, layer, 2);
   for (int64_t h = 0; h < 3; ++h) {
     for (int64_t j = 0; j < 1001; ++j) {
       ASSERT_EQ(s[h * 1001 + j], static_cast<float>(j)) << "head " << h << " token " << j;
@@ -95,8 +69,8 @@ TEST(CounterHashRandom, UniformIsAMultipleOfTwoToTheMinus24InUnitInterval) {
 }
 
 TEST(RandomScore, EqualsTheCounterHashOfSeedLayerHeadToken) {
-  const CpuLayer layer = MakeLayer(4, 257, 2, 1, /*layer_id=*/5, /*seed=*/0xDEADBEEFull);
-  const std::vector<float> s = RunScorer(ScoreRandom, layer, 3);
+  const CpuLayer layer = RandomKeysLayer(4, 257, 2, 1, /*layer_id=*/5, /*seed=*/0xDEADBEEFull);
+  const std::vector<float> s = RunCpuScorer(ScoreRandom, layer, 3);
   for (int64_t h = 0; h < 4; ++h) {
     for (int64_t j = 0; j < 257; ++j) {
       ASSERT_EQ(s[h * 257 + j], CounterUniform(0xDEADBEEFull, 5, h, j));
@@ -105,10 +79,10 @@ TEST(RandomScore, EqualsTheCounterHashOfSeedLayerHeadToken) {
 }
 
 TEST(RandomScore, DeterministicWhateverTheThreadCount) {
-  const CpuLayer layer = MakeLayer(8, 999, 2, 1, 2, 7);
-  const std::vector<float> a = RunScorer(ScoreRandom, layer, 1);
-  const std::vector<float> b = RunScorer(ScoreRandom, layer, 4);
-  const std::vector<float> c = RunScorer(ScoreRandom, layer, 4);
+  const CpuLayer layer = RandomKeysLayer(8, 999, 2, 1, 2, 7);
+  const std::vector<float> a = RunCpuScorer(ScoreRandom, layer, 1);
+  const std::vector<float> b = RunCpuScorer(ScoreRandom, layer, 4);
+  const std::vector<float> c = RunCpuScorer(ScoreRandom, layer, 4);
   EXPECT_EQ(a, b);
   EXPECT_EQ(b, c);
 }
@@ -121,9 +95,9 @@ double EqualFraction(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(RandomScore, ChangesWithSeedLayerAndHead) {
-  const std::vector<float> base = RunScorer(ScoreRandom, MakeLayer(2, 4096, 1, 1, 3, 11), 1);
-  const std::vector<float> other_seed = RunScorer(ScoreRandom, MakeLayer(2, 4096, 1, 1, 3, 12), 1);
-  const std::vector<float> other_layer = RunScorer(ScoreRandom, MakeLayer(2, 4096, 1, 1, 4, 11), 1);
+  const std::vector<float> base = RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, 3, 11), 1);
+  const std::vector<float> other_seed = RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, 3, 12), 1);
+  const std::vector<float> other_layer = RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, 4, 11), 1);
   EXPECT_LT(EqualFraction(base, other_seed), 0.01);
   EXPECT_LT(EqualFraction(base, other_layer), 0.01);
   // Head 0 vs head 1 of the same layer.
@@ -137,8 +111,8 @@ TEST(RandomScore, ChangesWithSeedLayerAndHead) {
 }
 
 TEST(RandomScore, RoughlyUniform) {
-  const CpuLayer layer = MakeLayer(4, 50000, 1, 1, 1, 2024);
-  const std::vector<float> s = RunScorer(ScoreRandom, layer, 2);
+  const CpuLayer layer = RandomKeysLayer(4, 50000, 1, 1, 1, 2024);
+  const std::vector<float> s = RunCpuScorer(ScoreRandom, layer, 2);
   constexpr int kBins = 20;
   std::vector<int64_t> bins(kBins, 0);
   double sum = 0;
@@ -158,73 +132,6 @@ TEST(RandomScore, RoughlyUniform) {
   double cov = 0;
   for (size_t i = 0; i + 1 < 50000; ++i) cov += (s[i] - 0.5) * (s[i + 1] - 0.5);
   EXPECT_NEAR(cov / 49999.0 * 12.0, 0.0, 0.03);
-}
-
-// ---- K-norm -----------------------------------------------------------------------------
-
-TEST(KnormScore, IsMinusTheL2NormAgainstFp64) {
-  for (int64_t d : {1, 7, 64, 128}) {
-    const CpuLayer layer = MakeLayer(3, 99, d, 100 + d, 0, 0, 3.0f);
-    const std::vector<float> s = RunScorer(ScoreKnorm, layer, 2);
-    for (int64_t h = 0; h < 3; ++h) {
-      for (int64_t j = 0; j < 99; ++j) {
-        const float* k = layer.keys.row(h, j);
-        double sq = 0;
-        for (int64_t c = 0; c < d; ++c) sq += static_cast<double>(k[c]) * k[c];
-        const double ref = -std::sqrt(sq);
-        ASSERT_NEAR(s[h * 99 + j], ref, 1e-6 * std::abs(ref) + 1e-30)
-            << "d=" << d << " head " << h << " token " << j;
-        ASSERT_LE(s[h * 99 + j], 0.0f);
-      }
-    }
-  }
-}
-
-TEST(KnormScore, SmallerKeysScoreHigherAndThreadsDoNotChangeBits) {
-  CpuLayer layer = MakeLayer(2, 500, 16, 9);
-  const std::vector<float> one = RunScorer(ScoreKnorm, layer, 1);
-  const std::vector<float> four = RunScorer(ScoreKnorm, layer, 4);
-  EXPECT_EQ(one, four);
-  // Scaling the whole layer by 2 scales every score by 2 exactly (powers of two are exact).
-  std::vector<float> doubled(layer.keys.data(), layer.keys.data() + 2 * 500 * 16);
-  for (float& x : doubled) x *= 2.0f;
-  CpuLayer scaled = layer;
-  scaled.keys = F32Tensor::Owning(std::move(doubled), {2, 500, 16});
-  const std::vector<float> two = RunScorer(ScoreKnorm, scaled, 1);
-  for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(two[i], 2.0f * one[i]);
-}
-
-TEST(KnormScore, ZeroKeyScoresZero) {
-  CpuLayer layer;
-  layer.shape.num_kv_heads = 1;
-  layer.shape.num_tokens = 2;
-  layer.shape.head_dim = 3;
-  layer.keys = F32Tensor::Owning({0, 0, 0, 3, 4, 0}, {1, 2, 3});
-  const std::vector<float> s = RunScorer(ScoreKnorm, layer, 1);
-  EXPECT_EQ(s[0], 0.0f);
-  EXPECT_EQ(s[1], -5.0f);
-}
-
-TEST(KnormScore, BitIdenticalToTheCanonicalEightLaneDot) {
-  // The canonical definition (kernels/canonical_math.h) written out: lane c % 8 accumulates
-  // k[c]^2 in increasing c, the lanes meet as ((0+1)+(2+3))+((4+5)+(6+7)), then sqrt.
-  for (int64_t d : {1, 5, 8, 9, 64, 128, 131}) {
-    const CpuLayer layer = MakeLayer(2, 77, d, 300 + d, 0, 0, 5.0f);
-    const std::vector<float> s = RunScorer(ScoreKnorm, layer, 3);
-    for (int64_t h = 0; h < 2; ++h) {
-      for (int64_t j = 0; j < 77; ++j) {
-        const float* k = layer.keys.row(h, j);
-        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int64_t c = 0; c < d; ++c) lane[c % 8] = lane[c % 8] + k[c] * k[c];
-        const float sq = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
-                         ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-        const float ref = -std::sqrt(sq);
-        ASSERT_EQ(0, std::memcmp(&ref, &s[h * 77 + j], sizeof(float)))
-            << "d=" << d << " head " << h << " token " << j << ": " << s[h * 77 + j] << " vs "
-            << ref;
-      }
-    }
-  }
 }
 
 }  // namespace

@@ -1,4 +1,6 @@
-// CPU scorers: one retention score per (KV head, token), higher = keep.
+// CPU scorers known to the backend by kind: one retention score per (KV head, token),
+// higher = keep. The table scorers (ScorerKind::kTable) are in kernels/cpu/scorers/ instead,
+// one file each (kernels/cpu/cpu_scorer_table.h).
 // Every function writes scores [H_kv, n] fp32 row-major into `scores` and must be
 // deterministic (the same inputs give the same bits, whatever the thread count).
 // Protection (sink/recent = +inf) is applied afterwards by the backend, not here.
@@ -21,16 +23,11 @@ absl::Status ScoreStreamingLlm(const CpuLayer& layer, const ResolvedParams& para
 /// Random (baselines §9): U[0,1) from a counter hash of (seed, layer, head, token).
 absl::Status ScoreRandom(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores);
-/// K-norm (baselines §8): score_j = -||k_j||_2.
-absl::Status ScoreKnorm(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
-                        float* scores);
 /// KeyDiff (keydiff.md §2.2): score_j = -cos(k_j, anchor).
 absl::Status ScoreKeyDiff(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                           float* scores);
-/// Fast numerics (docs/numerics.md "Fast numerics on the CPU") of K-norm and KeyDiff: the
-/// same definitions in fp32 SIMD (kernels/cpu/fast/key_scores.h).
-absl::Status ScoreKnormFast(const CpuLayer& layer, const ResolvedParams& params,
-                            ThreadPool& pool, float* scores);
+/// Fast numerics (docs/numerics.md "Fast numerics on the CPU") of KeyDiff: the same
+/// definition in fp32 SIMD (kernels/cpu/fast/key_scores.h).
 absl::Status ScoreKeyDiffFast(const CpuLayer& layer, const ResolvedParams& params,
                               ThreadPool& pool, float* scores);
 /// SnapKV (baselines §3): pooled window attention, GQA-mean.

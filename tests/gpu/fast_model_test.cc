@@ -388,7 +388,7 @@ TEST(FastModelLauncher, WhichScorersAndShapesAreFast) {
     }
   }
   EXPECT_FALSE(FastModelSupported(ScorerKind::kSnapKV, DType::kBF16, 128));
-  EXPECT_FALSE(FastModelSupported(ScorerKind::kKnorm, DType::kBF16, 128));
+  EXPECT_FALSE(FastModelSupported(ScorerKind::kTova, DType::kBF16, 128));
 }
 
 TEST(FastModelLauncher, EdgesAndErrors) {

@@ -1,7 +1,9 @@
 // GPU vs CPU parity of the key-only scorers (kernels/gpu/kernels/key_scorers.h), protection and the
 // selectors / AdaKV allocator (kernels/gpu/kernels/launchers.h), launcher by launcher:
-//  * scores: bit-identical (memcmp) to ScoreStreamingLlm / ScoreRandom / ScoreKnorm /
-//    ScoreKeyDiff (both anchors) for f32, f16 and bf16 keys;
+//  * scores: bit-identical (memcmp) to ScoreStreamingLlm / ScoreRandom / ScoreKeyDiff (both
+//    anchors) and to every table scorer's CPU exact scorer, for f32, f16 and bf16 keys; a
+//    table scorer's fast kernels within the fast-numerics band (tests/gpu/parity_rule.h);
+//  * the scorer tables: every table scorer of the registry has CPU and GPU entries;
 //  * protection: bit-identical to ApplyProtection;
 //  * indices and counts: equal to SelectTopK, AllocateAdaKV and SelectSharedRoundRobin on
 //    scores with many exact ties (a small set of values, -0.0 and +0.0, +inf and -inf),
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -29,9 +32,12 @@
 #include "kernels/decide/select.h"
 #include "kernels/thread_pool.h"
 #include "base/dtype.h"
+#include "kernels/cpu/cpu_scorer_table.h"
+#include "kernels/gpu/kernels/gpu_scorer_table.h"
 #include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"
+#include "tests/gpu/parity_rule.h"
 #include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
 
@@ -126,6 +132,34 @@ std::string FirstScoreMismatch(const std::vector<float>& cpu, const std::vector<
   return "sizes differ";
 }
 
+/// "" when every fast score f lies within |f - e| <= kFastTau * (|e| + scale_h) of the exact
+/// score e (scale_h: the largest finite |e| of head h; non-finite scores must be equal), else
+/// the first one outside, of [H, n] scores.
+std::string FirstOutsideFastBand(const std::vector<float>& exact, const std::vector<float>& fast,
+                                 int64_t heads, int64_t n) {
+  if (exact.size() != fast.size()) return "sizes differ";
+  for (int64_t h = 0; h < heads; ++h) {
+    double scale = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double e = exact[h * n + j];
+      if (std::isfinite(e)) scale = std::max(scale, std::fabs(e));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const double e = exact[h * n + j], f = fast[h * n + j];
+      const bool finite = std::isfinite(e) && std::isfinite(f);
+      if ((finite && std::fabs(f - e) <= kFastTau * (std::fabs(e) + scale)) ||
+          (!finite && std::memcmp(&exact[h * n + j], &fast[h * n + j], sizeof(float)) == 0)) {
+        continue;
+      }
+      std::ostringstream out;
+      out << "head " << h << " token " << j << ": exact " << Describe(exact[h * n + j])
+          << ", fast " << Describe(fast[h * n + j]);
+      return out.str();
+    }
+  }
+  return "";
+}
+
 /// "" when equal, else the first differing position of two index lists.
 template <typename T>
 std::string FirstListMismatch(const std::vector<T>& cpu, const std::vector<T>& gpu) {
@@ -159,15 +193,15 @@ ResolvedParams KeyDiffParams(bool raw_mean, double eps) {
 
 /// One key-scorer parity case.
 struct KeyCase {
-  ScorerKind kind;
+  std::string scorer;  // its registered name
+  ScorerKind kind;     // kTable: the scorer tables' entries of `scorer`
   bool raw_mean;  // keydiff anchor
   double eps;     // keydiff guard
   DType dtype;
   int64_t heads, n, d;
   std::string Name() const {
-    const char* kinds[] = {"streaming_llm", "random", "knorm", "keydiff"};
     std::ostringstream out;
-    out << kinds[static_cast<int>(kind)];
+    out << scorer;
     if (kind == ScorerKind::kKeyDiff) out << (raw_mean ? "/raw_mean" : "/normalized_mean") << "/eps=" << eps;
     out << " " << DTypeName(dtype) << " H=" << heads << " n=" << n << " d=" << d;
     return out.str();
@@ -229,8 +263,9 @@ std::vector<float> CpuKeyScores(const KeyCase& c, const std::vector<float>& keys
     case ScorerKind::kRandom:
       st = ScoreRandom(layer, ResolvedParams{}, pool, scores.data());
       break;
-    case ScorerKind::kKnorm:
-      st = ScoreKnorm(layer, ResolvedParams{}, pool, scores.data());
+    case ScorerKind::kTable:
+      st = CpuScorerTable::Builtin().Find(c.scorer)->exact(layer, ResolvedParams{}, pool,
+                                                          scores.data());
       break;
     default:
       st = ScoreKeyDiff(layer, KeyDiffParams(c.raw_mean, c.eps), pool, scores.data());
@@ -240,9 +275,10 @@ std::vector<float> CpuKeyScores(const KeyCase& c, const std::vector<float>& keys
   return scores;
 }
 
-/// Runs LaunchKeyScorer for `c` on device keys; returns scores [H, n] or fails the test.
+/// Runs LaunchKeyScorer for `c` (a table scorer: its exact kernels, or its fast ones when
+/// `fast`) on device keys; returns scores [H, n] or fails the test.
 void GpuKeyScores(const KeyCase& c, const void* device_keys, int32_t layer_id, uint64_t seed,
-                  std::vector<float>* out) {
+                  std::vector<float>* out, bool fast = false) {
   DeviceLayer layer;
   layer.keys = device_keys;
   layer.dtype = c.dtype;
@@ -255,15 +291,24 @@ void GpuKeyScores(const KeyCase& c, const void* device_keys, int32_t layer_id, u
   ScorerParams params;
   params.eps = static_cast<float>(c.eps);  // as the CPU reads it
   params.anchor_raw_mean = c.raw_mean;
-  const size_t scratch_bytes = KeyScorerScratchBytes(c.kind, layer, params);
+  const GpuScorer* table = c.kind == ScorerKind::kTable
+                               ? GpuScorerTable::Builtin().Find(c.scorer)
+                               : nullptr;
+  ASSERT_TRUE(c.kind != ScorerKind::kTable || table != nullptr) << c.scorer;
+  const size_t scratch_bytes = table != nullptr
+                                   ? table->For(fast).ScratchBytes(layer, params)
+                                   : KeyScorerScratchBytes(c.kind, layer, params);
   DeviceArray<uint8_t> scratch(scratch_bytes);
   DeviceArray<float> scores(static_cast<size_t>(c.heads * c.n));
   KVTRIM_CUDA_ASSERT(scratch.status());
   KVTRIM_CUDA_ASSERT(scores.status());
   KVTRIM_CUDA_ASSERT(scores.Poison(0xFF));  // NaN everywhere until written
-  KVTRIM_CUDA_ASSERT(LaunchKeyScorer(c.kind, layer, params, scores.get(),
-                                     scratch_bytes ? scratch.get() : nullptr, scratch_bytes,
-                                     nullptr));
+  void* scratch_ptr = scratch_bytes ? scratch.get() : nullptr;
+  KVTRIM_CUDA_ASSERT(table != nullptr
+                         ? table->For(fast).launch(layer, params, scores.get(), scratch_ptr,
+                                                   scratch_bytes, nullptr)
+                         : LaunchKeyScorer(c.kind, layer, params, scores.get(), scratch_ptr,
+                                           scratch_bytes, nullptr));
   KVTRIM_CUDA_ASSERT(cudaDeviceSynchronize());
   out->assign(static_cast<size_t>(c.heads * c.n), 0.0f);
   KVTRIM_CUDA_ASSERT(scores.Download(out->data()));
@@ -279,13 +324,18 @@ void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_
   KVTRIM_CUDA_ASSERT(keys.Upload(bytes.data()));
   std::vector<KeyCase> cases;
   if (all_kinds) {
-    cases.push_back({ScorerKind::kStreamingLlm, false, 0, dtype, heads, n, d});
-    cases.push_back({ScorerKind::kRandom, false, 0, dtype, heads, n, d});
+    cases.push_back({"streaming_llm", ScorerKind::kStreamingLlm, false, 0, dtype, heads, n, d});
+    cases.push_back({"random", ScorerKind::kRandom, false, 0, dtype, heads, n, d});
   }
-  cases.push_back({ScorerKind::kKnorm, false, 0, dtype, heads, n, d});
-  cases.push_back({ScorerKind::kKeyDiff, false, 1e-8, dtype, heads, n, d});
-  cases.push_back({ScorerKind::kKeyDiff, true, 1e-8, dtype, heads, n, d});
-  if (all_kinds) cases.push_back({ScorerKind::kKeyDiff, false, 0.0, dtype, heads, n, d});
+  // Every table scorer, with its default parameters (a new one is tested with no edit here).
+  for (const std::string& name : GpuScorerTable::Builtin().Names()) {
+    cases.push_back({name, ScorerKind::kTable, false, 0, dtype, heads, n, d});
+  }
+  cases.push_back({"keydiff", ScorerKind::kKeyDiff, false, 1e-8, dtype, heads, n, d});
+  cases.push_back({"keydiff", ScorerKind::kKeyDiff, true, 1e-8, dtype, heads, n, d});
+  if (all_kinds) {
+    cases.push_back({"keydiff", ScorerKind::kKeyDiff, false, 0.0, dtype, heads, n, d});
+  }
   const int32_t layer_id = static_cast<int32_t>(seed % 7);
   for (const KeyCase& c : cases) {
     const std::vector<float> cpu = CpuKeyScores(c, f32, layer_id, seed);
@@ -294,7 +344,41 @@ void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_
     if (::testing::Test::HasFatalFailure()) return;
     const std::string diff = FirstScoreMismatch(cpu, gpu, n);
     ASSERT_TRUE(diff.empty()) << c.Name() << ": " << diff;
+    const GpuScorer* table = c.kind == ScorerKind::kTable
+                                 ? GpuScorerTable::Builtin().Find(c.scorer)
+                                 : nullptr;
+    if (table == nullptr || !table->fast.Supports(dtype, static_cast<int32_t>(d))) continue;
+    // The fast kernels: within the fast-numerics band of docs/numerics.md of the exact scores.
+    std::vector<float> fast;
+    GpuKeyScores(c, keys.get(), layer_id, seed, &fast, /*fast=*/true);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::string band = FirstOutsideFastBand(cpu, fast, heads, n);
+    ASSERT_TRUE(band.empty()) << c.Name() << " (fast): " << band;
   }
+}
+
+// Host only: runs without a GPU too.
+TEST(GpuScorerTable, EveryTableScorerHasCpuAndGpuEntriesAndNothingElse) {
+  std::set<std::string> table_scorers;
+  for (const ScorerSpec* spec : BuiltinRegistry().scorers()) {
+    if (spec->kind != ScorerKind::kTable) continue;
+    table_scorers.insert(spec->name);
+    const GpuScorer* gpu = GpuScorerTable::Builtin().Find(spec->name);
+    ASSERT_NE(gpu, nullptr) << spec->name << ": no file in kernels/gpu/scorers/ registers it";
+    EXPECT_NE(gpu->exact.launch, nullptr) << spec->name;
+    EXPECT_NE(CpuScorerTable::Builtin().Find(spec->name), nullptr) << spec->name;
+  }
+  for (const std::string& name : GpuScorerTable::Builtin().Names()) {
+    EXPECT_EQ(table_scorers.count(name), 1u)
+        << name << ": registered on the GPU but not a table scorer of the registry";
+  }
+  GpuScorerTable table;
+  GpuScorer none;
+  EXPECT_FALSE(table.Add("none", none));  // no exact kernels
+  none.exact = GpuScorerTable::Builtin().Find("knorm")->exact;
+  EXPECT_TRUE(table.Add("none", none));
+  EXPECT_FALSE(table.Add("none", none));  // the name is taken
+  EXPECT_DEATH(table.Register("none", none), "GPU scorer 'none'");
 }
 
 TEST(KeyScorerParity, BitIdenticalAcrossSizesAndDtypes) {
@@ -349,9 +433,15 @@ TEST(KeyScorerErrors, RejectsBadArgumentsAndSkipsEmptyLayers) {
   EXPECT_EQ(LaunchKeyScorer(ScorerKind::kSnapKV, layer, params, scores.get(), nullptr, 0, nullptr),
             cudaErrorInvalidValue);
   EXPECT_FALSE(IsKeyScorer(ScorerKind::kDropKV));
-  // K-norm without keys; KeyDiff with too little scratch.
-  EXPECT_EQ(LaunchKeyScorer(ScorerKind::kKnorm, layer, params, scores.get(), nullptr, 0, nullptr),
-            cudaErrorInvalidValue);
+  // K-norm (a table scorer) without keys, in both numerics; KeyDiff with too little scratch.
+  const GpuScorer* knorm = GpuScorerTable::Builtin().Find("knorm");
+  ASSERT_NE(knorm, nullptr);
+  layer.head_dim = 8;
+  for (bool fast : {false, true}) {
+    EXPECT_EQ(knorm->For(fast).launch(layer, params, scores.get(), nullptr, 0, nullptr),
+              cudaErrorInvalidValue);
+  }
+  layer.head_dim = 4;
   DeviceArray<float> keys(64);
   KVTRIM_CUDA_ASSERT(keys.status());
   layer.keys = keys.get();
@@ -362,7 +452,10 @@ TEST(KeyScorerErrors, RejectsBadArgumentsAndSkipsEmptyLayers) {
   EXPECT_EQ(LaunchKeyScorer(ScorerKind::kKeyDiff, layer, params, scores.get(), scratch.get(),
                             need - 1, nullptr),
             cudaErrorInvalidValue);
-  EXPECT_EQ(KeyScorerScratchBytes(ScorerKind::kKnorm, layer, params), 0u);
+  EXPECT_EQ(knorm->exact.ScratchBytes(layer, params), 0u);
+  EXPECT_FALSE(knorm->fast.Supports(DType::kBF16, 4));  // d not a multiple of 8
+  EXPECT_EQ(knorm->fast.launch(layer, params, scores.get(), nullptr, 0, nullptr),
+            cudaErrorInvalidValue);
   // n = 0 launches nothing and succeeds, even without pointers.
   layer.num_tokens = 0;
   EXPECT_EQ(LaunchKeyScorer(ScorerKind::kKeyDiff, layer, params, nullptr, nullptr, 0, nullptr),
@@ -768,7 +861,8 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
   DeviceArray<uint8_t> kd_scratch(kd_bytes);
   KVTRIM_CUDA_ASSERT(kd_scratch.status());
   const float knorm = MedianMicros(20, [&] {
-    return LaunchKeyScorer(ScorerKind::kKnorm, layer, params, scores.get(), nullptr, 0, nullptr);
+    return GpuScorerTable::Builtin().Find("knorm")->exact.launch(layer, params, scores.get(),
+                                                                 nullptr, 0, nullptr);
   });
   const float keydiff = MedianMicros(20, [&] {
     return LaunchKeyScorer(ScorerKind::kKeyDiff, layer, params, scores.get(), kd_scratch.get(),

@@ -1,4 +1,4 @@
-// Fast K-norm and KeyDiff scores on the CPU (key_scores.h). The SIMD steps (tile_ops-inl.h)
+// Fast key norms and KeyDiff scores on the CPU (key_scores.h). The SIMD steps (tile_ops-inl.h)
 // are compiled once per instruction set by Highway (foreach_target re-includes this file)
 // and chosen at run time.
 #undef HWY_TARGET_INCLUDE
@@ -41,17 +41,13 @@ void TileNorms(const TokenRows& keys, int64_t n, int64_t h, int64_t t, float* no
 
 }  // namespace
 
-void FastKnormScores(const CpuLayer& layer, ThreadPool& pool, float* scores) {
+void FastKeyNorms(const CpuLayer& layer, ThreadPool& pool, float* norms) {
   const int64_t n = layer.shape.num_tokens;
   const int64_t tiles = KeyTiles(n);
   const TokenRows keys = TokenRows::Keys(layer);
   pool.ParallelFor(layer.shape.num_kv_heads * tiles, [&](int64_t item) {
     const int64_t h = item / tiles, t = item % tiles;
-    float* out = scores + h * n + t * kFastTokenTile;
-    TileNorms(keys, n, h, t, out);
-    for (int64_t j = 0; j < std::min(kFastTokenTile, n - t * kFastTokenTile); ++j) {
-      out[j] = -out[j];
-    }
+    TileNorms(keys, n, h, t, norms + h * n + t * kFastTokenTile);
   });
 }
 

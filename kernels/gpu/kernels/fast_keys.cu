@@ -1,18 +1,13 @@
-// Fast K-norm and KeyDiff (fast_keys.cuh). A key row is read by a group of L = DP / 8 lanes,
-// lane i holding elements [8i, 8i + 8) as fp32 (f16/bf16 widened, f32 as it is); a warp reads
-// 32 / L rows at once. KeyDiff:
+// Fast KeyDiff (fast_keys.cuh). A key row is read by a group of L = DP / 8 lanes, lane i
+// holding elements [8i, 8i + 8) as fp32 (fast_key_rows.cuh); a warp reads 32 / L rows at once:
 //   pass 1  per (split, KV head): |k_j| and u_j = k_j / |k_j| (or k_j for raw_mean) summed
 //           into per-lane fp32 partials, reduced over the CTA's groups in a fixed order into
 //           partial [H, S, DP];
 //   combine per KV head: anchor a = Σ_s partial / n, |a|;
 //   pass 2  the splits walked back to front: -(k_j · a) / max(|k_j| |a|, eps).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <algorithm>
-#include <cstring>
-#include <type_traits>
 
+#include "kernels/gpu/kernels/fast_key_rows.cuh"
 #include "kernels/gpu/kernels/fast_keys.cuh"
 #include "kernels/gpu/kernels/key_scorers.h"
 
@@ -20,10 +15,7 @@ namespace kvtrim::gpu::fast {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-/// DP: d rounded up to 64, 128 or 256.
-int PaddedDim(int d) { return d <= 64 ? 64 : (d <= 128 ? 128 : 256); }
+constexpr int kThreads = kKeyRowThreads;
 
 /// The KeyDiff launches' token splits and scratch regions.
 struct KeyDiffPlan {
@@ -35,18 +27,6 @@ struct KeyDiffPlan {
   size_t anchor_norm_offset = 0;  // [H] f32
   size_t bytes = 0;
 };
-
-/// Streaming multiprocessors of the current device (132 when unknown).
-int SmCount() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      count <= 0) {
-    cudaGetLastError();
-    return 132;
-  }
-  return count;
-}
 
 /// Splits of about 2 waves of CTAs, at least 256 tokens each.
 KeyDiffPlan MakeKeyDiffPlan(const DeviceLayer& layer) {
@@ -69,42 +49,6 @@ KeyDiffPlan MakeKeyDiffPlan(const DeviceLayer& layer) {
   return p;
 }
 
-/// Lane `part`'s 8 elements [8 part, 8 part + 8) of row `row` (d elements), fp32, zeros past d.
-template <typename T>
-__device__ __forceinline__ void LoadEight(const T* __restrict__ row, int part, int d,
-                                          float (&x)[8]) {
-  const int c0 = 8 * part;
-  if (c0 >= d) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = 0.0f;
-    return;
-  }
-  if constexpr (std::is_same<T, float>::value) {
-    const float4 a = *reinterpret_cast<const float4*>(row + c0);
-    const float4 b = *reinterpret_cast<const float4*>(row + c0 + 4);
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-  } else {
-    const uint4 raw = *reinterpret_cast<const uint4*>(row + c0);
-    const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if constexpr (std::is_same<T, __half>::value) {
-        x[i] = __half2float(v[i]);
-      } else {
-        x[i] = __bfloat162float(v[i]);
-      }
-    }
-  }
-}
-
-/// Sum of `v` over the L lanes of a row group (xor shuffles); every lane gets it.
-template <int L>
-__device__ __forceinline__ float GroupSum(float v) {
-#pragma unroll
-  for (int x = 1; x < L; x *= 2) v += __shfl_xor_sync(0xffffffffu, v, x);
-  return v;
-}
-
 /// Arguments of the key kernels.
 struct KeyArgs {
   const void* keys;  // [H, n, d]
@@ -118,40 +62,6 @@ struct KeyArgs {
   float* anchor_norm;  // [H]
   float* scores;       // [H, n]
 };
-
-/// Lane `part`'s 8 elements of row j of `head` [n, d], zeros when j >= end (the whole warp
-/// keeps iterating together: the group sums shuffle across every lane).
-template <typename T>
-__device__ __forceinline__ void LoadRow(const T* head, int64_t j, int64_t end, int part, int d,
-                                        float (&x)[8]) {
-  if (j < end) {
-    LoadEight(head + j * d, part, d, x);
-  } else {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] = 0.0f;
-  }
-}
-
-/// K-norm: scores[h, j] = -sqrt(Σ k²) (FMA). Grid (blocks, H); every warp walks the same
-/// number of steps.
-template <typename T, int L>
-__global__ void __launch_bounds__(kThreads) KnormFastKernel(KeyArgs a) {
-  constexpr int kGroups = kThreads / L;
-  const int h = blockIdx.y;
-  const int part = threadIdx.x % L;
-  const T* head = static_cast<const T*>(a.keys) + static_cast<int64_t>(h) * a.n * a.d;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * kGroups;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kGroups; base < a.n; base += stride) {
-    const int64_t j = base + threadIdx.x / L;
-    float x[8];
-    LoadRow(head, j, a.n, part, a.d, x);
-    float ss = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss = fmaf(x[i], x[i], ss);
-    ss = GroupSum<L>(ss);
-    if (part == 0 && j < a.n) a.scores[static_cast<int64_t>(h) * a.n + j] = -sqrtf(ss);
-  }
-}
 
 /// KeyDiff pass 1: partial[h, s, :] = Σ over the split's tokens of u_j, in a fixed order
 /// (each group sums its tokens in order, then the groups in order). Grid (S, H).
@@ -250,34 +160,12 @@ __global__ void __launch_bounds__(kThreads) KeyDiffScoreKernel(KeyArgs a) {
   }
 }
 
-/// Runs launch(T{}, std::integral_constant<int, L>{}) for the layer's dtype T and row group
-/// size L = DP / 8.
-template <typename Launch>
-cudaError_t Dispatch(DType dtype, int d, Launch&& launch) {
-  const int l = PaddedDim(d) / 8;
-  auto for_type = [&](auto tag) -> cudaError_t {
-    switch (l) {
-      case 8: return launch(tag, std::integral_constant<int, 8>{});
-      case 16: return launch(tag, std::integral_constant<int, 16>{});
-      case 32: return launch(tag, std::integral_constant<int, 32>{});
-      default: return cudaErrorInvalidValue;
-    }
-  };
-  switch (dtype) {
-    case DType::kF32: return for_type(float{});
-    case DType::kF16: return for_type(__half{});
-    case DType::kBF16: return for_type(__nv_bfloat16{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 bool FastKeyScorerSupported(ScorerKind kind, DType dtype, int32_t head_dim) {
   (void)dtype;
   if (kind == ScorerKind::kStreamingLlm || kind == ScorerKind::kRandom) return true;
-  return (kind == ScorerKind::kKnorm || kind == ScorerKind::kKeyDiff) && head_dim >= 8 &&
-         head_dim <= 256 && head_dim % 8 == 0;
+  return kind == ScorerKind::kKeyDiff && KeyRowsSupported(head_dim);
 }
 
 size_t FastKeyScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer,
@@ -307,17 +195,6 @@ cudaError_t LaunchFastKeyScores(ScorerKind kind, const DeviceLayer& layer,
   args.eps = params.eps;
   args.raw_mean = params.anchor_raw_mean;
   args.scores = scores;
-  if (kind == ScorerKind::kKnorm) {
-    return Dispatch(layer.dtype, layer.head_dim, [&](auto tag, auto lanes) {
-      using T = decltype(tag);
-      constexpr int L = decltype(lanes)::value;
-      const int64_t groups = kThreads / L;
-      const int64_t blocks = std::min<int64_t>((n + groups - 1) / groups, 8 * SmCount());
-      KnormFastKernel<T, L><<<dim3(static_cast<unsigned>(blocks), heads), kThreads, 0, stream>>>(
-          args);
-      return cudaGetLastError();
-    });
-  }
   const KeyDiffPlan plan = MakeKeyDiffPlan(layer);
   if (scratch == nullptr || scratch_bytes < plan.bytes) return cudaErrorInvalidValue;
   char* base = static_cast<char*>(scratch);
@@ -325,7 +202,7 @@ cudaError_t LaunchFastKeyScores(ScorerKind kind, const DeviceLayer& layer,
   args.partial = reinterpret_cast<float*>(base + plan.partial_offset);
   args.anchor = reinterpret_cast<float*>(base + plan.anchor_offset);
   args.anchor_norm = reinterpret_cast<float*>(base + plan.anchor_norm_offset);
-  return Dispatch(layer.dtype, layer.head_dim, [&](auto tag, auto lanes) {
+  return DispatchKeyRows(layer.dtype, layer.head_dim, [&](auto tag, auto lanes) {
     using T = decltype(tag);
     constexpr int L = decltype(lanes)::value;
     const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(heads));

@@ -1,7 +1,6 @@
-// GPU key-only scorers (key_scorers.h): StreamingLLM, Random, K-norm and KeyDiff, bit for
-// bit equal to the CPU scorers. The canonical KeyDiff definition (8 steps) is documented in
-// kernels/cpu/score_keydiff.cc; the mapping of its steps onto kernels is:
-//   KnormKernel      K-norm: eight threads per row, one canonical lane each.
+// GPU key-only scorers known by kind (key_scorers.h): StreamingLLM, Random and KeyDiff, bit
+// for bit equal to the CPU scorers. The canonical KeyDiff definition (8 steps) is documented
+// in kernels/cpu/score_keydiff.cc; the mapping of its steps onto kernels is:
 //   GroupSumKernel   steps 1-3 and the first three tree levels of step 4: one block per 512
 //                    rows (8 aligned chunks of 64): row norms with eight threads per row (one
 //                    canonical lane each), then each chunk sum sequential over its rows,
@@ -24,12 +23,11 @@ namespace kvtrim::gpu {
 
 namespace {
 
-constexpr int kThreads = 256;                                   // threads per block
+constexpr int kThreads = kKeyThreads;                           // threads per block
 constexpr int kGroupChunks = 8;                                 // chunks per GroupSumKernel block
 constexpr int64_t kGroupRows = kGroupChunks * kCanonicalChunk;  // 512 rows per group
 constexpr int kAnchorSlab = 32;                                 // dimensions per AnchorKernel block
 constexpr int kAnchorSegments = 32;                             // row threads per AnchorKernel block
-constexpr int kMaxBlocksPerHead = 2048;                         // grid-stride cap per head
 
 /// Rounds up to a multiple of 256 bytes (scratch region alignment).
 constexpr size_t AlignUp(size_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -60,12 +58,6 @@ KeyDiffScratch KeyDiffLayout(const DeviceLayer& layer, void* base) {
   return s;
 }
 
-/// Blocks per head for a grid-stride loop over `items` items of one head.
-unsigned BlocksPerHead(int64_t items) {
-  const int64_t blocks = (items + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxBlocksPerHead));
-}
-
 // ---- StreamingLLM and Random ------------------------------------------------------------
 
 /// scores [H, n]: score[h, j] = float(j). Grid (x, H).
@@ -84,29 +76,6 @@ __global__ void RandomKernel(float* scores, int64_t n, uint64_t seed, int32_t la
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
        j += int64_t{gridDim.x} * blockDim.x) {
     out[j] = CounterUniform(seed, layer, h, j);
-  }
-}
-
-// ---- K-norm ------------------------------------------------------------------------------
-
-/// K-norm scores of head blockIdx.y: eight threads per row (lane = thread % 8) compute the
-/// canonical CmDot(k, k, d); scores [H, n] = -CmSqrt of it. Grid (x, H); blockDim a
-/// multiple of 32.
-template <typename Keys>
-__global__ void KnormKernel(Keys keys, int64_t n, int d, float* scores) {
-  const int64_t h = blockIdx.y;
-  const int64_t items = n * kCanonicalLanes;
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  // The loop bound is per warp, so all 32 threads reach the shuffles together.
-  const int64_t warp_base = blockIdx.x * int64_t{blockDim.x} + (threadIdx.x & ~31u);
-  for (int64_t base = warp_base; base < items; base += stride) {
-    const int64_t item = base + (threadIdx.x & 31u);
-    const bool valid = item < items;  // rows are whole: 8 | items and 8 | base
-    const int64_t j = item / kCanonicalLanes;
-    const int lane = static_cast<int>(item % kCanonicalLanes);
-    const float part = valid ? CanonicalSquareLane(keys, (h * n + j) * d, d, lane) : 0.0f;
-    const float nrm = CmSqrt(CombineCanonicalLanes(part));
-    if (valid && lane == 0) scores[h * n + j] = -nrm;
   }
 }
 
@@ -328,7 +297,7 @@ cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const Score
       s.group_sum, groups, span, d, static_cast<float>(n), s.anchor);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
-  CosineKernel<Keys><<<dim3(BlocksPerHead(n * kCanonicalLanes), heads), kThreads,
+  CosineKernel<Keys><<<dim3(KeyBlocksPerHead(n * kCanonicalLanes), heads), kThreads,
                        sizeof(float) * static_cast<size_t>(d), stream>>>(
       keys, n, d, params.eps, s.norms, s.anchor, scores);
   return cudaGetLastError();
@@ -338,7 +307,7 @@ cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const Score
 
 bool IsKeyScorer(ScorerKind kind) {
   return kind == ScorerKind::kStreamingLlm || kind == ScorerKind::kRandom ||
-         kind == ScorerKind::kKnorm || kind == ScorerKind::kKeyDiff;
+         kind == ScorerKind::kKeyDiff;
 }
 
 size_t KeyScorerScratchBytes(ScorerKind kind, const DeviceLayer& layer,
@@ -359,25 +328,17 @@ cudaError_t LaunchKeyScorer(ScorerKind kind, const DeviceLayer& layer, const Sco
   const unsigned grid_y = static_cast<unsigned>(heads);
 
   if (kind == ScorerKind::kStreamingLlm) {
-    PositionKernel<<<dim3(BlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n);
+    PositionKernel<<<dim3(KeyBlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n);
     return cudaGetLastError();
   }
   if (kind == ScorerKind::kRandom) {
-    RandomKernel<<<dim3(BlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n, layer.seed,
+    RandomKernel<<<dim3(KeyBlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n, layer.seed,
                                                                           layer.layer_id);
     return cudaGetLastError();
   }
 
   const int d = layer.head_dim;
   if (d < 1 || layer.keys == nullptr) return cudaErrorInvalidValue;
-  if (kind == ScorerKind::kKnorm) {
-    return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {
-      KnormKernel<<<dim3(BlocksPerHead(n * kCanonicalLanes), grid_y), kThreads, 0, stream>>>(
-          keys, n, d, scores);
-      return cudaGetLastError();
-    });
-  }
-
   // KeyDiff.
   const KeyDiffScratch s = KeyDiffLayout(layer, scratch);
   if (scratch == nullptr || scratch_bytes < s.bytes) return cudaErrorInvalidValue;

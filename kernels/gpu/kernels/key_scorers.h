@@ -1,4 +1,4 @@
-// GPU launchers of the key-only scorers: StreamingLLM, Random, K-norm and KeyDiff. Each
+// GPU launchers of the key-only scorers known by kind: StreamingLLM, Random and KeyDiff. Each
 // writes scores [H_kv, n] fp32 bit-identical to the CPU scorer of kernels/cpu/scorers.h for
 // every input dtype (f16/bf16 keys convert to fp32 exactly on load, as on the CPU), because
 // both follow the canonical arithmetic of kernels/canonical_math.h in the same order.
@@ -14,7 +14,7 @@
 
 namespace kvtrim::gpu {
 
-/// True for the scorers this file implements (kStreamingLlm, kRandom, kKnorm, kKeyDiff).
+/// True for the scorers this file implements (kStreamingLlm, kRandom, kKeyDiff).
 bool IsKeyScorer(ScorerKind kind);
 
 /// Device scratch bytes LaunchKeyScorer needs: 0 except for KeyDiff, which keeps the norms
@@ -27,10 +27,9 @@ size_t KeyScorerScratchBytes(ScorerKind kind, const DeviceLayer& layer,
 /// protection, on `stream`:
 ///   kStreamingLlm  score[h, j] = float(j)
 ///   kRandom        score[h, j] = CounterUniform(layer.seed, layer.layer_id, h, j)
-///   kKnorm         score[h, j] = -CmSqrt(CmDot(k, k, d))
 ///   kKeyDiff       the canonical definition in kernels/cpu/score_keydiff.cc, with
 ///                  params.anchor_raw_mean and params.eps
-/// Reads layer.keys [H_kv, n, d] (layer.dtype) for kKnorm and kKeyDiff. Returns
+/// Reads layer.keys [H_kv, n, d] (layer.dtype) for kKeyDiff. Returns
 /// cudaErrorInvalidValue for a kind that is not a key scorer, negative sizes, d < 1 or
 /// null pointers where data is needed, or scratch smaller than KeyScorerScratchBytes;
 /// otherwise the first launch error. n = 0 or H_kv = 0 launches nothing.

@@ -1,4 +1,4 @@
-// Device helpers of the key scorers (key_scorers.cu): readers of key tensors in their input
+// Device helpers of the exact key scorers (key_scorers.cu, kernels/gpu/scorers/): readers of key tensors in their input
 // dtype, converting to fp32 exactly (as base/dtype.h does on the CPU), and the canonical
 // 8-lane dot-product pieces that let eight consecutive threads of a warp compute CmDot
 // (canonical_math.h) bit for bit.
@@ -13,6 +13,16 @@
 #include "base/dtype.h"
 
 namespace kvtrim::gpu {
+
+/// Threads per block of the exact key kernels.
+constexpr int kKeyThreads = 256;
+
+/// Blocks per head for a grid-stride loop of kKeyThreads-thread blocks over `items` items of
+/// one head (at least 1, at most 2048).
+inline unsigned KeyBlocksPerHead(int64_t items) {
+  const int64_t blocks = (items + kKeyThreads - 1) / kKeyThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 2048 ? 2048 : blocks));
+}
 
 /// fp32 elements.
 struct F32Keys {

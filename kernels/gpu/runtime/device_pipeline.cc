@@ -38,7 +38,6 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
   switch (kind) {
     case ScorerKind::kStreamingLlm:
     case ScorerKind::kRandom:
-    case ScorerKind::kKnorm:
     case ScorerKind::kTova:
     case ScorerKind::kTable:
       break;
