@@ -5,23 +5,11 @@
 #include "kernels/gpu/kernels/fast_attention.cuh"
 
 #include "kernels/gpu/kernels/attention_plan.cuh"
+#include "kernels/gpu/kernels/fast_key_rows.cuh"  // SmCount
 
 namespace kvtrim::gpu::fast {
 
 namespace {
-
-/// Streaming multiprocessors of the current device (132 on an H100 SXM when unknown).
-int CurrentSmCount() {
-  int device = 0;
-  int count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      count <= 0) {
-    cudaGetLastError();
-    return 132;
-  }
-  return count;
-}
 
 /// The segments of a model-aware reduction (plan->reduce != kSum; rows_per_qhead and group
 /// set): S = 2^seg_log2 rows per segment (kPerQ*: a query head's T rows, kGroupSq: the G rows
@@ -115,7 +103,7 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   p.num_chunks = (p.rows + p.chunk_rows - 1) / p.chunk_rows;
   p.num_tiles = std::max<int64_t>(1, (p.num_tokens + kTileTokens - 1) / kTileTokens);
   // Enough CTAs for a few waves, at least one tile each.
-  const int64_t target_ctas = 4 * static_cast<int64_t>(CurrentSmCount());
+  const int64_t target_ctas = 4 * static_cast<int64_t>(SmCount());
   const int64_t per_split = static_cast<int64_t>(p.num_kv_heads) * p.num_chunks;
   const int64_t wanted_splits = std::max<int64_t>(1, (target_ctas + per_split - 1) / per_split);
   int64_t splits = std::min(wanted_splits, p.num_tiles);
