@@ -95,9 +95,12 @@ double EqualFraction(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(RandomScore, ChangesWithSeedLayerAndHead) {
-  const std::vector<float> base = RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, 3, 11), 1);
-  const std::vector<float> other_seed = RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, 3, 12), 1);
-  const std::vector<float> other_layer = RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, 4, 11), 1);
+  const auto run = [](int32_t layer_id, uint64_t seed) {
+    return RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, layer_id, seed), 1);
+  };
+  const std::vector<float> base = run(3, 11);
+  const std::vector<float> other_seed = run(3, 12);
+  const std::vector<float> other_layer = run(4, 11);
   EXPECT_LT(EqualFraction(base, other_seed), 0.01);
   EXPECT_LT(EqualFraction(base, other_layer), 0.01);
   // Head 0 vs head 1 of the same layer.

@@ -24,7 +24,8 @@ bool FastKeyScorerSupported(ScorerKind kind, DType dtype, int32_t head_dim);
 size_t FastKeyScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer,
                                 const ScorerParams& params);
 
-/// Writes scores [H_kv, n] fp32 (device) without protection: keydiff -cos(k_j, anchor) with the anchor of params.anchor_raw_mean and the guard params.eps
+/// Writes scores [H_kv, n] fp32 (device) without protection: keydiff -cos(k_j, anchor) with
+/// the anchor of params.anchor_raw_mean and the guard params.eps
 /// (kernels/cpu/score_keydiff.cc's definition in FMA arithmetic), streaming_llm and random by
 /// their exact kernels. cudaErrorInvalidValue for unsupported kinds or shapes, null pointers
 /// or too little scratch.
