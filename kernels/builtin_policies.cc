@@ -60,7 +60,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "streaming_llm";
-  s.kind = ScorerKind::kStreamingLlm;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/streaming_llm.*
   s.description = "keep the first sink tokens and the most recent ones (position only)";
   s.paper = "Xiao et al., Efficient Streaming Language Models with Attention Sinks, ICLR 2024";
   s.reads_key_values = false;
@@ -74,7 +74,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "random";
-  s.kind = ScorerKind::kRandom;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/random.*
   s.description = "uniform random scores from a counter hash of (seed, layer, head, token)";
   s.paper = "sanity floor (kvpress RandomPress); no seed paper";
   s.reads_key_values = false;

@@ -31,7 +31,7 @@ enum class DecisionScope { kHead, kLayer, kModel };
 /// Describes a scorer: one retention score per (KV head, token), higher = keep.
 struct ScorerSpec {
   std::string name;
-  ScorerKind kind = ScorerKind::kStreamingLlm;  // the typed identity of `name`
+  ScorerKind kind = ScorerKind::kTable;  // the typed identity of `name` (kTable: by name)
   std::string description;
   std::string paper;
   uint32_t required_inputs = kInputKeys;

@@ -19,19 +19,12 @@ namespace kvtrim {
 
 CpuBackend::CpuBackend(int num_threads)
     : pool_(num_threads),
-      scorers_{{ScorerKind::kStreamingLlm, &ScoreStreamingLlm},
-               {ScorerKind::kRandom, &ScoreRandom},
-               {ScorerKind::kKeyDiff, &ScoreKeyDiff},
+      scorers_{{ScorerKind::kKeyDiff, &ScoreKeyDiff},
                {ScorerKind::kSnapKV, &ScoreSnapKV},
                {ScorerKind::kH2O, &ScoreH2O},
                {ScorerKind::kTova, &ScoreTova},
                {ScorerKind::kDropKV, &ScoreDropKV}},
-      // StreamingLLM and Random compute no floating-point arithmetic worth speeding up:
-      // their fast numerics are their exact scores (bit-identical), with the statistic and
-      // the f16 / bf16 reads of the fast path.
-      fast_scorers_{{ScorerKind::kStreamingLlm, &ScoreStreamingLlm},
-                    {ScorerKind::kRandom, &ScoreRandom},
-                    {ScorerKind::kKeyDiff, &ScoreKeyDiffFast},
+      fast_scorers_{{ScorerKind::kKeyDiff, &ScoreKeyDiffFast},
                     {ScorerKind::kSnapKV, &ScoreSnapKVFast},
                     {ScorerKind::kH2O, &ScoreH2OFast},
                     {ScorerKind::kTova, &ScoreTovaFast},

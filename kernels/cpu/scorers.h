@@ -17,12 +17,6 @@
 
 namespace kvtrim {
 
-/// StreamingLLM (baselines §1): score_j = j (newer is better); sinks come from protection.
-absl::Status ScoreStreamingLlm(const CpuLayer& layer, const ResolvedParams& params,
-                               ThreadPool& pool, float* scores);
-/// Random (baselines §9): U[0,1) from a counter hash of (seed, layer, head, token).
-absl::Status ScoreRandom(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
-                         float* scores);
 /// KeyDiff (keydiff.md §2.2): score_j = -cos(k_j, anchor).
 absl::Status ScoreKeyDiff(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                           float* scores);

@@ -1,7 +1,7 @@
 // GPU vs CPU parity of the key-only scorers (kernels/gpu/kernels/key_scorers.h), protection and the
 // selectors / AdaKV allocator (kernels/gpu/kernels/launchers.h), launcher by launcher:
-//  * scores: bit-identical (memcmp) to ScoreStreamingLlm / ScoreRandom / ScoreKeyDiff (both
-//    anchors) and to every table scorer's CPU exact scorer, for f32, f16 and bf16 keys; a
+//  * scores: bit-identical (memcmp) to ScoreKeyDiff (both anchors) and to every table
+//    scorer's CPU exact scorer (streaming_llm, random, knorm, ...), for f32, f16 and bf16; a
 //    table scorer's fast kernels within the fast-numerics band (tests/gpu/parity_rule.h);
 //  * the scorer tables: every table scorer of the registry has CPU and GPU entries;
 //  * protection: bit-identical to ApplyProtection;
@@ -257,12 +257,6 @@ std::vector<float> CpuKeyScores(const KeyCase& c, const std::vector<float>& keys
   std::vector<float> scores(static_cast<size_t>(c.heads * c.n), NAN);
   absl::Status st;
   switch (c.kind) {
-    case ScorerKind::kStreamingLlm:
-      st = ScoreStreamingLlm(layer, ResolvedParams{}, pool, scores.data());
-      break;
-    case ScorerKind::kRandom:
-      st = ScoreRandom(layer, ResolvedParams{}, pool, scores.data());
-      break;
     case ScorerKind::kTable:
       st = CpuScorerTable::Builtin().Find(c.scorer)->exact(layer, ResolvedParams{}, pool,
                                                           scores.data());
@@ -314,7 +308,8 @@ void GpuKeyScores(const KeyCase& c, const void* device_keys, int32_t layer_id, u
   KVTRIM_CUDA_ASSERT(scores.Download(out->data()));
 }
 
-/// Checks every key scorer (and keydiff variant) on one key tensor.
+/// Checks every table scorer and KeyDiff (both anchors; `all_kinds`: also eps = 0) on one key
+/// tensor.
 void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_t seed,
                        bool all_kinds) {
   std::vector<float> f32;
@@ -323,10 +318,6 @@ void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_
   KVTRIM_CUDA_ASSERT(keys.status());
   KVTRIM_CUDA_ASSERT(keys.Upload(bytes.data()));
   std::vector<KeyCase> cases;
-  if (all_kinds) {
-    cases.push_back({"streaming_llm", ScorerKind::kStreamingLlm, false, 0, dtype, heads, n, d});
-    cases.push_back({"random", ScorerKind::kRandom, false, 0, dtype, heads, n, d});
-  }
   // Every table scorer, with its default parameters (a new one is tested with no edit here).
   for (const std::string& name : GpuScorerTable::Builtin().Names()) {
     cases.push_back({name, ScorerKind::kTable, false, 0, dtype, heads, n, d});

@@ -1,5 +1,5 @@
-// Test helpers of the key-only CPU scorers: a CpuLayer that owns random keys, and one
-// scorer run over it.
+// Test helpers of the key-only CPU scorers: a CpuLayer that owns random keys, a table
+// scorer by name, and one scorer run over a layer.
 #pragma once
 
 #include <cmath>
@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/cpu_scorer_table.h"
 #include "kernels/params.h"
 #include "kernels/thread_pool.h"
 
@@ -33,6 +34,20 @@ inline CpuLayer RandomKeysLayer(int64_t heads, int64_t n, int64_t d, uint64_t rn
   layer.softmax_scale = 1.0f / std::sqrt(static_cast<float>(d));
   layer.seed = seed;
   return layer;
+}
+
+/// The CPU table scorer registered as `name`: its fast scorer when `fast` (its exact one
+/// where it has none), else its exact one; fails the test (and returns a scorer that writes
+/// nothing) when no file registers `name`.
+inline CpuScoreFn TableScorer(const char* name, bool fast = false) {
+  const CpuScorer* scorer = CpuScorerTable::Builtin().Find(name);
+  EXPECT_NE(scorer, nullptr) << name << " is not in the CPU scorer table";
+  if (scorer == nullptr) {
+    return [](const CpuLayer&, const ResolvedParams&, ThreadPool&, float*) {
+      return absl::NotFoundError("no such table scorer");
+    };
+  }
+  return fast && scorer->fast != nullptr ? scorer->fast : scorer->exact;
 }
 
 /// Runs the CPU scorer `fn` (kernels/cpu/cpu_scorer_table.h's CpuScoreFn signature) on

@@ -17,15 +17,10 @@ namespace {
 
 using testing::RandomKeysLayer;
 using testing::RunCpuScorer;
+using testing::TableScorer;
 
-/// K-norm's table entry.
-const CpuScorer& Knorm() {
-  const CpuScorer* knorm = CpuScorerTable::Builtin().Find("knorm");
-  EXPECT_NE(knorm, nullptr);
-  static const CpuScorer kNone{};
-  return knorm != nullptr ? *knorm : kNone;
-}
-CpuScoreFn KnormExact() { return Knorm().exact; }
+/// K-norm's exact scorer, from the table.
+CpuScoreFn KnormExact() { return TableScorer("knorm"); }
 
 TEST(KnormScore, IsMinusTheL2NormAgainstFp64) {
   for (int64_t d : {1, 7, 64, 128}) {
@@ -93,12 +88,13 @@ TEST(KnormScore, BitIdenticalToTheCanonicalEightLaneDot) {
 }
 
 TEST(KnormScore, FastIsTheExactNormWithinFp32Rounding) {
-  ASSERT_NE(Knorm().fast, nullptr);
+  ASSERT_NE(CpuScorerTable::Builtin().Find("knorm")->fast, nullptr);
   for (int64_t d : {8, 64, 128, 131}) {
     const CpuLayer layer = RandomKeysLayer(3, 301, d, 500 + d, 0, 0, 2.0f);
     const std::vector<float> exact = RunCpuScorer(KnormExact(), layer, 2);
-    const std::vector<float> fast = RunCpuScorer(Knorm().fast, layer, 2);
-    const std::vector<float> fast_threads = RunCpuScorer(Knorm().fast, layer, 5);
+    const CpuScoreFn knorm_fast = TableScorer("knorm", /*fast=*/true);
+    const std::vector<float> fast = RunCpuScorer(knorm_fast, layer, 2);
+    const std::vector<float> fast_threads = RunCpuScorer(knorm_fast, layer, 5);
     EXPECT_EQ(fast, fast_threads) << "d=" << d;  // the same bits on any thread count
     for (size_t i = 0; i < exact.size(); ++i) {
       ASSERT_LE(fast[i], 0.0f);

@@ -164,7 +164,6 @@ __global__ void __launch_bounds__(kThreads) KeyDiffScoreKernel(KeyArgs a) {
 
 bool FastKeyScorerSupported(ScorerKind kind, DType dtype, int32_t head_dim) {
   (void)dtype;
-  if (kind == ScorerKind::kStreamingLlm || kind == ScorerKind::kRandom) return true;
   return kind == ScorerKind::kKeyDiff && KeyRowsSupported(head_dim);
 }
 
@@ -180,9 +179,6 @@ cudaError_t LaunchFastKeyScores(ScorerKind kind, const DeviceLayer& layer,
                                 const ScorerParams& params, float* scores, void* scratch,
                                 size_t scratch_bytes, cudaStream_t stream) {
   if (!FastKeyScorerSupported(kind, layer.dtype, layer.head_dim)) return cudaErrorInvalidValue;
-  if (kind == ScorerKind::kStreamingLlm || kind == ScorerKind::kRandom) {
-    return LaunchKeyScorer(kind, layer, params, scores, scratch, scratch_bytes, stream);
-  }
   const int64_t n = layer.num_tokens;
   const int32_t heads = layer.num_kv_heads;
   if (n < 0 || heads < 0 || heads > 65535) return cudaErrorInvalidValue;

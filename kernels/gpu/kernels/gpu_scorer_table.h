@@ -42,6 +42,22 @@ struct GpuScorerKernels {
   }
 };
 
+/// The checks a table scorer's launcher starts with: cudaErrorInvalidValue for negative sizes
+/// or more than 65535 KV heads (the grids' y), and, when there is something to score, null
+/// scores or, for a scorer that `reads_keys`, null keys or d < 1. *empty: n = 0 or H_kv = 0
+/// (cudaSuccess, launch nothing).
+inline cudaError_t CheckTableLaunch(const DeviceLayer& layer, const float* scores,
+                                    bool reads_keys, bool* empty) {
+  const int64_t n = layer.num_tokens;
+  const int32_t heads = layer.num_kv_heads;
+  if (n < 0 || heads < 0 || heads > 65535) return cudaErrorInvalidValue;
+  *empty = n == 0 || heads == 0;
+  if (*empty) return cudaSuccess;
+  if (scores == nullptr) return cudaErrorInvalidValue;
+  if (reads_keys && (layer.keys == nullptr || layer.head_dim < 1)) return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 /// One table scorer's device implementations.
 struct GpuScorer {
   GpuScorerKernels exact;  // the canonical arithmetic: bit-identical to the CPU's exact scorer

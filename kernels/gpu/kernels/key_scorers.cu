@@ -1,6 +1,6 @@
-// GPU key-only scorers known by kind (key_scorers.h): StreamingLLM, Random and KeyDiff, bit
-// for bit equal to the CPU scorers. The canonical KeyDiff definition (8 steps) is documented
-// in kernels/cpu/score_keydiff.cc; the mapping of its steps onto kernels is:
+// The GPU key-only scorer known by kind (key_scorers.h): KeyDiff, bit for bit equal to the
+// CPU scorer. Its canonical definition (8 steps) is documented in
+// kernels/cpu/score_keydiff.cc; the mapping of its steps onto kernels is:
 //   GroupSumKernel   steps 1-3 and the first three tree levels of step 4: one block per 512
 //                    rows (8 aligned chunks of 64): row norms with eight threads per row (one
 //                    canonical lane each), then each chunk sum sequential over its rows,
@@ -16,7 +16,6 @@
 #include <cstdint>
 
 #include "kernels/canonical_math.h"
-#include "kernels/counter_hash.h"
 #include "kernels/gpu/kernels/key_scorers_device.cuh"
 
 namespace kvtrim::gpu {
@@ -56,27 +55,6 @@ KeyDiffScratch KeyDiffLayout(const DeviceLayer& layer, void* base) {
   s.anchor = reinterpret_cast<float*>(p + norms_bytes + group_bytes);
   s.bytes = norms_bytes + group_bytes + anchor_bytes;
   return s;
-}
-
-// ---- StreamingLLM and Random ------------------------------------------------------------
-
-/// scores [H, n]: score[h, j] = float(j). Grid (x, H).
-__global__ void PositionKernel(float* scores, int64_t n) {
-  float* out = scores + static_cast<int64_t>(blockIdx.y) * n;
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
-       j += int64_t{gridDim.x} * blockDim.x) {
-    out[j] = static_cast<float>(j);
-  }
-}
-
-/// scores [H, n]: score[h, j] = CounterUniform(seed, layer, h, j). Grid (x, H).
-__global__ void RandomKernel(float* scores, int64_t n, uint64_t seed, int32_t layer) {
-  const int64_t h = blockIdx.y;
-  float* out = scores + h * n;
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < n;
-       j += int64_t{gridDim.x} * blockDim.x) {
-    out[j] = CounterUniform(seed, layer, h, j);
-  }
 }
 
 // ---- KeyDiff steps 1-4 ------------------------------------------------------------------
@@ -305,10 +283,7 @@ cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const Score
 
 }  // namespace
 
-bool IsKeyScorer(ScorerKind kind) {
-  return kind == ScorerKind::kStreamingLlm || kind == ScorerKind::kRandom ||
-         kind == ScorerKind::kKeyDiff;
-}
+bool IsKeyScorer(ScorerKind kind) { return kind == ScorerKind::kKeyDiff; }
 
 size_t KeyScorerScratchBytes(ScorerKind kind, const DeviceLayer& layer,
                              const ScorerParams& params) {
@@ -325,21 +300,8 @@ cudaError_t LaunchKeyScorer(ScorerKind kind, const DeviceLayer& layer, const Sco
   if (n < 0 || heads < 0 || heads > 65535) return cudaErrorInvalidValue;
   if (n == 0 || heads == 0) return cudaSuccess;
   if (scores == nullptr) return cudaErrorInvalidValue;
-  const unsigned grid_y = static_cast<unsigned>(heads);
-
-  if (kind == ScorerKind::kStreamingLlm) {
-    PositionKernel<<<dim3(KeyBlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n);
-    return cudaGetLastError();
-  }
-  if (kind == ScorerKind::kRandom) {
-    RandomKernel<<<dim3(KeyBlocksPerHead(n), grid_y), kThreads, 0, stream>>>(scores, n, layer.seed,
-                                                                          layer.layer_id);
-    return cudaGetLastError();
-  }
-
   const int d = layer.head_dim;
   if (d < 1 || layer.keys == nullptr) return cudaErrorInvalidValue;
-  // KeyDiff.
   const KeyDiffScratch s = KeyDiffLayout(layer, scratch);
   if (scratch == nullptr || scratch_bytes < s.bytes) return cudaErrorInvalidValue;
   return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {

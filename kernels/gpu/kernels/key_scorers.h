@@ -1,7 +1,8 @@
-// GPU launchers of the key-only scorers known by kind: StreamingLLM, Random and KeyDiff. Each
-// writes scores [H_kv, n] fp32 bit-identical to the CPU scorer of kernels/cpu/scorers.h for
-// every input dtype (f16/bf16 keys convert to fp32 exactly on load, as on the CPU), because
-// both follow the canonical arithmetic of kernels/canonical_math.h in the same order.
+// GPU launcher of the key-only scorer known by kind: KeyDiff (the others are table scorers,
+// kernels/gpu/scorers/). It writes scores [H_kv, n] fp32 bit-identical to the CPU scorer of
+// kernels/cpu/scorers.h for every input dtype (f16/bf16 keys convert to fp32 exactly on load,
+// as on the CPU), because both follow the canonical arithmetic of kernels/canonical_math.h
+// in the same order.
 // Kernels know nothing of the service: the caller validates shapes; these only check what
 // would make a launch unsafe. Called by LaunchScore (kernels/gpu/kernels/score_dispatch.cu).
 #pragma once
@@ -14,10 +15,10 @@
 
 namespace kvtrim::gpu {
 
-/// True for the scorers this file implements (kStreamingLlm, kRandom, kKeyDiff).
+/// True for the scorer this file implements (kKeyDiff).
 bool IsKeyScorer(ScorerKind kind);
 
-/// Device scratch bytes LaunchKeyScorer needs: 0 except for KeyDiff, which keeps the norms
+/// Device scratch bytes LaunchKeyScorer needs: for KeyDiff (0 for other kinds), the norms
 /// [H_kv, n] fp32, the group sums [H_kv, ceil(n / 512), d] fp32 and the anchors
 /// [H_kv, d] fp32 plus their norms [H_kv] fp32 (each region 256-byte aligned).
 size_t KeyScorerScratchBytes(ScorerKind kind, const DeviceLayer& layer,
@@ -25,8 +26,6 @@ size_t KeyScorerScratchBytes(ScorerKind kind, const DeviceLayer& layer,
 
 /// Writes scores [H_kv, n] fp32 (device, row-major) of a key-only scorer, without
 /// protection, on `stream`:
-///   kStreamingLlm  score[h, j] = float(j)
-///   kRandom        score[h, j] = CounterUniform(layer.seed, layer.layer_id, h, j)
 ///   kKeyDiff       the canonical definition in kernels/cpu/score_keydiff.cc, with
 ///                  params.anchor_raw_mean and params.eps
 /// Reads layer.keys [H_kv, n, d] (layer.dtype) for kKeyDiff. Returns

@@ -36,8 +36,6 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
                                               DType dtype) {
   ScorerParams out;
   switch (kind) {
-    case ScorerKind::kStreamingLlm:
-    case ScorerKind::kRandom:
     case ScorerKind::kTova:
     case ScorerKind::kTable:
       break;

@@ -35,7 +35,7 @@ namespace kvtrim::gpu {
 /// layer's shape and its budget, exactly as CpuBackend::CompressLayer decides it.
 struct LayerPlan {
   std::string scorer_name;
-  ScorerKind scorer = ScorerKind::kStreamingLlm;
+  ScorerKind scorer = ScorerKind::kTable;
   const GpuScorer* table_scorer = nullptr;  // kTable: its kernels (GpuScorerTable::Builtin)
   ScorerParams params;            // params.fast: the scorer runs its fast kernels
   Numerics numerics = Numerics::kExact;  // the mode that computes the scores (fast when the

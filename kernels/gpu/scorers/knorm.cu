@@ -62,24 +62,12 @@ __global__ void __launch_bounds__(fast::kKeyRowThreads)
   }
 }
 
-/// cudaSuccess when the layer is launchable (sets *empty when there is nothing to score),
-/// cudaErrorInvalidValue otherwise.
-cudaError_t CheckLayer(const DeviceLayer& layer, const float* scores, bool* empty) {
-  const int64_t n = layer.num_tokens;
-  const int32_t heads = layer.num_kv_heads;
-  if (n < 0 || heads < 0 || heads > 65535) return cudaErrorInvalidValue;
-  *empty = n == 0 || heads == 0;
-  if (*empty) return cudaSuccess;
-  if (scores == nullptr || layer.keys == nullptr || layer.head_dim < 1) {
-    return cudaErrorInvalidValue;
-  }
-  return cudaSuccess;
-}
-
+/// The exact kernels' launcher (GpuScorerKernels::launch): no scratch.
 cudaError_t LaunchKnormExact(const DeviceLayer& layer, const ScorerParams& params, float* scores,
                              void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   bool empty = false;
-  if (cudaError_t err = CheckLayer(layer, scores, &empty); err != cudaSuccess || empty) {
+  if (cudaError_t err = CheckTableLaunch(layer, scores, /*reads_keys=*/true, &empty);
+      err != cudaSuccess || empty) {
     return err;
   }
   const int64_t n = layer.num_tokens;
@@ -91,15 +79,18 @@ cudaError_t LaunchKnormExact(const DeviceLayer& layer, const ScorerParams& param
   });
 }
 
+/// The fast kernels take d a multiple of 8 from 8 to 256, in every dtype.
 bool KnormFastSupports(DType dtype, int32_t head_dim) {
   return fast::KeyRowsSupported(head_dim);
 }
 
+/// The fast kernels' launcher (GpuScorerKernels::launch): no scratch.
 cudaError_t LaunchKnormFast(const DeviceLayer& layer, const ScorerParams& params, float* scores,
                             void* scratch, size_t scratch_bytes, cudaStream_t stream) {
   if (!KnormFastSupports(layer.dtype, layer.head_dim)) return cudaErrorInvalidValue;
   bool empty = false;
-  if (cudaError_t err = CheckLayer(layer, scores, &empty); err != cudaSuccess || empty) {
+  if (cudaError_t err = CheckTableLaunch(layer, scores, /*reads_keys=*/true, &empty);
+      err != cudaSuccess || empty) {
     return err;
   }
   const int64_t n = layer.num_tokens;

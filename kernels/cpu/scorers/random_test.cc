@@ -1,16 +1,13 @@
-// Tests of the key-only scorers without parameters known by kind: StreamingLLM and Random (and
-// its counter hash), against their definitions. K-norm's are in scorers/knorm_test.cc.
+// Conformance tests of the Random scorer (specs/baselines.md §9) on the CPU and of its
+// counter hash (kernels/counter_hash.h): pinned values, the U[0, 1) grid, determinism, and
+// independence across seeds, layers and heads. Found through the CPU scorer table.
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/counter_hash.h"
 #include "kernels/cpu/cpu_layer.h"
-#include "kernels/cpu/scorers.h"
-#include "kernels/thread_pool.h"
 #include "tests/testing/cpu_keys_layer.h"
 
 namespace kvtrim {
@@ -18,27 +15,7 @@ namespace {
 
 using testing::RandomKeysLayer;
 using testing::RunCpuScorer;
-
-// ---- StreamingLLM -----------------------------------------------------------------------
-
-TEST(StreamingLlmScore, ScoreIsThePositionInEveryHead) {
-  const CpuLayer layer = RandomKeysLayer(3, 1001, 4, 1);
-  const std::vector<float> s = RunCpuScorer(ScoreStreamingLlm, layer, 2);
-  for (int64_t h = 0; h < 3; ++h) {
-    for (int64_t j = 0; j < 1001; ++j) {
-      ASSERT_EQ(s[h * 1001 + j], static_cast<float>(j)) << "head " << h << " token " << j;
-    }
-  }
-}
-
-TEST(StreamingLlmScore, PositionsUpToTheTokenLimitNeverTie) {
-  // EngineLimits::max_tokens = 2^22: float(j) must stay exact, so newer is strictly higher.
-  const int64_t last = int64_t{1} << 22;
-  EXPECT_LT(static_cast<float>(last - 2), static_cast<float>(last - 1));
-  EXPECT_EQ(static_cast<int64_t>(static_cast<float>(last - 1)), last - 1);
-}
-
-// ---- Counter hash and Random --------------------------------------------------------------
+using testing::TableScorer;
 
 TEST(CounterHashRandom, SplitMix64MatchesTheReferenceSequence) {
   // The first outputs of the reference splitmix64 generator seeded with 0 are
@@ -70,7 +47,7 @@ TEST(CounterHashRandom, UniformIsAMultipleOfTwoToTheMinus24InUnitInterval) {
 
 TEST(RandomScore, EqualsTheCounterHashOfSeedLayerHeadToken) {
   const CpuLayer layer = RandomKeysLayer(4, 257, 2, 1, /*layer_id=*/5, /*seed=*/0xDEADBEEFull);
-  const std::vector<float> s = RunCpuScorer(ScoreRandom, layer, 3);
+  const std::vector<float> s = RunCpuScorer(TableScorer("random"), layer, 3);
   for (int64_t h = 0; h < 4; ++h) {
     for (int64_t j = 0; j < 257; ++j) {
       ASSERT_EQ(s[h * 257 + j], CounterUniform(0xDEADBEEFull, 5, h, j));
@@ -80,9 +57,9 @@ TEST(RandomScore, EqualsTheCounterHashOfSeedLayerHeadToken) {
 
 TEST(RandomScore, DeterministicWhateverTheThreadCount) {
   const CpuLayer layer = RandomKeysLayer(8, 999, 2, 1, 2, 7);
-  const std::vector<float> a = RunCpuScorer(ScoreRandom, layer, 1);
-  const std::vector<float> b = RunCpuScorer(ScoreRandom, layer, 4);
-  const std::vector<float> c = RunCpuScorer(ScoreRandom, layer, 4);
+  const std::vector<float> a = RunCpuScorer(TableScorer("random"), layer, 1);
+  const std::vector<float> b = RunCpuScorer(TableScorer("random"), layer, 4);
+  const std::vector<float> c = RunCpuScorer(TableScorer("random"), layer, 4);
   EXPECT_EQ(a, b);
   EXPECT_EQ(b, c);
 }
@@ -96,7 +73,7 @@ double EqualFraction(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(RandomScore, ChangesWithSeedLayerAndHead) {
   const auto run = [](int32_t layer_id, uint64_t seed) {
-    return RunCpuScorer(ScoreRandom, RandomKeysLayer(2, 4096, 1, 1, layer_id, seed), 1);
+    return RunCpuScorer(TableScorer("random"), RandomKeysLayer(2, 4096, 1, 1, layer_id, seed), 1);
   };
   const std::vector<float> base = run(3, 11);
   const std::vector<float> other_seed = run(3, 12);
@@ -115,7 +92,7 @@ TEST(RandomScore, ChangesWithSeedLayerAndHead) {
 
 TEST(RandomScore, RoughlyUniform) {
   const CpuLayer layer = RandomKeysLayer(4, 50000, 1, 1, 1, 2024);
-  const std::vector<float> s = RunCpuScorer(ScoreRandom, layer, 2);
+  const std::vector<float> s = RunCpuScorer(TableScorer("random"), layer, 2);
   constexpr int kBins = 20;
   std::vector<int64_t> bins(kBins, 0);
   double sum = 0;

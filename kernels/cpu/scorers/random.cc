@@ -1,14 +1,19 @@
-// Random scorer (specs/baselines.md §9): a seeded, deterministic U[0, 1) score per token.
+// Random scorer (specs/baselines.md §9): a seeded, deterministic U[0, 1) score per token. A
+// table scorer (kernels/cpu/cpu_scorer_table.h): its registry entry is in
+// kernels/builtin_policies.cc, its device kernel in kernels/gpu/scorers/random.cu.
 #include <cstdint>
 
 #include "kernels/counter_hash.h"
-#include "kernels/cpu/scorers.h"
+#include "kernels/cpu/cpu_scorer_table.h"
 
 namespace kvtrim {
 
+namespace {
+
 // score[h, j] = CounterUniform(seed, layer_id, h, j). Stateless, so the result does not
 // depend on the thread count or on the order heads are visited, and the GPU backend
-// reproduces it bit for bit from the same header.
+// reproduces it bit for bit from the same header. No arithmetic on K: the same function
+// serves both numerics.
 absl::Status ScoreRandom(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores) {
   const int64_t num_heads = layer.shape.num_kv_heads;
@@ -20,6 +25,12 @@ absl::Status ScoreRandom(const CpuLayer& layer, const ResolvedParams& params, Th
     for (int64_t j = 0; j < n; ++j) out[j] = CounterUniform(seed, layer_id, h, j);
   });
   return absl::OkStatus();
+}
+
+}  // namespace
+
+void RegisterCpuScorer_random(CpuScorerTable& table) {
+  table.Register("random", {&ScoreRandom, &ScoreRandom});
 }
 
 }  // namespace kvtrim
