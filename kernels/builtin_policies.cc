@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/registry.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -20,7 +21,7 @@ ParamSpec KernelParam(int64_t def) {
                         "1-D pooling kernel along tokens (odd; stride 1, same length)");
 }
 ParamSpec PoolingParam() {
-  return ParamSpec::Enum("pooling", "max", {"max", "avg"},
+  return ParamSpec::Enum("pooling", "max", PoolKindChoices(),
                          "max: edges clipped; avg: zero padding, divides by kernel (PyTorch "
                          "avg_pool1d default)");
 }
@@ -102,7 +103,7 @@ void AddScorers(PolicyRegistry* r) {
             "Inference in Resource-Constrained Environments (Qualcomm AI Research)";
   s.required_inputs = kInputKeys;
   s.params = {
-      ParamSpec::Enum("anchor", "normalized_mean", {"normalized_mean", "raw_mean"},
+      ParamSpec::Enum("anchor", "normalized_mean", KeyDiffAnchorChoices(),
                       "anchor = mean of unit keys (ranks like Eq. 7) or mean of raw keys"),
       ParamSpec::Float("recent_fraction", 0, 0, 1,
                        "share of the budget N reserved for the most recent tokens, "
@@ -187,7 +188,7 @@ void AddScorers(PolicyRegistry* r) {
       KernelParam(11),
       PoolingParam(),
       ParamSpec::Float("eps", 1e-6, 0, 1, "guard in 1 - p + eps"),
-      ParamSpec::Enum("bf16_prob_round", "auto", {"auto", "on", "off"},
+      ParamSpec::Enum("bf16_prob_round", "auto", Bf16ProbRoundChoices(),
                       "round p to bf16 before the weight; auto = on for bf16 inputs"),
   };
   s.doc_default_recent = "window";
@@ -211,7 +212,7 @@ void AddScorers(PolicyRegistry* r) {
                        "stage-1 share: the first round(alpha * b) prefix tokens by "
                        "attention, half up"),
       ParamSpec::Float("eps", 1e-4, 0, 1, "added to the attention in the stage-2 product"),
-      ParamSpec::Enum("norm", "l1", {"l1", "l2"},
+      ParamSpec::Enum("norm", "l1", CriticalKVNormChoices(),
                       "projected-value norm ||v W_O^h||: l1 (paper) or l2 (Gram matrices)"),
   };
   s.doc_default_recent = "window";
@@ -230,13 +231,13 @@ void AddScorers(PolicyRegistry* r) {
   s.params = {
       WindowParam(32),
       KernelParam(7),
-      ParamSpec::Enum("pooling", "avg", {"max", "avg"},
+      ParamSpec::Enum("pooling", "avg", PoolKindChoices(),
                       "pooling of the column-norm vector (avg: zero padding, divides by kernel)"),
-      ParamSpec::Enum("mode", "model", {"model", "model_raw", "layer", "local"},
+      ParamSpec::Enum("mode", "model", LaProxModeChoices(),
                       "model: one top-K over all layers on layer-normalised scores (answered "
                       "at the end); model_raw: same without normalisation; layer: one top-k "
                       "over the heads of a layer; local: per-head top-k"),
-      ParamSpec::Enum("gqa", "mean", {"mean", "head_bound", "summed_wo"},
+      ParamSpec::Enum("gqa", "mean", LaProxGqaChoices(),
                       "GQA: mean = ||mean_h A_h col|| * mean_h ||v W_O^h||; head_bound = "
                       "mean_h ||A_h col|| ||v W_O^h||; summed_wo = ||mean col|| * ||v sum_h "
                       "W_O^h||"),
@@ -261,7 +262,7 @@ void AddScorers(PolicyRegistry* r) {
                      "future positions averaged into the mean RoPE rotation"),
       ParamSpec::Float("eps", 0.02, 0, 1e3, "added to the expected attention before * ||v||"),
       ParamSpec::Bool("use_vnorm", true, "multiply by the value norm"),
-      ParamSpec::Enum("query_stats", "auto", {"auto", "model", "window"},
+      ParamSpec::Enum("query_stats", "auto", QueryStatsSourceChoices(),
                       "query mean/covariance: model = registered pre-RoPE statistics; window = "
                       "estimated from the sent query rows un-rotated to pre-RoPE (an "
                       "approximation); auto = model when registered, else window"),
@@ -271,7 +272,8 @@ void AddScorers(PolicyRegistry* r) {
   s.default_protection = [](const ResolvedParams&, int64_t) { return Protection{4, 0}; };
   s.validate = [](const LayerShape& shape, const ResolvedParams& p, int64_t,
                   const std::string& field) -> absl::Status {
-    if (p.Text("query_stats") == "window" && !shape.has_queries) {
+    if (p.Enum<QueryStatsSource>("query_stats") == QueryStatsSource::kWindow &&
+        !shape.has_queries) {
       return absl::InvalidArgumentError(absl::StrCat(
           field, ".queries: expected_attention with query_stats=window estimates the query "
                  "statistics from the window rows [H_q, w, d]; send them"));

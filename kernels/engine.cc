@@ -11,6 +11,7 @@
 #include "kernels/finite_scan.h"
 #include "kernels/decide/perturbation_budget.h"
 #include "kernels/layer_error.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -79,7 +80,8 @@ absl::Status PolicyEngine::AttachModel(ResolvedPolicy* policy,
   }
   // Which scorer + allocator pairs and output shapes compose is the registry's rule
   // (PolicyRegistry::CheckComposable / OutputShapes), already applied by Resolve.
-  if (scorer.kind == ScorerKind::kExpectedAttention && policy->params.Text("query_stats") == "model" &&
+  if (scorer.kind == ScorerKind::kExpectedAttention &&
+      policy->params.Enum<QueryStatsSource>("query_stats") == QueryStatsSource::kModel &&
       policy->model != nullptr && !policy->model->has_query_stats()) {
     return absl::FailedPreconditionError(absl::StrCat(
         field, ".model_digest: expected_attention with query_stats=model needs query "
@@ -321,8 +323,8 @@ bool ResolvedPolicy::model_wide() const {
   if (settings.output_shape == OutputShape::kEqualCount || settings.budget.by_perturbation) {
     return false;
   }
-  const std::string& mode = params.Text("mode");
-  return mode == "model" || mode == "model_raw";
+  const LaProxMode mode = params.Enum<LaProxMode>("mode");
+  return mode == LaProxMode::kModel || mode == LaProxMode::kModelRaw;
 }
 
 absl::StatusOr<LayerScores> PolicyEngine::ScoreLayer(const ResolvedPolicy& policy,

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/layer_error.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -75,12 +76,13 @@ absl::StatusOr<ExpectedQueryStats> ComputeExpectedQueryStats(const RegisteredMod
                                                              int32_t layer_id, int64_t n,
                                                              const TensorView& queries,
                                                              float softmax_scale) {
-  const std::string& source = params.Text("query_stats");
+  const QueryStatsSource source = params.Enum<QueryStatsSource>("query_stats");
   const int64_t hq = model.layout.num_query_heads;
   const int64_t d = model.layout.head_dim;
   const RopeConfig& rope = model.rope;
   const std::vector<double> inv_freq = rope.InverseFrequencies(d);
-  bool use_model = source == "model" || (source == "auto" && model.has_query_stats());
+  bool use_model = source == QueryStatsSource::kModel ||
+                   (source == QueryStatsSource::kAuto && model.has_query_stats());
   if (use_model && !model.has_query_stats()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "settings.model_digest: expected_attention with query_stats=model needs the model's "

@@ -1,5 +1,6 @@
 #include "kernels/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -97,10 +98,19 @@ absl::StatusOr<ResolvedParams> ResolvedParams::Resolve(
     const std::vector<ParamSpec>& specs, const std::map<std::string, ParamValue>& overrides,
     const std::string& field_prefix) {
   ResolvedParams out;
+  // An enum value keeps its choice's index in `number` (Choice, Enum).
+  const auto choice_index = [](const ParamSpec& spec, const std::string& text) {
+    const auto it = std::find(spec.choices.begin(), spec.choices.end(), text);
+    return static_cast<double>(it - spec.choices.begin());
+  };
   for (const auto& spec : specs) {
-    out.values_[spec.name] = spec.kind == ParamSpec::Kind::kEnum
-                                 ? ParamValue::Text(spec.default_text)
-                                 : ParamValue::Number(spec.default_number);
+    if (spec.kind == ParamSpec::Kind::kEnum) {
+      ParamValue value = ParamValue::Text(spec.default_text);
+      value.number = choice_index(spec, spec.default_text);
+      out.values_[spec.name] = value;
+    } else {
+      out.values_[spec.name] = ParamValue::Number(spec.default_number);
+    }
   }
   for (const auto& [name, value] : overrides) {
     const std::string field = absl::StrCat(field_prefix, ".", ClientTextInField(name));
@@ -116,6 +126,9 @@ absl::StatusOr<ResolvedParams> ResolvedParams::Resolve(
     }
     KVTRIM_RETURN_IF_ERROR(CheckValue(*spec, value, field));
     out.values_[name] = value;
+    if (spec->kind == ParamSpec::Kind::kEnum) {
+      out.values_[name].number = choice_index(*spec, value.text);
+    }
   }
   return out;
 }
@@ -127,6 +140,11 @@ double ResolvedParams::Number(const std::string& name) const {
     std::abort();
   }
   return it->second.number;
+}
+
+int ResolvedParams::Choice(const std::string& name) const {
+  Text(name);  // aborts unless `name` is a declared enum parameter
+  return static_cast<int>(values_.at(name).number);
 }
 
 const std::string& ResolvedParams::Text(const std::string& name) const {

@@ -57,6 +57,15 @@ class ResolvedParams {
   int64_t Int(const std::string& name) const { return static_cast<int64_t>(Number(name)); }
   bool Bool(const std::string& name) const { return Number(name) != 0; }
   const std::string& Text(const std::string& name) const;
+  /// The index of an enum parameter's value among its declared choices (ParamSpec::choices).
+  int Choice(const std::string& name) const;
+  /// An enum parameter as the typed enum E whose enumerators list its choices in order
+  /// (kernels/scorer_params.h declares each such E with its choice list, and the registry
+  /// declares the parameter with that list, so the two cannot disagree).
+  template <typename E>
+  E Enum(const std::string& name) const {
+    return static_cast<E>(Choice(name));
+  }
   /// True when the parameter is declared.
   bool Has(const std::string& name) const { return values_.count(name) != 0; }
 

@@ -5,31 +5,58 @@
 
 namespace kvtrim {
 
-std::optional<PoolKind> ParsePoolKind(std::string_view name) {
-  if (name == "max") return PoolKind::kMax;
-  if (name == "avg") return PoolKind::kAvg;
-  return std::nullopt;
+namespace {
+
+/// A choice list built once and never destroyed (read from any thread).
+const std::vector<std::string>& Choices(std::initializer_list<const char*> names) {
+  return *new std::vector<std::string>(names.begin(), names.end());
 }
 
-absl::StatusOr<PoolKind> ResolvePooling(const char* scorer, const std::string& name,
-                                        int64_t kernel) {
-  const std::optional<PoolKind> kind = ParsePoolKind(name);
-  if (!kind.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(scorer, ": pooling '", name, "' is not one of {max, avg}"));
-  }
+}  // namespace
+
+const std::vector<std::string>& PoolKindChoices() {
+  static const std::vector<std::string>& choices = Choices({"max", "avg"});
+  return choices;
+}
+
+const std::vector<std::string>& KeyDiffAnchorChoices() {
+  static const std::vector<std::string>& choices = Choices({"normalized_mean", "raw_mean"});
+  return choices;
+}
+
+const std::vector<std::string>& Bf16ProbRoundChoices() {
+  static const std::vector<std::string>& choices = Choices({"auto", "on", "off"});
+  return choices;
+}
+
+const std::vector<std::string>& CriticalKVNormChoices() {
+  static const std::vector<std::string>& choices = Choices({"l1", "l2"});
+  return choices;
+}
+
+const std::vector<std::string>& LaProxModeChoices() {
+  static const std::vector<std::string>& choices =
+      Choices({"model", "model_raw", "layer", "local"});
+  return choices;
+}
+
+const std::vector<std::string>& LaProxGqaChoices() {
+  static const std::vector<std::string>& choices = Choices({"mean", "head_bound", "summed_wo"});
+  return choices;
+}
+
+const std::vector<std::string>& QueryStatsSourceChoices() {
+  static const std::vector<std::string>& choices = Choices({"auto", "model", "window"});
+  return choices;
+}
+
+absl::StatusOr<PoolKind> ResolvePooling(const char* scorer, const ResolvedParams& params) {
+  const int64_t kernel = params.Int("kernel");
   if (kernel < 1 || kernel % 2 == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(scorer, ": kernel must be odd and >= 1, got ", kernel));
   }
-  return *kind;
-}
-
-absl::StatusOr<KeyDiffAnchor> ParseKeyDiffAnchor(std::string_view text) {
-  if (text == "normalized_mean") return KeyDiffAnchor::kNormalizedMean;
-  if (text == "raw_mean") return KeyDiffAnchor::kRawMean;
-  return absl::InvalidArgumentError(absl::StrCat("keydiff anchor '", std::string(text),
-                                                 "' is not one of {normalized_mean, raw_mean}"));
+  return params.Enum<PoolKind>("pooling");
 }
 
 }  // namespace kvtrim

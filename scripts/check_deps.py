@@ -39,6 +39,10 @@ non-application) file of the modules kernels* and service, except the registry i
   - an argument of .compare(, StartsWith( or EqualsIgnoreCase( (reported whatever the other
     operand is: these calls are rare enough to read);
   - a case label.
+Likewise, a line that reads a parameter's text (`params.Text("gqa")`, a member call of
+Text) is reported, unless it only passes the text on as a value (`ParamValue::Text(...)` on
+the same line): below the registry an enum parameter is read as its typed enum
+(`params.Enum<LaProxGqa>("gqa")`, kernels/scorer_params.h), never parsed or compared.
 Part 3, a table scorer lives in its files.  A table scorer (ScorerKind::kTable) is a file
 kernels/cpu/scorers/<name>.cc, a file kernels/gpu/scorers/<name>.cu and its registry entry
 (docs/architecture.md, "Adding a scorer").  For every such <name> (test files aside):
@@ -159,6 +163,10 @@ POLICY_RULE = "string compare of a policy name below the registry"
 # The folders of the table scorers' files, CPU and GPU, and their extensions (Part 3).
 TABLE_SCORER_FOLDERS = (("kernels/cpu/scorers/", ".cc"), ("kernels/gpu/scorers/", ".cu"))
 TABLE_RULE = "a table scorer is its CPU file, its GPU file and its registry entry"
+PARAM_TEXT_RULE = "enum parameters are read as typed enums below the registry"
+# A member call of Text (a parameter's text), and the pass-through that may contain one.
+PARAM_TEXT_READ = re.compile(r"[\w)\]]\s*(?:\.|->)\s*Text\s*\(")
+PARAM_TEXT_PASSED_ON = re.compile(r"\bParamValue\s*::\s*Text\s*\(")
 
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
 
@@ -473,6 +481,10 @@ def scan(root: Path) -> Report:
                         path, number,
                         f'{rule.module} compares policy name "{name}" as a string '
                         f"({POLICY_RULE})"))
+                if PARAM_TEXT_READ.search(line) and not PARAM_TEXT_PASSED_ON.search(line):
+                    report.violations.append(Violation(
+                        path, number, f"{rule.module} reads a parameter's text "
+                        f"({PARAM_TEXT_RULE})"))
                 for name in re.findall(r'"([a-z][a-z0-9_]*)"', line):
                     if name in table_files and path not in table_files[name]:
                         report.violations.append(Violation(
@@ -519,6 +531,8 @@ def self_test() -> None:
                             '// #include "client/cli.h" is commented out\n'
                             'if (allocator.name == "uniform") {}\n'
                             'if (p.Text("mode") == "uniform") {}\n'
+                            'const bool l1 = "l1" != params.Text("norm");\n'
+                            'out.push_back(ParamValue::Text(p.Text("gqa")));\n'
                             'if ("h2o" != spec->scorer) {}\n'
                             "// policy_name == \"snapkv\" in a comment\n"),
         "tests/util.h": '#include "client/cli.h"\n',
@@ -548,9 +562,11 @@ def self_test() -> None:
         'service/core.cc:2: service may not include "kernels/gone.h" (includes a missing file)',
         'service/core.cc:4: service compares policy name "uniform" as a string '
         f"({POLICY_RULE})",
-        'service/core.cc:6: service compares policy name "h2o" as a string '
+        f"service/core.cc:5: service reads a parameter's text ({PARAM_TEXT_RULE})",
+        f"service/core.cc:6: service reads a parameter's text ({PARAM_TEXT_RULE})",
+        'service/core.cc:8: service compares policy name "h2o" as a string '
         f"({POLICY_RULE})",
-        f'service/core.cc:6: service names table scorer "h2o" outside its files ({TABLE_RULE})',
+        f'service/core.cc:8: service names table scorer "h2o" outside its files ({TABLE_RULE})',
     ]
     with tempfile.TemporaryDirectory() as temp:
         root = Path(temp)

@@ -97,26 +97,5 @@ TEST(PoolingTest, MatchesOracleOnRandomInputs) {
   }
 }
 
-TEST(PoolingTest, ParseAndResolve) {
-  EXPECT_EQ(ParsePoolKind("max"), PoolKind::kMax);
-  EXPECT_EQ(ParsePoolKind("avg"), PoolKind::kAvg);
-  EXPECT_FALSE(ParsePoolKind("mean").has_value());
-
-  absl::StatusOr<PoolKind> ok = ResolvePooling("snapkv", "avg", 7);
-  ASSERT_TRUE(ok.ok());
-  EXPECT_EQ(*ok, PoolKind::kAvg);
-
-  absl::StatusOr<PoolKind> even = ResolvePooling("snapkv", "max", 4);
-  EXPECT_EQ(even.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(even.status().message().find("kernel must be odd"), std::string::npos);
-
-  absl::StatusOr<PoolKind> zero = ResolvePooling("dropkv", "max", 0);
-  EXPECT_EQ(zero.status().code(), absl::StatusCode::kInvalidArgument);
-
-  absl::StatusOr<PoolKind> bad = ResolvePooling("dropkv", "median", 3);
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("dropkv: pooling 'median'"), std::string::npos);
-}
-
 }  // namespace
 }  // namespace kvtrim

@@ -12,6 +12,7 @@
 #include "kernels/cpu/projected_norms.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -23,7 +24,7 @@ absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params
   const int64_t window = wp->window, kernel = wp->kernel;
   const PoolKind kind = wp->pooling;
   const float eps = static_cast<float>(params.Number("eps"));
-  const bool l1 = params.Text("norm") == "l1";
+  const bool l1 = params.Enum<CriticalKVNorm>("norm") == CriticalKVNorm::kL1;
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
@@ -104,7 +105,7 @@ absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& pa
   std::vector<float> sums(static_cast<size_t>(hq * prefix));   // [H_q, P] sum_t p
   std::vector<float> norms(static_cast<size_t>(hq * prefix));  // [H_q, P] ||v W_O^q||
   FastWindowColumns(layer, window, prefix, WindowReduction::kSumPerHead, pool, sums.data());
-  if (params.Text("norm") == "l1") {
+  if (params.Enum<CriticalKVNorm>("norm") == CriticalKVNorm::kL1) {
     FastProjectedL1Norms(layer, model.w_o[layer.layer_id].data(), model.layout.hidden_size,
                          prefix, pool, norms.data());
   } else {

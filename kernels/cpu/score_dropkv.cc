@@ -9,20 +9,12 @@
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
+#include "kernels/scorer_params.h"
 #include "base/dtype.h"
 
 namespace kvtrim {
 
 namespace {
-
-// Resolves bf16_prob_round ("auto" | "on" | "off"); auto = on iff the keys arrived as bf16.
-absl::StatusOr<bool> ResolveBf16Round(const CpuLayer& layer, const std::string& mode) {
-  if (mode == "on") return true;
-  if (mode == "off") return false;
-  if (mode == "auto") return layer.input_dtype == DType::kBF16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("dropkv: bf16_prob_round '", mode, "' is not one of {auto, on, off}"));
-}
 
 /// DropKV's parameters, checked against the layer.
 struct DropKVSettings {
@@ -42,12 +34,11 @@ absl::StatusOr<DropKVSettings> ResolveDropKV(const CpuLayer& layer,
   if (!layer.shape.has_values || (!layer.values.present() && !layer.values_in.present())) {
     return absl::InvalidArgumentError("dropkv: needs values");
   }
-  absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params.Text("pooling"), out.kernel);
+  absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params);
   if (!kind.ok()) return kind.status();
   out.pooling = *kind;
-  absl::StatusOr<bool> round = ResolveBf16Round(layer, params.Text("bf16_prob_round"));
-  if (!round.ok()) return round.status();
-  out.bf16_round = *round;
+  out.bf16_round =
+      RoundsProbToBf16(params.Enum<Bf16ProbRound>("bf16_prob_round"), layer.input_dtype);
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cpu/fast/key_scores.h"
 #include "kernels/cpu/keydiff_block.h"
 #include "kernels/cpu/scorers.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -82,9 +83,8 @@ absl::StatusOr<KeyDiffParams> ReadKeyDiffParams(const ResolvedParams& params) {
   if (!params.Has("anchor") || !params.Has("eps")) {
     return absl::InternalError("keydiff: parameters 'anchor' and 'eps' must be declared");
   }
-  absl::StatusOr<KeyDiffAnchor> anchor = ParseKeyDiffAnchor(params.Text("anchor"));
-  if (!anchor.ok()) return anchor.status();
-  return KeyDiffParams{*anchor, static_cast<float>(params.Number("eps"))};
+  return KeyDiffParams{params.Enum<KeyDiffAnchor>("anchor"),
+                       static_cast<float>(params.Number("eps"))};
 }
 
 }  // namespace

@@ -138,15 +138,6 @@ TEST(KeyDiffScore, RecentShareOfTheBudgetRoundsHalfUp) {
   EXPECT_EQ(spec->default_protection(*p, 5).sink, 0);
 }
 
-TEST(KeyDiffScore, AnchorParsing) {
-  EXPECT_EQ(*ParseKeyDiffAnchor("normalized_mean"), KeyDiffAnchor::kNormalizedMean);
-  EXPECT_EQ(*ParseKeyDiffAnchor("raw_mean"), KeyDiffAnchor::kRawMean);
-  const absl::StatusOr<KeyDiffAnchor> bad = ParseKeyDiffAnchor("median");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("'median'"), std::string::npos) << bad.status();
-}
-
 // ---- Conformance 2: scores vs the fp64 reference ---------------------------------------------
 
 TEST(KeyDiffScore, MatchesFp64ReferenceBothAnchors) {

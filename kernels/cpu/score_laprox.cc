@@ -12,6 +12,7 @@
 #include "kernels/cpu/projected_norms.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -21,7 +22,7 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
   if (!wp.ok()) return wp.status();
   const int64_t window = wp->window, kernel = wp->kernel;
   const PoolKind kind = wp->pooling;
-  const std::string& gqa = params.Text("gqa");
+  const LaProxGqa gqa = params.Enum<LaProxGqa>("gqa");
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
@@ -31,7 +32,7 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
   const float fgroup = static_cast<float>(group);
   const float* head_gram = model.head_gram[layer.layer_id].data();
   const float* group_gram = model.group_gram[layer.layer_id].data();
-  const bool per_head_column = gqa == "head_bound";
+  const bool per_head_column = gqa == LaProxGqa::kHeadBound;
 
   pool.ParallelFor(layer.shape.num_kv_heads, [&](int64_t h) {
     AttentionRowScratch scratch;
@@ -89,7 +90,7 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
     for (int64_t j = 0; j < prefix; ++j) {
       const float* v = layer.values.row(h, j);
       float norm;
-      if (gqa == "summed_wo") {
+      if (gqa == LaProxGqa::kSummedWo) {
         norm = GramNorm(v, group_gram + h * d * d, d, y.data());
       } else {
         float s = 0.0f;
@@ -110,7 +111,7 @@ absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params
   if (!wp.ok()) return wp.status();
   const int64_t window = wp->window, kernel = wp->kernel;
   const PoolKind kind = wp->pooling;
-  const std::string& gqa = params.Text("gqa");
+  const LaProxGqa gqa = params.Enum<LaProxGqa>("gqa");
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;
   const int64_t group = layer.shape.group_size();
@@ -122,7 +123,7 @@ absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params
   }
   const float inv_group = 1.0f / static_cast<float>(group);
   const float* head_gram = model.head_gram[layer.layer_id].data();
-  const bool per_head_column = gqa == "head_bound";
+  const bool per_head_column = gqa == LaProxGqa::kHeadBound;
   // Column statistics: per query head sum_t p^2 (head_bound), else per KV head
   // sum_t (sum_g p)^2 = G^2 sum_t m_t^2 of the group mean m_t.
   const int64_t column_rows = per_head_column ? heads * group : heads;
@@ -132,7 +133,7 @@ absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params
                                     : WindowReduction::kGroupSumSquares,
                     pool, columns.data());
   // Norms: per query head through its Gram matrix, or per KV head through the group's.
-  const bool summed_wo = gqa == "summed_wo";
+  const bool summed_wo = gqa == LaProxGqa::kSummedWo;
   std::vector<float> norms(static_cast<size_t>((summed_wo ? heads : heads * group) * prefix));
   if (summed_wo) {
     FastGramNorms(layer, model.group_gram[layer.layer_id].data(), 1, prefix, pool, norms.data());

@@ -8,6 +8,7 @@
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -28,7 +29,7 @@ absl::Status SnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadP
   const int64_t window = params.Int("window");
   const int64_t kernel = params.Int("kernel");
   KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("snapkv", layer, window));
-  absl::StatusOr<PoolKind> kind = ResolvePooling("snapkv", params.Text("pooling"), kernel);
+  absl::StatusOr<PoolKind> kind = ResolvePooling("snapkv", params);
   if (!kind.ok()) return kind.status();
 
   const int64_t n = layer.shape.num_tokens;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -30,7 +31,7 @@ absl::StatusOr<WindowPooling> ResolveWindowPooling(const char* scorer, const Cpu
   out.window = params.Int("window");
   out.kernel = params.Int("kernel");
   KVTRIM_RETURN_IF_ERROR(CheckQueryWindow(scorer, layer, out.window));
-  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, params.Text("pooling"), out.kernel);
+  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, params);
   if (!kind.ok()) return kind.status();
   out.pooling = *kind;
   return out;

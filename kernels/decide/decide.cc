@@ -13,6 +13,7 @@
 #include "kernels/decide/select.h"
 #include "kernels/decide/lukv_budget.h"
 #include "kernels/decide/protection.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
@@ -201,16 +202,16 @@ absl::StatusOr<LaProxPlan> PlanLaProx(const ResolvedPolicy& policy) {
         "settings.output_shape: laprox answers PER_HEAD (ragged) or EQUAL_COUNT lists; "
         "SHARED and BLOCK_ALIGNED are not defined for it");
   }
-  const std::string& mode = policy.params.Text("mode");
+  const LaProxMode mode = policy.params.Enum<LaProxMode>("mode");
   LaProxPlan plan;
-  if (equal || mode == "local") {
+  if (equal || mode == LaProxMode::kLocal) {
     plan.scope = LaProxScope::kHead;
-  } else if (mode == "layer") {
+  } else if (mode == LaProxMode::kLayer) {
     plan.scope = LaProxScope::kLayer;
   } else {  // model, model_raw
     plan.scope = LaProxScope::kModel;
   }
-  plan.normalize = mode == "model" && !equal;
+  plan.normalize = mode == LaProxMode::kModel && !equal;
   return plan;
 }
 

@@ -11,6 +11,7 @@
 
 #include "base/dtype.h"
 #include "kernels/policy_kind.h"
+#include "kernels/scorer_params.h"
 
 namespace kvtrim::gpu {
 
@@ -43,8 +44,8 @@ struct DeviceLayer {
 using kvtrim::IsModelScorer;
 using kvtrim::ScorerKind;
 
-/// LaProx's GQA combination (params "gqa"; canonical definitions in kernels/cpu/scorers.h).
-enum class LaProxGqa : int32_t { kMean, kHeadBound, kSummedWo };
+/// LaProx's GQA combination (params "gqa"; kernels/scorer_params.h).
+using kvtrim::LaProxGqa;
 
 /// Scorer parameters as plain values (built from ResolvedParams by the backend).
 struct ScorerParams {

@@ -23,7 +23,7 @@ namespace {
 /// Reads the pooling parameters ("pooling", "kernel") like the CPU's ResolvePooling.
 absl::Status ReadPooling(const char* scorer, const ResolvedParams& p, ScorerParams* out) {
   const int64_t kernel = p.Int("kernel");
-  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, p.Text("pooling"), kernel);
+  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, p);
   if (!kind.ok()) return kind.status();
   out->kernel = static_cast<int32_t>(kernel);
   out->pool_max = *kind == PoolKind::kMax;
@@ -40,9 +40,7 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
     case ScorerKind::kTable:
       break;
     case ScorerKind::kKeyDiff: {
-      absl::StatusOr<KeyDiffAnchor> anchor = ParseKeyDiffAnchor(p.Text("anchor"));
-      if (!anchor.ok()) return anchor.status();
-      out.anchor_raw_mean = *anchor == KeyDiffAnchor::kRawMean;
+      out.anchor_raw_mean = p.Enum<KeyDiffAnchor>("anchor") == KeyDiffAnchor::kRawMean;
       out.eps = static_cast<float>(p.Number("eps"));
       break;
     }
@@ -52,32 +50,15 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
     case ScorerKind::kH2O:
       out.causal_normalize = p.Bool("causal_normalize");
       break;
-    case ScorerKind::kCriticalKV: {
+    case ScorerKind::kCriticalKV:
       KVTRIM_RETURN_IF_ERROR(ReadPooling("criticalkv", p, &out));
       out.eps = static_cast<float>(p.Number("eps"));
-      const std::string& norm = p.Text("norm");
-      if (norm != "l1" && norm != "l2") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("criticalkv: norm '", norm, "' is not one of {l1, l2}"));
-      }
-      out.norm_l2 = norm == "l2";
+      out.norm_l2 = p.Enum<CriticalKVNorm>("norm") == CriticalKVNorm::kL2;
       break;
-    }
-    case ScorerKind::kLaProx: {
+    case ScorerKind::kLaProx:
       KVTRIM_RETURN_IF_ERROR(ReadPooling("laprox", p, &out));
-      const std::string& gqa = p.Text("gqa");
-      if (gqa == "mean") {
-        out.gqa = LaProxGqa::kMean;
-      } else if (gqa == "head_bound") {
-        out.gqa = LaProxGqa::kHeadBound;
-      } else if (gqa == "summed_wo") {
-        out.gqa = LaProxGqa::kSummedWo;
-      } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "laprox: gqa '", gqa, "' is not one of {mean, head_bound, summed_wo}"));
-      }
+      out.gqa = p.Enum<LaProxGqa>("gqa");
       break;
-    }
     case ScorerKind::kExpectedAttention:
       out.eps = static_cast<float>(p.Number("eps"));
       out.use_vnorm = p.Bool("use_vnorm");
@@ -85,17 +66,8 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
     case ScorerKind::kDropKV: {
       KVTRIM_RETURN_IF_ERROR(ReadPooling("dropkv", p, &out));
       out.eps = static_cast<float>(p.Number("eps"));
-      const std::string& round = p.Text("bf16_prob_round");
-      if (round == "on") {
-        out.bf16_prob_round = true;
-      } else if (round == "off") {
-        out.bf16_prob_round = false;
-      } else if (round == "auto") {
-        out.bf16_prob_round = dtype == DType::kBF16;
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("dropkv: bf16_prob_round '", round, "' is not one of {auto, on, off}"));
-      }
+      out.bf16_prob_round =
+          RoundsProbToBf16(p.Enum<Bf16ProbRound>("bf16_prob_round"), dtype);
       break;
     }
   }
