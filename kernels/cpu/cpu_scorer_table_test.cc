@@ -32,6 +32,7 @@ TEST(CpuScorerTable, AddsFindsAndRefusesDuplicatesOrMissingExact) {
 TEST(CpuScorerTableDeathTest, RegisteringANameTwiceAbortsWithTheName) {
   CpuScorerTable table;
   table.Register("zeros", {&WriteZeros, nullptr});
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // other tests may have left threads
   EXPECT_DEATH(table.Register("zeros", {&WriteZeros, nullptr}), "CPU scorer 'zeros'");
 }
 

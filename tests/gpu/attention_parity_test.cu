@@ -40,6 +40,17 @@ namespace {
 
 using testing::DeviceBuffer;
 
+/// The name of an attention scorer's kind, for case descriptions and test names ("SnapKV").
+const char* KindName(ScorerKind kind) {
+  switch (kind) {
+    case ScorerKind::kSnapKV: return "SnapKV";
+    case ScorerKind::kH2O: return "H2O";
+    case ScorerKind::kTova: return "Tova";
+    case ScorerKind::kDropKV: return "DropKV";
+    default: return "OtherScorer";
+  }
+}
+
 /// One scorer invocation to compare.
 struct Case {
   ScorerKind kind = ScorerKind::kSnapKV;
@@ -54,9 +65,7 @@ struct Case {
 
   std::string Describe() const {
     std::ostringstream s;
-    const char* names[] = {"streaming_llm", "random", "knorm", "keydiff",
-                           "snapkv",        "h2o",    "tova",  "dropkv"};
-    s << names[static_cast<int>(kind)] << " dtype=" << DTypeName(dtype) << " H_kv=" << h_kv
+    s << KindName(kind) << " dtype=" << DTypeName(dtype) << " H_kv=" << h_kv
       << " G=" << group << " n=" << n << " d=" << d << " w=" << w << " window=" << window
       << " kernel=" << kernel << " pool=" << (max_pool ? "max" : "avg")
       << " causal_normalize=" << causal_normalize << " bf16_prob_round=" << bf16_round;
@@ -343,9 +352,7 @@ TEST_P(AttentionParityTest, BitIdenticalOnEdgeShapes) {
 
 /// Test name of a (scorer, dtype) parameter, e.g. "DropKV_bf16".
 std::string ParamName(const ::testing::TestParamInfo<AttentionParityTest::ParamType>& info) {
-  static const char* const kKinds[] = {"StreamingLlm", "Random", "Knorm", "KeyDiff",
-                                       "SnapKV",       "H2O",    "Tova",  "DropKV"};
-  return std::string(kKinds[static_cast<int>(std::get<0>(info.param))]) + "_" +
+  return std::string(KindName(std::get<0>(info.param))) + "_" +
          DTypeName(std::get<1>(info.param));
 }
 
