@@ -97,7 +97,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "keydiff";
-  s.kind = ScorerKind::kKeyDiff;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/keydiff.*
   s.description = "keep the keys least similar to the anchor (score = -cos(k_j, anchor))";
   s.paper = "Park et al., KeyDiff: Key Similarity-Based KV Cache Eviction for Long-Context LLM "
             "Inference in Resource-Constrained Environments (Qualcomm AI Research)";

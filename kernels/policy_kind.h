@@ -13,7 +13,7 @@ namespace kvtrim {
 /// (kernels/cpu/cpu_scorer_table.h, kernels/gpu/kernels/gpu_scorer_table.h), so adding one
 /// takes its registry entry, its CPU file and its GPU file (docs/architecture.md).
 enum class ScorerKind {
-  kKeyDiff, kSnapKV, kH2O, kTova, kDropKV, kCriticalKV, kLaProx, kExpectedAttention, kTable
+  kSnapKV, kH2O, kTova, kDropKV, kCriticalKV, kLaProx, kExpectedAttention, kTable
 };
 
 /// Every built-in allocator.

@@ -19,13 +19,11 @@ namespace kvtrim {
 
 CpuBackend::CpuBackend(int num_threads)
     : pool_(num_threads),
-      scorers_{{ScorerKind::kKeyDiff, &ScoreKeyDiff},
-               {ScorerKind::kSnapKV, &ScoreSnapKV},
+      scorers_{{ScorerKind::kSnapKV, &ScoreSnapKV},
                {ScorerKind::kH2O, &ScoreH2O},
                {ScorerKind::kTova, &ScoreTova},
                {ScorerKind::kDropKV, &ScoreDropKV}},
-      fast_scorers_{{ScorerKind::kKeyDiff, &ScoreKeyDiffFast},
-                    {ScorerKind::kSnapKV, &ScoreSnapKVFast},
+      fast_scorers_{{ScorerKind::kSnapKV, &ScoreSnapKVFast},
                     {ScorerKind::kH2O, &ScoreH2OFast},
                     {ScorerKind::kTova, &ScoreTovaFast},
                     {ScorerKind::kDropKV, &ScoreDropKVFast}} {}

@@ -1,5 +1,5 @@
-// KeyDiff (specs/keydiff.md) for one KV head: the §2.2 scoring shared by ScoreKeyDiff and
-// the block-wise (streaming) eviction simulator of §2.3.
+// KeyDiff (specs/keydiff.md) for one KV head: the §2.2 scoring shared by the KeyDiff scorer
+// (kernels/cpu/scorers/keydiff.cc) and the block-wise (streaming) eviction simulator of §2.3.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,7 @@ namespace kvtrim {
 /// CmDiv(k_i, ||k_i||) (normalized_mean; a zero key contributes zero) per dimension,
 /// sequentially inside chunks of kCanonicalChunk rows, combines the chunks with CmTreeSum
 /// and divides by n; ||a|| and the dots are CmDot. The step-by-step definition is in
-/// score_keydiff.cc. eps >= 0; when the guarded denominator is still 0 (eps = 0 with a zero
+/// keydiff_block.cc. eps >= 0; when the guarded denominator is still 0 (eps = 0 with a zero
 /// key or anchor) the score is 0.
 ///   keys   [n, d] fp32, row-major
 ///   scores [n] fp32 (written)

@@ -17,13 +17,6 @@
 
 namespace kvtrim {
 
-/// KeyDiff (keydiff.md §2.2): score_j = -cos(k_j, anchor).
-absl::Status ScoreKeyDiff(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
-                          float* scores);
-/// Fast numerics (docs/numerics.md "Fast numerics on the CPU") of KeyDiff: the same
-/// definition in fp32 SIMD (kernels/cpu/fast/key_scores.h).
-absl::Status ScoreKeyDiffFast(const CpuLayer& layer, const ResolvedParams& params,
-                              ThreadPool& pool, float* scores);
 /// SnapKV (baselines §3): pooled window attention, GQA-mean.
 absl::Status ScoreSnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores);

@@ -103,7 +103,7 @@ std::vector<ParityParam> AllParams() {
 
 /// Whether f16/bf16 must match exactly too. True: every GPU scorer reads f16/bf16 keys,
 /// values and queries as exact fp32 and computes in the canonical order of
-/// kernels/canonical_math.h (key_scorers.h, the attention scorers' parity tests). Set it to
+/// kernels/canonical_math.h (the table scorers', the attention scorers' parity tests). Set it to
 /// false when a reduced-precision fast path lands; the tolerance rule then applies.
 constexpr bool kLowPrecisionIsExact = true;
 

@@ -1,7 +1,8 @@
-// GPU vs CPU parity of the key-only scorers (kernels/gpu/kernels/key_scorers.h), protection and the
-// selectors / AdaKV allocator (kernels/gpu/kernels/launchers.h), launcher by launcher:
-//  * scores: bit-identical (memcmp) to ScoreKeyDiff (both anchors) and to every table
-//    scorer's CPU exact scorer (streaming_llm, random, knorm, ...), for f32, f16 and bf16; a
+// GPU vs CPU parity of the key-only scorers (the table scorers, kernels/gpu/scorers/),
+// protection and the selectors / AdaKV allocator (kernels/gpu/kernels/launchers.h), launcher
+// by launcher:
+//  * scores: bit-identical (memcmp) to every table scorer's CPU exact scorer (streaming_llm,
+//    random, knorm, keydiff with both anchors, ...), for f32, f16 and bf16; a
 //    table scorer's fast kernels within the fast-numerics band (tests/gpu/parity_rule.h);
 //  * the scorer tables: every table scorer of the registry has CPU and GPU entries;
 //  * protection: bit-identical to ApplyProtection;
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -34,7 +36,6 @@
 #include "base/dtype.h"
 #include "kernels/cpu/cpu_scorer_table.h"
 #include "kernels/gpu/kernels/gpu_scorer_table.h"
-#include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/registry.h"
 #include "tests/gpu/parity_rule.h"
@@ -175,34 +176,37 @@ std::string FirstListMismatch(const std::vector<T>& cpu, const std::vector<T>& g
   return out.str();
 }
 
-/// The keydiff parameters, resolved as the engine does.
-ResolvedParams KeyDiffParams(bool raw_mean, double eps) {
-  const ScorerSpec* spec = BuiltinRegistry().FindScorer("keydiff");
-  EXPECT_NE(spec, nullptr);
+/// The parameters of the scorer `name` with `overrides` over its defaults, resolved as the
+/// engine resolves them.
+ResolvedParams ResolveScorerParams(const std::string& name,
+                                   const std::map<std::string, ParamValue>& overrides) {
+  const ScorerSpec* spec = BuiltinRegistry().FindScorer(name);
+  EXPECT_NE(spec, nullptr) << name;
   if (spec == nullptr) return ResolvedParams{};
-  absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(
-      spec->params,
-      {{"anchor", ParamValue::Text(raw_mean ? "raw_mean" : "normalized_mean")},
-       {"eps", ParamValue::Number(eps)}},
-      "params");
+  absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(spec->params, overrides, "params");
   EXPECT_TRUE(p.ok()) << p.status();
   return p.ok() ? *p : ResolvedParams{};
 }
 
 // ---- Key scorers --------------------------------------------------------------------------
 
-/// One key-scorer parity case.
+/// One key-scorer parity case: a table scorer with parameter overrides.
 struct KeyCase {
-  std::string scorer;  // its registered name
-  ScorerKind kind;     // kTable: the scorer tables' entries of `scorer`
-  bool raw_mean;  // keydiff anchor
-  double eps;     // keydiff guard
+  std::string scorer;                          // its registered name
+  std::map<std::string, ParamValue> overrides;  // over its default parameters
   DType dtype;
   int64_t heads, n, d;
   std::string Name() const {
     std::ostringstream out;
     out << scorer;
-    if (kind == ScorerKind::kKeyDiff) out << (raw_mean ? "/raw_mean" : "/normalized_mean") << "/eps=" << eps;
+    for (const auto& [name, value] : overrides) {
+      out << "/" << name << "=";
+      if (value.is_text) {
+        out << value.text;
+      } else {
+        out << value.number;
+      }
+    }
     out << " " << DTypeName(dtype) << " H=" << heads << " n=" << n << " d=" << d;
     return out.str();
   }
@@ -255,22 +259,17 @@ std::vector<float> CpuKeyScores(const KeyCase& c, const std::vector<float>& keys
   layer.input_dtype = c.dtype;
   static ThreadPool pool(16);
   std::vector<float> scores(static_cast<size_t>(c.heads * c.n), NAN);
-  absl::Status st;
-  switch (c.kind) {
-    case ScorerKind::kTable:
-      st = CpuScorerTable::Builtin().Find(c.scorer)->exact(layer, ResolvedParams{}, pool,
-                                                          scores.data());
-      break;
-    default:
-      st = ScoreKeyDiff(layer, KeyDiffParams(c.raw_mean, c.eps), pool, scores.data());
-      break;
-  }
+  const CpuScorer* cpu = CpuScorerTable::Builtin().Find(c.scorer);
+  EXPECT_NE(cpu, nullptr) << c.scorer;
+  if (cpu == nullptr) return scores;
+  const absl::Status st =
+      cpu->exact(layer, ResolveScorerParams(c.scorer, c.overrides), pool, scores.data());
   EXPECT_TRUE(st.ok()) << c.Name() << ": " << st;
   return scores;
 }
 
-/// Runs LaunchKeyScorer for `c` (a table scorer: its exact kernels, or its fast ones when
-/// `fast`) on device keys; returns scores [H, n] or fails the test.
+/// Runs the GPU table's exact kernels of `c` (its fast ones when `fast`) on device keys, with
+/// ScorerParams from the table's parameter reader; returns scores [H, n] or fails the test.
 void GpuKeyScores(const KeyCase& c, const void* device_keys, int32_t layer_id, uint64_t seed,
                   std::vector<float>* out, bool fast = false) {
   DeviceLayer layer;
@@ -282,34 +281,28 @@ void GpuKeyScores(const KeyCase& c, const void* device_keys, int32_t layer_id, u
   layer.softmax_scale = 1.0f;
   layer.layer_id = layer_id;
   layer.seed = seed;
+  const GpuScorer* table = GpuScorerTable::Builtin().Find(c.scorer);
+  ASSERT_NE(table, nullptr) << c.scorer;
   ScorerParams params;
-  params.eps = static_cast<float>(c.eps);  // as the CPU reads it
-  params.anchor_raw_mean = c.raw_mean;
-  const GpuScorer* table = c.kind == ScorerKind::kTable
-                               ? GpuScorerTable::Builtin().Find(c.scorer)
-                               : nullptr;
-  ASSERT_TRUE(c.kind != ScorerKind::kTable || table != nullptr) << c.scorer;
-  const size_t scratch_bytes = table != nullptr
-                                   ? table->For(fast).ScratchBytes(layer, params)
-                                   : KeyScorerScratchBytes(c.kind, layer, params);
+  if (table->read_params != nullptr) {
+    table->read_params(ResolveScorerParams(c.scorer, c.overrides), c.dtype, &params);
+  }
+  const size_t scratch_bytes = table->For(fast).ScratchBytes(layer, params);
   DeviceArray<uint8_t> scratch(scratch_bytes);
   DeviceArray<float> scores(static_cast<size_t>(c.heads * c.n));
   KVTRIM_CUDA_ASSERT(scratch.status());
   KVTRIM_CUDA_ASSERT(scores.status());
   KVTRIM_CUDA_ASSERT(scores.Poison(0xFF));  // NaN everywhere until written
   void* scratch_ptr = scratch_bytes ? scratch.get() : nullptr;
-  KVTRIM_CUDA_ASSERT(table != nullptr
-                         ? table->For(fast).launch(layer, params, scores.get(), scratch_ptr,
-                                                   scratch_bytes, nullptr)
-                         : LaunchKeyScorer(c.kind, layer, params, scores.get(), scratch_ptr,
-                                           scratch_bytes, nullptr));
+  KVTRIM_CUDA_ASSERT(table->For(fast).launch(layer, params, scores.get(), scratch_ptr,
+                                             scratch_bytes, nullptr));
   KVTRIM_CUDA_ASSERT(cudaDeviceSynchronize());
   out->assign(static_cast<size_t>(c.heads * c.n), 0.0f);
   KVTRIM_CUDA_ASSERT(scores.Download(out->data()));
 }
 
-/// Checks every table scorer and KeyDiff (both anchors; `all_kinds`: also eps = 0) on one key
-/// tensor.
+/// Checks every table scorer with its default parameters, and KeyDiff's other anchor (with
+/// `all_kinds`: also eps = 0), on one key tensor.
 void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_t seed,
                        bool all_kinds) {
   std::vector<float> f32;
@@ -320,13 +313,10 @@ void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_
   std::vector<KeyCase> cases;
   // Every table scorer, with its default parameters (a new one is tested with no edit here).
   for (const std::string& name : GpuScorerTable::Builtin().Names()) {
-    cases.push_back({name, ScorerKind::kTable, false, 0, dtype, heads, n, d});
+    cases.push_back({name, {}, dtype, heads, n, d});
   }
-  cases.push_back({"keydiff", ScorerKind::kKeyDiff, false, 1e-8, dtype, heads, n, d});
-  cases.push_back({"keydiff", ScorerKind::kKeyDiff, true, 1e-8, dtype, heads, n, d});
-  if (all_kinds) {
-    cases.push_back({"keydiff", ScorerKind::kKeyDiff, false, 0.0, dtype, heads, n, d});
-  }
+  cases.push_back({"keydiff", {{"anchor", ParamValue::Text("raw_mean")}}, dtype, heads, n, d});
+  if (all_kinds) cases.push_back({"keydiff", {{"eps", ParamValue::Number(0)}}, dtype, heads, n, d});
   const int32_t layer_id = static_cast<int32_t>(seed % 7);
   for (const KeyCase& c : cases) {
     const std::vector<float> cpu = CpuKeyScores(c, f32, layer_id, seed);
@@ -335,10 +325,8 @@ void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_
     if (::testing::Test::HasFatalFailure()) return;
     const std::string diff = FirstScoreMismatch(cpu, gpu, n);
     ASSERT_TRUE(diff.empty()) << c.Name() << ": " << diff;
-    const GpuScorer* table = c.kind == ScorerKind::kTable
-                                 ? GpuScorerTable::Builtin().Find(c.scorer)
-                                 : nullptr;
-    if (table == nullptr || !table->fast.Supports(dtype, static_cast<int32_t>(d))) continue;
+    const GpuScorer* table = GpuScorerTable::Builtin().Find(c.scorer);
+    if (!table->fast.Supports(dtype, static_cast<int32_t>(d))) continue;
     // The fast kernels: within the fast-numerics band of docs/numerics.md of the exact scores.
     std::vector<float> fast;
     GpuKeyScores(c, keys.get(), layer_id, seed, &fast, /*fast=*/true);
@@ -369,6 +357,8 @@ TEST(GpuScorerTable, EveryTableScorerHasCpuAndGpuEntriesAndNothingElse) {
   none.exact = GpuScorerTable::Builtin().Find("knorm")->exact;
   EXPECT_TRUE(table.Add("none", none));
   EXPECT_FALSE(table.Add("none", none));  // the name is taken
+  // Other threads of the process (the shared backend's workers) make fork() unsafe: re-exec.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(table.Register("none", none), "GPU scorer 'none'");
 }
 
@@ -420,37 +410,40 @@ TEST(KeyScorerErrors, RejectsBadArgumentsAndSkipsEmptyLayers) {
   layer.num_tokens = 8;
   layer.head_dim = 4;
   ScorerParams params;
-  // Not a key scorer.
-  EXPECT_EQ(LaunchKeyScorer(ScorerKind::kSnapKV, layer, params, scores.get(), nullptr, 0, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_FALSE(IsKeyScorer(ScorerKind::kDropKV));
-  // K-norm (a table scorer) without keys, in both numerics; KeyDiff with too little scratch.
+  // K-norm without keys, in both numerics; KeyDiff with too little scratch, in both.
   const GpuScorer* knorm = GpuScorerTable::Builtin().Find("knorm");
+  const GpuScorer* keydiff = GpuScorerTable::Builtin().Find("keydiff");
   ASSERT_NE(knorm, nullptr);
+  ASSERT_NE(keydiff, nullptr);
   layer.head_dim = 8;
   for (bool fast : {false, true}) {
     EXPECT_EQ(knorm->For(fast).launch(layer, params, scores.get(), nullptr, 0, nullptr),
               cudaErrorInvalidValue);
   }
-  layer.head_dim = 4;
   DeviceArray<float> keys(64);
   KVTRIM_CUDA_ASSERT(keys.status());
   layer.keys = keys.get();
-  const size_t need = KeyScorerScratchBytes(ScorerKind::kKeyDiff, layer, params);
-  EXPECT_GT(need, 0u);
-  DeviceArray<uint8_t> scratch(need);
-  KVTRIM_CUDA_ASSERT(scratch.status());
-  EXPECT_EQ(LaunchKeyScorer(ScorerKind::kKeyDiff, layer, params, scores.get(), scratch.get(),
-                            need - 1, nullptr),
-            cudaErrorInvalidValue);
+  for (bool fast : {false, true}) {
+    const size_t need = keydiff->For(fast).ScratchBytes(layer, params);
+    EXPECT_GT(need, 0u);
+    DeviceArray<uint8_t> scratch(need);
+    KVTRIM_CUDA_ASSERT(scratch.status());
+    EXPECT_EQ(keydiff->For(fast).launch(layer, params, scores.get(), scratch.get(), need - 1,
+                                        nullptr),
+              cudaErrorInvalidValue);
+  }
+  layer.head_dim = 4;
   EXPECT_EQ(knorm->exact.ScratchBytes(layer, params), 0u);
   EXPECT_FALSE(knorm->fast.Supports(DType::kBF16, 4));  // d not a multiple of 8
   EXPECT_EQ(knorm->fast.launch(layer, params, scores.get(), nullptr, 0, nullptr),
             cudaErrorInvalidValue);
-  // n = 0 launches nothing and succeeds, even without pointers.
+  // n = 0 launches nothing and succeeds, even without pointers (at a d the fast kernels take).
   layer.num_tokens = 0;
-  EXPECT_EQ(LaunchKeyScorer(ScorerKind::kKeyDiff, layer, params, nullptr, nullptr, 0, nullptr),
-            cudaSuccess);
+  layer.head_dim = 8;
+  for (bool fast : {false, true}) {
+    EXPECT_EQ(keydiff->For(fast).launch(layer, params, nullptr, nullptr, 0, nullptr),
+              cudaSuccess);
+  }
   KVTRIM_CUDA_ASSERT(cudaDeviceSynchronize());
 }
 
@@ -848,7 +841,8 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
   layer.softmax_scale = 1.0f / std::sqrt(128.0f);
   ScorerParams params;
   params.eps = 1e-8f;
-  const size_t kd_bytes = KeyScorerScratchBytes(ScorerKind::kKeyDiff, layer, params);
+  const GpuScorerKernels& keydiff_exact = GpuScorerTable::Builtin().Find("keydiff")->exact;
+  const size_t kd_bytes = keydiff_exact.ScratchBytes(layer, params);
   DeviceArray<uint8_t> kd_scratch(kd_bytes);
   KVTRIM_CUDA_ASSERT(kd_scratch.status());
   const float knorm = MedianMicros(20, [&] {
@@ -856,8 +850,8 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
                                                                  nullptr, 0, nullptr);
   });
   const float keydiff = MedianMicros(20, [&] {
-    return LaunchKeyScorer(ScorerKind::kKeyDiff, layer, params, scores.get(), kd_scratch.get(),
-                           kd_bytes, nullptr);
+    return keydiff_exact.launch(layer, params, scores.get(), kd_scratch.get(), kd_bytes,
+                                nullptr);
   });
   KVTRIM_CUDA_ASSERT(cudaDeviceSynchronize());
 

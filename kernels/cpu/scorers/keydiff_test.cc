@@ -11,11 +11,12 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/cpu/keydiff_block.h"
-#include "kernels/cpu/scorers.h"
+#include "kernels/cpu/cpu_scorer_table.h"
 #include "kernels/thread_pool.h"
 #include "kernels/registry.h"
 #include "tests/oracle/keydiff_oracle.h"
 #include "tests/oracle/selection_oracle.h"
+#include "tests/testing/cpu_keys_layer.h"
 
 namespace kvtrim {
 namespace {
@@ -73,11 +74,12 @@ ResolvedParams KeyDiffParams(const std::string& anchor) {
   return p.ok() ? *p : ResolvedParams{};
 }
 
-// ScoreKeyDiff on `layer` with `threads` threads: scores [H, n].
+// KeyDiff's exact scorer (from the CPU table) on `layer` with `threads` threads: scores [H, n].
 std::vector<float> Score(const CpuLayer& layer, const std::string& anchor, int threads = 2) {
   ThreadPool pool(threads);
   std::vector<float> s(static_cast<size_t>(layer.shape.num_kv_heads * layer.shape.num_tokens), NAN);
-  const absl::Status st = ScoreKeyDiff(layer, KeyDiffParams(anchor), pool, s.data());
+  const absl::Status st =
+      testing::TableScorer("keydiff")(layer, KeyDiffParams(anchor), pool, s.data());
   EXPECT_TRUE(st.ok()) << st;
   return s;
 }
@@ -212,14 +214,14 @@ TEST(KeyDiffScore, ZeroEpsWithZeroKeyOrAnchorScoresZero) {
   const CpuLayer layer = MakeLayer({0, 0, 1, 1, 3, 4, /*head 1:*/ 1, 2, -1, -2, 0, 0}, 2, 3, 2);
   ThreadPool pool(1);
   std::vector<float> s(6, NAN);
-  ASSERT_TRUE(ScoreKeyDiff(layer, *p, pool, s.data()).ok());
+  ASSERT_TRUE(testing::TableScorer("keydiff")(layer, *p, pool, s.data()).ok());
   EXPECT_EQ(s[0], 0.0f);  // zero key
   for (int j = 3; j < 6; ++j) EXPECT_EQ(s[j], 0.0f) << "zero anchor, token " << j - 3;
   EXPECT_TRUE(std::isfinite(s[1]) && std::isfinite(s[2]));
   EXPECT_LT(s[1], 0.0f);
 }
 
-// ---- The canonical arithmetic (score_keydiff.cc), bit for bit --------------------------------
+// ---- The canonical arithmetic (keydiff_block.cc), bit for bit --------------------------------
 
 // CmDot written out with its eight lanes.
 float LaneDot(const float* a, const float* b, int64_t d) {
@@ -241,7 +243,7 @@ float PaddedTree(std::vector<float> x) {
   return x[0];
 }
 
-// The 8-step definition of score_keydiff.cc, written independently (lanes spelled out, the
+// The 8-step definition of keydiff_block.cc, written independently (lanes spelled out, the
 // padded tree instead of CmTreeSum). Builds with -ffp-contract=off like kvtrim_kernels.
 std::vector<float> CanonicalKeyDiff(const float* keys, int64_t n, int64_t d, bool raw, float eps) {
   std::vector<float> nrm(static_cast<size_t>(n));

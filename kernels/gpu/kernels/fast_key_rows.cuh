@@ -1,4 +1,4 @@
-// Row reads of the fast key kernels (fast_keys.cu, kernels/gpu/scorers/): a key row of d
+// Row reads of the fast key kernels (kernels/gpu/scorers/): a key row of d
 // elements is read by a group of L = DP / 8 lanes (DP: d rounded up to 64, 128 or 256), lane
 // i holding elements [8i, 8i + 8) as fp32 (f16 / bf16 widened, f32 as it is; zeros past d)
 // from 16-byte loads; a warp reads 32 / L rows at once.

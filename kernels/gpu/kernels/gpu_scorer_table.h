@@ -62,6 +62,9 @@ inline cudaError_t CheckTableLaunch(const DeviceLayer& layer, const float* score
 struct GpuScorer {
   GpuScorerKernels exact;  // the canonical arithmetic: bit-identical to the CPU's exact scorer
   GpuScorerKernels fast;   // fast numerics, within docs/numerics.md's tolerance of exact
+  /// Fills the ScorerParams fields the launchers read from the policy's resolved parameters
+  /// (read as the CPU scorer reads them, with the layer's input `dtype`); nullptr: none.
+  void (*read_params)(const ResolvedParams& params, DType dtype, ScorerParams* out) = nullptr;
 
   /// The kernels a layer runs: fast when asked for and supported, exact otherwise.
   const GpuScorerKernels& For(bool fast_numerics) const { return fast_numerics ? fast : exact; }

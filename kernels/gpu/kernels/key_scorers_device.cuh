@@ -1,4 +1,4 @@
-// Device helpers of the exact key scorers (key_scorers.cu, kernels/gpu/scorers/): readers of
+// Device helpers of the exact key scorers (kernels/gpu/scorers/): readers of
 // key tensors in their input dtype, converting to fp32 exactly (as base/dtype.h does on the
 // CPU), the canonical 8-lane dot-product pieces that let eight consecutive threads of a warp
 // compute CmDot (canonical_math.h) bit for bit, and the grid size of their kernels.

@@ -1,7 +1,7 @@
-// ScoreScratchBytes / LaunchScore (launchers.h). With ScorerParams::fast the attention
-// scorers run the tensor-core passes of fast_attention.cuh (where FastAttentionSupported),
-// then the same pooling stage as below, and the key scorers fast_keys.cuh. Otherwise the key-only scorers go to
-// kernels/gpu/kernels/key_scorers.h, the attention scorers (SnapKV, H2O, TOVA, DropKV) run the
+// ScoreScratchBytes / LaunchScore (launchers.h) of the attention scorers (SnapKV, H2O, TOVA,
+// DropKV; the key-only scorers are table scorers, kernels/gpu/scorers/). With
+// ScorerParams::fast they run the tensor-core passes of fast_attention.cuh (where
+// FastAttentionSupported), then the same pooling stage as below. Otherwise they run the
 // canonical window attention of kernels/cpu/window_attention.h in three stages:
 //   1. LaunchAttentionStats   per-segment partials, then -M, 1/Z (and a, |a|^2) per row
 //   2. LaunchAttentionScores  per-token sums over the rows (pre-pooling scores)
@@ -21,8 +21,6 @@
 #include "kernels/gpu/kernels/attention_score.cuh"
 #include "kernels/gpu/kernels/attention_stats.cuh"
 #include "kernels/gpu/kernels/fast_attention.cuh"
-#include "kernels/gpu/kernels/fast_keys.cuh"
-#include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/gpu/kernels/launchers.h"
 #include "kernels/gpu/kernels/pooling.cuh"
 
@@ -80,12 +78,6 @@ cudaError_t LaunchFastScore(ScorerKind kind, const fast::FastAttentionPlan& plan
 }  // namespace
 
 size_t ScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params) {
-  if (IsKeyScorer(kind)) {
-    if (params.fast && fast::FastKeyScorerSupported(kind, layer.dtype, layer.head_dim)) {
-      return fast::FastKeyScoreScratchBytes(kind, layer, params);
-    }
-    return KeyScorerScratchBytes(kind, layer, params);
-  }
   if (params.fast) {
     fast::FastAttentionPlan fast_plan;
     if (fast::MakeFastAttentionPlan(kind, layer, params, &fast_plan) == cudaSuccess) {
@@ -99,13 +91,6 @@ size_t ScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer, const Scorer
 
 cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
                         float* scores, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
-  if (IsKeyScorer(kind)) {
-    if (params.fast && fast::FastKeyScorerSupported(kind, layer.dtype, layer.head_dim)) {
-      return fast::LaunchFastKeyScores(kind, layer, params, scores, scratch, scratch_bytes,
-                                       stream);
-    }
-    return LaunchKeyScorer(kind, layer, params, scores, scratch, scratch_bytes, stream);
-  }
   if (params.fast) {
     fast::FastAttentionPlan fast_plan;
     if (fast::MakeFastAttentionPlan(kind, layer, params, &fast_plan) == cudaSuccess) {

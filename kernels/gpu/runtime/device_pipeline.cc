@@ -11,8 +11,6 @@
 #include "kernels/gpu/runtime/stage_events.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/fast_attention.cuh"
-#include "kernels/gpu/kernels/fast_keys.cuh"
-#include "kernels/gpu/kernels/key_scorers.h"
 #include "kernels/layer_error.h"
 #include "kernels/scorer_params.h"
 
@@ -39,11 +37,6 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
     case ScorerKind::kTova:
     case ScorerKind::kTable:
       break;
-    case ScorerKind::kKeyDiff: {
-      out.anchor_raw_mean = p.Enum<KeyDiffAnchor>("anchor") == KeyDiffAnchor::kRawMean;
-      out.eps = static_cast<float>(p.Number("eps"));
-      break;
-    }
     case ScorerKind::kSnapKV:
       KVTRIM_RETURN_IF_ERROR(ReadPooling("snapkv", p, &out));
       break;
@@ -84,13 +77,11 @@ bool HasFastPath(const ScorerSpec& scorer, DType dtype, int64_t head_dim) {
     return table != nullptr && table->fast.Supports(dtype, d);
   }
   const ScorerKind kind = scorer.kind;
-  return fast::FastAttentionSupported(kind, dtype, d) ||
-         fast::FastKeyScorerSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
+  return fast::FastAttentionSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
 }
 
 uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer) {
   if (!plan.params.fast || plan.model_scorer || plan.table_scorer != nullptr ||
-      IsKeyScorer(plan.scorer) ||
       layer.dtype == DType::kF32) {
     return 0;
   }
@@ -117,6 +108,9 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
   absl::StatusOr<ScorerParams> params = ReadScorerParams(plan.scorer, policy.params, dtype);
   if (!params.ok()) return params.status();
   plan.params = *params;
+  if (plan.table_scorer != nullptr && plan.table_scorer->read_params != nullptr) {
+    plan.table_scorer->read_params(policy.params, dtype, &plan.params);
+  }
   if (policy.settings.numerics == Numerics::kFast &&
       HasFastPath(*policy.scorer, dtype, shape.head_dim)) {
     plan.numerics = Numerics::kFast;
