@@ -27,7 +27,8 @@ struct CpuScorer {
   CpuScoreFn fast = nullptr;   // fast numerics (docs/numerics.md); nullptr: exact only
 };
 
-/// Scorer name -> CpuScorer. Filled once at start-up; read-only (and thread-safe) after.
+/// Scorer name -> CpuScorer. Filled once (Builtin: on first use); read-only and thread-safe
+/// after.
 class CpuScorerTable {
  public:
   /// Adds `scorer` under `name`; false (and no change) when the name is taken or exact is

@@ -66,11 +66,13 @@ struct GpuScorer {
   /// (read as the CPU scorer reads them, with the layer's input `dtype`); nullptr: none.
   void (*read_params)(const ResolvedParams& params, DType dtype, ScorerParams* out) = nullptr;
 
-  /// The kernels a layer runs: fast when asked for and supported, exact otherwise.
+  /// The kernels of one numerics: fast ones for `fast_numerics` (the plan sets it only where
+  /// fast.Supports the layer, HasFastPath), exact ones otherwise.
   const GpuScorerKernels& For(bool fast_numerics) const { return fast_numerics ? fast : exact; }
 };
 
-/// Scorer name -> GpuScorer. Filled once at start-up; read-only (and thread-safe) after.
+/// Scorer name -> GpuScorer. Filled once (Builtin: on first use); read-only and thread-safe
+/// after.
 class GpuScorerTable {
  public:
   /// Adds `scorer` under `name`; false (and no change) when the name is taken or the exact
