@@ -5,14 +5,10 @@
 // (RegisterCpuScorerFiles, kernels/CMakeLists.txt), so a new file needs no other edit.
 #pragma once
 
-#include <map>
-#include <string>
-#include <string_view>
-#include <vector>
-
 #include "absl/status/status.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/params.h"
+#include "kernels/scorer_table.h"
 #include "kernels/thread_pool.h"
 
 namespace kvtrim {
@@ -25,29 +21,18 @@ using CpuScoreFn = absl::Status (*)(const CpuLayer&, const ResolvedParams&, Thre
 struct CpuScorer {
   CpuScoreFn exact = nullptr;  // the canonical arithmetic (kernels/canonical_math.h)
   CpuScoreFn fast = nullptr;   // fast numerics (docs/numerics.md); nullptr: exact only
+
+  static constexpr const char* kBackend = "CPU";  // names the backend in ScorerTable's messages
+  /// True when the exact scorer is set (ScorerTable refuses an entry without it).
+  bool HasExact() const { return exact != nullptr; }
 };
 
-/// Scorer name -> CpuScorer. Filled once (Builtin: on first use); read-only and thread-safe
-/// after.
-class CpuScorerTable {
- public:
-  /// Adds `scorer` under `name`; false (and no change) when the name is taken or exact is
-  /// missing.
-  bool Add(std::string name, CpuScorer scorer);
-  /// Add, from a scorer file's registration: a refusal is a build error (two files claim one
-  /// name, or one registers no exact scorer), so it aborts with the name.
-  void Register(std::string name, CpuScorer scorer);
-  /// The scorer registered as `name`, or nullptr.
-  const CpuScorer* Find(std::string_view name) const;
-  /// Every registered name, sorted.
-  std::vector<std::string> Names() const;
+/// Scorer name -> CpuScorer (kernels/scorer_table.h).
+using CpuScorerTable = ScorerTable<CpuScorer>;
 
-  /// The table of every file in kernels/cpu/scorers/ (built on first use).
-  static const CpuScorerTable& Builtin();
-
- private:
-  std::map<std::string, CpuScorer, std::less<>> scorers_;
-};
+/// The table of every file in kernels/cpu/scorers/ (built on first use).
+template <>
+const CpuScorerTable& CpuScorerTable::Builtin();
 
 /// Calls RegisterCpuScorer_<stem>(table) for every kernels/cpu/scorers/<stem>.cc (generated).
 void RegisterCpuScorerFiles(CpuScorerTable& table);

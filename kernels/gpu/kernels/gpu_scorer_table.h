@@ -11,12 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
-#include <string>
-#include <string_view>
-#include <vector>
 
 #include "kernels/gpu/kernels/launchers.h"
+#include "kernels/scorer_table.h"
 
 namespace kvtrim::gpu {
 
@@ -69,31 +66,22 @@ struct GpuScorer {
   /// The kernels of one numerics: fast ones for `fast_numerics` (the plan sets it only where
   /// fast.Supports the layer, HasFastPath), exact ones otherwise.
   const GpuScorerKernels& For(bool fast_numerics) const { return fast_numerics ? fast : exact; }
+
+  static constexpr const char* kBackend = "GPU";  // names the backend in ScorerTable's messages
+  /// True when the exact kernels are set (ScorerTable refuses an entry without them).
+  bool HasExact() const { return exact.launch != nullptr; }
 };
 
-/// Scorer name -> GpuScorer. Filled once (Builtin: on first use); read-only and thread-safe
-/// after.
-class GpuScorerTable {
- public:
-  /// Adds `scorer` under `name`; false (and no change) when the name is taken or the exact
-  /// kernels are missing.
-  bool Add(std::string name, GpuScorer scorer);
-  /// Add, from a scorer file's registration: a refusal is a build error, so it aborts with
-  /// the name.
-  void Register(std::string name, GpuScorer scorer);
-  /// The scorer registered as `name`, or nullptr.
-  const GpuScorer* Find(std::string_view name) const;
-  /// Every registered name, sorted.
-  std::vector<std::string> Names() const;
-
-  /// The table of every file in kernels/gpu/scorers/ (built on first use).
-  static const GpuScorerTable& Builtin();
-
- private:
-  std::map<std::string, GpuScorer, std::less<>> scorers_;
-};
+/// Scorer name -> GpuScorer (kernels/scorer_table.h).
+using GpuScorerTable = ScorerTable<GpuScorer>;
 
 /// Calls RegisterGpuScorer_<stem>(table) for every kernels/gpu/scorers/<stem>.cu (generated).
 void RegisterGpuScorerFiles(GpuScorerTable& table);
 
 }  // namespace kvtrim::gpu
+
+namespace kvtrim {
+/// The table of every file in kernels/gpu/scorers/ (built on first use).
+template <>
+const gpu::GpuScorerTable& gpu::GpuScorerTable::Builtin();
+}  // namespace kvtrim

@@ -67,17 +67,22 @@ absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedPar
   return out;
 }
 
+/// HasFastPath, for a scorer of `kind` whose table entry (kTable) was already looked up:
+/// `table` (nullptr: none registered).
+bool HasFastPathFor(ScorerKind kind, const GpuScorer* table, DType dtype, int64_t head_dim) {
+  if (head_dim > 256) return false;
+  const int32_t d = static_cast<int32_t>(head_dim);
+  if (kind == ScorerKind::kTable) return table != nullptr && table->fast.Supports(dtype, d);
+  return fast::FastAttentionSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
+}
+
 }  // namespace
 
 bool HasFastPath(const ScorerSpec& scorer, DType dtype, int64_t head_dim) {
-  if (head_dim > 256) return false;
-  const int32_t d = static_cast<int32_t>(head_dim);
-  if (scorer.kind == ScorerKind::kTable) {
-    const GpuScorer* table = GpuScorerTable::Builtin().Find(scorer.name);
-    return table != nullptr && table->fast.Supports(dtype, d);
-  }
-  const ScorerKind kind = scorer.kind;
-  return fast::FastAttentionSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
+  const GpuScorer* table = scorer.kind == ScorerKind::kTable
+                               ? GpuScorerTable::Builtin().Find(scorer.name)
+                               : nullptr;
+  return HasFastPathFor(scorer.kind, table, dtype, head_dim);
 }
 
 uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer) {
@@ -112,7 +117,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
     plan.table_scorer->read_params(policy.params, dtype, &plan.params);
   }
   if (policy.settings.numerics == Numerics::kFast &&
-      HasFastPath(*policy.scorer, dtype, shape.head_dim)) {
+      HasFastPathFor(plan.scorer, plan.table_scorer, dtype, shape.head_dim)) {
     plan.numerics = Numerics::kFast;
     plan.params.fast = true;
   }
