@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -19,10 +21,12 @@ class EngineTest : public ::testing::Test {
  protected:
   EngineTest() : backend_(2), engine_(registry_, backend_) { RegisterBuiltinPolicies(&registry_); }
 
-  ResolvedPolicy Policy(const std::string& name, double fraction = 0.25) {
+  ResolvedPolicy Policy(const std::string& name, double fraction = 0.25,
+                        std::map<std::string, ParamValue> params = {}) {
     CompressionSettings s;
     s.policy = name;
     s.budget.keep_fraction = fraction;
+    s.params = std::move(params);
     auto p = engine_.Prepare(s, "settings");
     EXPECT_TRUE(p.ok()) << p.status();
     // Policies that need a model get a random one of the test layers' layout (H_kv=3,
@@ -176,6 +180,45 @@ TEST_F(EngineTest, RejectsMissingInputsNonFiniteAndBudgetOverN) {
     l.request.softmax_scale = -1;
     ExpectInvalid(dropkv, l.request, "layers[0].softmax_scale");
   }
+}
+
+// The engine is the one place a layer is checked against its scorer: the scorers read their
+// inputs and window parameters without checking them again (kernels/cpu/scorers.h), so every
+// scorer's missing inputs, even kernel and window past the rows sent must be refused here.
+TEST_F(EngineTest, ChecksEveryScorersInputsAndWindowParametersOnce) {
+  int windowed = 0;
+  for (const ScorerSpec* scorer : registry_.scorers()) {
+    SCOPED_TRACE(scorer->name);
+    // The random model Policy attaches has H_kv = 3, H_q = 6, d = 16.
+    const ResolvedPolicy policy = Policy(scorer->name);
+    if (scorer->required_inputs & kInputQueries) {
+      Layer l(3, 40, 16, 6, 8);
+      l.request.queries = {};
+      ExpectInvalid(policy, l.request,
+                    "layers[0].queries: policy '" + scorer->name + "' needs window queries");
+    }
+    if (scorer->required_inputs & kInputValues) {
+      Layer l(3, 40, 16, 6, 8);
+      l.request.values = {};
+      ExpectInvalid(policy, l.request,
+                    "layers[0].values: policy '" + scorer->name + "' needs values");
+    }
+    const bool has_kernel = std::any_of(scorer->params.begin(), scorer->params.end(),
+                                        [](const ParamSpec& p) { return p.name == "kernel"; });
+    if (!has_kernel) continue;
+    ++windowed;
+    Layer l(3, 40, 16, 6, 4);
+    ExpectInvalid(Policy(scorer->name, 0.25, {{"window", ParamValue::Number(5)}}), l.request,
+                  "layers[0].queries.shape[1]: the policy reads window=5 query rows but only 4");
+    ExpectInvalid(Policy(scorer->name, 0.25,
+                         {{"window", ParamValue::Number(4)}, {"kernel", ParamValue::Number(4)}}),
+                  l.request, "layers[0]: policy.params.kernel must be odd, got 4");
+    EXPECT_TRUE(engine_
+                    .CompressLayer(Policy(scorer->name, 0.25, {{"window", ParamValue::Number(4)}}),
+                                   l.request, "layers[0]")
+                    .ok());
+  }
+  EXPECT_EQ(windowed, 4);  // snapkv, dropkv, criticalkv, laprox
 }
 
 TEST_F(EngineTest, DeviceReadTensorsNeedABackendThatReadsDeviceMemory) {

@@ -1,8 +1,5 @@
 #include "kernels/scorer_params.h"
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-
 namespace kvtrim {
 
 namespace {
@@ -50,13 +47,12 @@ const std::vector<std::string>& QueryStatsSourceChoices() {
   return choices;
 }
 
-absl::StatusOr<PoolKind> ResolvePooling(const char* scorer, const ResolvedParams& params) {
-  const int64_t kernel = params.Int("kernel");
-  if (kernel < 1 || kernel % 2 == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(scorer, ": kernel must be odd and >= 1, got ", kernel));
-  }
-  return params.Enum<PoolKind>("pooling");
+WindowPooling ReadWindowPooling(const ResolvedParams& params) {
+  WindowPooling out;
+  out.window = params.Int("window");
+  out.kernel = params.Int("kernel");
+  out.pooling = params.Enum<PoolKind>("pooling");
+  return out;
 }
 
 }  // namespace kvtrim

@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "base/dtype.h"
 #include "kernels/params.h"
 
@@ -22,9 +21,18 @@ enum class PoolKind {
 /// {"max", "avg"}: the choices of `pooling`, in PoolKind's order.
 const std::vector<std::string>& PoolKindChoices();
 
-/// The `pooling` of resolved parameters that declare it with `kernel`: INVALID_ARGUMENT
-/// naming `scorer` for a kernel that is not odd and >= 1.
-absl::StatusOr<PoolKind> ResolvePooling(const char* scorer, const ResolvedParams& params);
+/// The window and pooling parameters of a window-attention scorer (SnapKV, DropKV, CriticalKV,
+/// LaProx).
+struct WindowPooling {
+  int64_t window = 0;  // window rows read per query head, 1 <= window <= the rows sent
+  int64_t kernel = 0;  // odd pooling kernel, >= 1
+  PoolKind pooling = PoolKind::kMax;
+};
+
+/// The "window", "kernel" and "pooling" of a window-attention scorer's resolved parameters.
+/// Read, not checked: the scorer's ScorerSpec::validate (ValidateWindowed) checked them
+/// against the layer when the engine validated it, and nothing below re-validates.
+WindowPooling ReadWindowPooling(const ResolvedParams& params);
 
 /// The anchor KeyDiff compares every key with (keydiff.md §1, §7.1).
 enum class KeyDiffAnchor {

@@ -1,8 +1,9 @@
 // Tests of the typed enum parameters (scorer_params.h): a resolved value reads as its choice's
 // index, every typed parameter of the registry is declared with its enum's choice list, and
-// ResolvePooling's kernel check.
+// ReadWindowPooling reads the window-attention parameters.
 #include "kernels/scorer_params.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -18,20 +19,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::StatusIs;
-
-/// Resolves {pooling, kernel} declared as the registry declares them, with overrides.
-ResolvedParams Pooling(const std::string& pooling, int64_t kernel) {
-  const std::vector<ParamSpec> specs = {
-      ParamSpec::Enum("pooling", "max", PoolKindChoices(), "pooling"),
-      ParamSpec::Int("kernel", 7, 0, 1023, "kernel")};
-  absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(
-      specs,
-      {{"pooling", ParamValue::Text(pooling)},
-       {"kernel", ParamValue::Number(static_cast<double>(kernel))}},
-      "params");
-  EXPECT_TRUE(p.ok()) << p.status();
-  return p.ok() ? *p : ResolvedParams{};
-}
 
 TEST(ScorerParams, AnEnumValueReadsAsItsChoiceIndexDefaultOrSent) {
   const std::vector<ParamSpec> specs = {
@@ -81,22 +68,34 @@ TEST(ScorerParams, TheRegistryDeclaresEveryTypedParameterWithItsEnumsChoices) {
   EXPECT_EQ(enum_params, typed.size());
 }
 
-TEST(ScorerParams, ResolvePoolingReadsTheKindAndChecksTheKernel) {
-  absl::StatusOr<PoolKind> avg = ResolvePooling("snapkv", Pooling("avg", 7));
-  ASSERT_TRUE(avg.ok());
-  EXPECT_EQ(*avg, PoolKind::kAvg);
-  EXPECT_EQ(*ResolvePooling("snapkv", Pooling("max", 1)), PoolKind::kMax);
-  EXPECT_THAT(ResolvePooling("snapkv", Pooling("max", 4)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("snapkv: kernel must be odd")));
-  EXPECT_THAT(ResolvePooling("dropkv", Pooling("max", 0)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dropkv: kernel")));
-}
-
 TEST(ScorerParams, Bf16RoundingIsOnForBf16InputsUnderAuto) {
   EXPECT_TRUE(RoundsProbToBf16(Bf16ProbRound::kOn, DType::kF32));
   EXPECT_FALSE(RoundsProbToBf16(Bf16ProbRound::kOff, DType::kBF16));
   EXPECT_TRUE(RoundsProbToBf16(Bf16ProbRound::kAuto, DType::kBF16));
   EXPECT_FALSE(RoundsProbToBf16(Bf16ProbRound::kAuto, DType::kF16));
+}
+
+TEST(ScorerParams, ReadWindowPoolingReadsEveryWindowAttentionScorersParameters) {
+  PolicyRegistry registry;
+  RegisterBuiltinPolicies(&registry);
+  int windowed = 0;
+  for (const ScorerSpec* scorer : registry.scorers()) {
+    const bool has_kernel = std::any_of(scorer->params.begin(), scorer->params.end(),
+                                        [](const ParamSpec& p) { return p.name == "kernel"; });
+    if (!has_kernel) continue;
+    ++windowed;
+    absl::StatusOr<ResolvedParams> p = ResolvedParams::Resolve(
+        scorer->params,
+        {{"window", ParamValue::Number(5)}, {"kernel", ParamValue::Number(3)},
+         {"pooling", ParamValue::Text("avg")}},
+        "params");
+    ASSERT_TRUE(p.ok()) << scorer->name << ": " << p.status();
+    const WindowPooling wp = ReadWindowPooling(*p);
+    EXPECT_EQ(wp.window, 5) << scorer->name;
+    EXPECT_EQ(wp.kernel, 3) << scorer->name;
+    EXPECT_EQ(wp.pooling, PoolKind::kAvg) << scorer->name;
+  }
+  EXPECT_EQ(windowed, 4);  // snapkv, dropkv, criticalkv, laprox
 }
 
 }  // namespace

@@ -19,10 +19,9 @@ namespace kvtrim {
 absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params,
                              const RegisteredModel& model, ThreadPool& pool, float* attention,
                              float* critical) {
-  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("criticalkv", layer, params);
-  if (!wp.ok()) return wp.status();
-  const int64_t window = wp->window, kernel = wp->kernel;
-  const PoolKind kind = wp->pooling;
+  const WindowPooling wp = ReadWindowPooling(params);
+  const int64_t window = wp.window, kernel = wp.kernel;
+  const PoolKind kind = wp.pooling;
   const float eps = static_cast<float>(params.Number("eps"));
   const bool l1 = params.Enum<CriticalKVNorm>("norm") == CriticalKVNorm::kL1;
 
@@ -86,10 +85,9 @@ absl::Status ScoreCriticalKV(const CpuLayer& layer, const ResolvedParams& params
 absl::Status ScoreCriticalKVFast(const CpuLayer& layer, const ResolvedParams& params,
                                  const RegisteredModel& model, ThreadPool& pool, float* attention,
                                  float* critical) {
-  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("criticalkv", layer, params);
-  if (!wp.ok()) return wp.status();
-  const int64_t window = wp->window, kernel = wp->kernel;
-  const PoolKind kind = wp->pooling;
+  const WindowPooling wp = ReadWindowPooling(params);
+  const int64_t window = wp.window, kernel = wp.kernel;
+  const PoolKind kind = wp.pooling;
   const float eps = static_cast<float>(params.Number("eps"));
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;

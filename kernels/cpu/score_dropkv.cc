@@ -4,7 +4,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
 #include "kernels/cpu/fast/dropkv_cost.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
@@ -16,7 +15,7 @@ namespace kvtrim {
 
 namespace {
 
-/// DropKV's parameters, checked against the layer.
+/// DropKV's parameters (read, not checked: the engine validated the layer against them).
 struct DropKVSettings {
   int64_t window = 0, kernel = 0;
   float eps = 0;
@@ -24,19 +23,13 @@ struct DropKVSettings {
   bool bf16_round = false;
 };
 
-absl::StatusOr<DropKVSettings> ResolveDropKV(const CpuLayer& layer,
-                                             const ResolvedParams& params) {
+DropKVSettings ReadDropKV(const CpuLayer& layer, const ResolvedParams& params) {
+  const WindowPooling wp = ReadWindowPooling(params);
   DropKVSettings out;
-  out.window = params.Int("window");
-  out.kernel = params.Int("kernel");
+  out.window = wp.window;
+  out.kernel = wp.kernel;
+  out.pooling = wp.pooling;
   out.eps = static_cast<float>(params.Number("eps"));
-  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("dropkv", layer, out.window));
-  if (!layer.shape.has_values || (!layer.values.present() && !layer.values_in.present())) {
-    return absl::InvalidArgumentError("dropkv: needs values");
-  }
-  absl::StatusOr<PoolKind> kind = ResolvePooling("dropkv", params);
-  if (!kind.ok()) return kind.status();
-  out.pooling = *kind;
   out.bf16_round =
       RoundsProbToBf16(params.Enum<Bf16ProbRound>("bf16_prob_round"), layer.input_dtype);
   return out;
@@ -54,11 +47,10 @@ absl::StatusOr<DropKVSettings> ResolveDropKV(const CpuLayer& layer,
 // The score is an eviction cost: higher = keep.
 absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                          float* scores) {
-  absl::StatusOr<DropKVSettings> settings = ResolveDropKV(layer, params);
-  if (!settings.ok()) return settings.status();
-  const int64_t window = settings->window;
-  const float eps = settings->eps;
-  const bool bf16_round = settings->bf16_round;
+  const DropKVSettings settings = ReadDropKV(layer, params);
+  const int64_t window = settings.window;
+  const float eps = settings.eps;
+  const bool bf16_round = settings.bf16_round;
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t d = layer.shape.head_dim;
@@ -90,7 +82,7 @@ absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, Th
     }
     const float group_f = static_cast<float>(group);
     for (int64_t j = 0; j < n; ++j) cost[j] = CmDiv(cost[j], group_f);
-    Pool1D(settings->pooling, cost.data(), n, settings->kernel, scores + h * n);
+    Pool1D(settings.pooling, cost.data(), n, settings.kernel, scores + h * n);
   });
   return absl::OkStatus();
 }
@@ -104,25 +96,24 @@ absl::Status ScoreDropKVFast(const CpuLayer& layer, const ResolvedParams& params
 
 absl::Status ScoreDropKVFastWithRows(const CpuLayer& layer, const ResolvedParams& params,
                                      ThreadPool& pool, float* scores, FastRowOutputs* rows) {
-  absl::StatusOr<DropKVSettings> settings = ResolveDropKV(layer, params);
-  if (!settings.ok()) return settings.status();
+  const DropKVSettings settings = ReadDropKV(layer, params);
   float* outputs = nullptr;
   if (rows != nullptr) {
-    rows->rows_per_head = settings->window;
-    rows->outputs.resize(static_cast<size_t>(layer.shape.num_query_heads * settings->window *
+    rows->rows_per_head = settings.window;
+    rows->outputs.resize(static_cast<size_t>(layer.shape.num_query_heads * settings.window *
                                              layer.shape.head_dim));
     outputs = rows->outputs.data();
   }
   const int64_t n = layer.shape.num_tokens;
   const int64_t heads = layer.shape.num_kv_heads;
   std::vector<float> cost(static_cast<size_t>(heads * n));
-  FastDropKVCost(layer, settings->window, settings->eps, settings->bf16_round, pool,
+  FastDropKVCost(layer, settings.window, settings.eps, settings.bf16_round, pool,
                  cost.data(), outputs);
   const float group = static_cast<float>(layer.shape.group_size());
   pool.ParallelFor(heads, [&](int64_t h) {
     float* c = cost.data() + h * n;
     for (int64_t j = 0; j < n; ++j) c[j] = CmDiv(c[j], group);
-    Pool1D(settings->pooling, c, n, settings->kernel, scores + h * n);
+    Pool1D(settings.pooling, c, n, settings.kernel, scores + h * n);
   });
   return absl::OkStatus();
 }

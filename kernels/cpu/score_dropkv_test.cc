@@ -486,27 +486,5 @@ TEST(DropKVTest, DeterministicAcrossThreadCounts) {
   EXPECT_EQ(Score(pb, params, 1), Score(pb, params, 4));
 }
 
-TEST(DropKVTest, RejectsBadInputs) {
-  const oracle::AttentionProblem pb = oracle::RandomProblem(61, 1, 1, 20, 8, 8, 1.0);
-  ThreadPool pool(1);
-  std::vector<float> scores(20);
-  CpuLayer no_values = MakeLayer(pb);
-  no_values.values = F32Tensor();
-  no_values.shape.has_values = false;
-  absl::Status st = ScoreDropKV(no_values, Params({}), pool, scores.data());
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("dropkv: needs values"), std::string::npos) << st;
-
-  st = ScoreDropKV(MakeLayer(pb), Params({{"window", ParamValue::Number(9)}}), pool,
-                   scores.data());
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("dropkv: window 9 is outside [1, 8]"), std::string::npos) << st;
-
-  st = ScoreDropKV(MakeLayer(pb), Params({{"kernel", ParamValue::Number(10)}}), pool,
-                   scores.data());
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("kernel must be odd"), std::string::npos) << st;
-}
-
 }  // namespace
 }  // namespace kvtrim

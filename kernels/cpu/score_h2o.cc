@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "base/status_macros.h"
 #include "kernels/cpu/fast/window_prob_sums.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
@@ -18,7 +17,6 @@ namespace {
 /// H2O in `fast` (FastWindowProbSums) or canonical numerics.
 absl::Status H2O(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                  bool fast, float* scores) {
-  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("h2o", layer, layer.shape.window_rows));
   const bool causal_normalize = params.Bool("causal_normalize");
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;

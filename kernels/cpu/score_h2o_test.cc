@@ -94,19 +94,5 @@ TEST(H2OTest, DeterministicAcrossThreadCounts) {
   EXPECT_EQ(Score(pb, true, 1), Score(pb, true, 3));
 }
 
-TEST(H2OTest, RejectsMissingQueries) {
-  const oracle::AttentionProblem pb = oracle::RandomProblem(25, 1, 1, 10, 8, 2, 1.0);
-  CpuLayer layer = MakeLayer(pb);
-  layer.queries = F32Tensor();
-  layer.shape.has_queries = false;
-  layer.shape.num_query_heads = 0;
-  layer.shape.window_rows = 0;
-  ThreadPool pool(1);
-  std::vector<float> scores(10);
-  const absl::Status st = ScoreH2O(layer, Params(false), pool, scores.data());
-  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("h2o: needs queries"), std::string::npos) << st;
-}
-
 }  // namespace
 }  // namespace kvtrim

@@ -18,10 +18,9 @@ namespace kvtrim {
 
 absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
                          const RegisteredModel& model, ThreadPool& pool, float* scores) {
-  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("laprox", layer, params);
-  if (!wp.ok()) return wp.status();
-  const int64_t window = wp->window, kernel = wp->kernel;
-  const PoolKind kind = wp->pooling;
+  const WindowPooling wp = ReadWindowPooling(params);
+  const int64_t window = wp.window, kernel = wp.kernel;
+  const PoolKind kind = wp.pooling;
   const LaProxGqa gqa = params.Enum<LaProxGqa>("gqa");
 
   const int64_t n = layer.shape.num_tokens;
@@ -107,10 +106,9 @@ absl::Status ScoreLaProx(const CpuLayer& layer, const ResolvedParams& params,
 
 absl::Status ScoreLaProxFast(const CpuLayer& layer, const ResolvedParams& params,
                              const RegisteredModel& model, ThreadPool& pool, float* scores) {
-  absl::StatusOr<WindowPooling> wp = ResolveWindowPooling("laprox", layer, params);
-  if (!wp.ok()) return wp.status();
-  const int64_t window = wp->window, kernel = wp->kernel;
-  const PoolKind kind = wp->pooling;
+  const WindowPooling wp = ReadWindowPooling(params);
+  const int64_t window = wp.window, kernel = wp.kernel;
+  const PoolKind kind = wp.pooling;
   const LaProxGqa gqa = params.Enum<LaProxGqa>("gqa");
   const int64_t heads = layer.shape.num_kv_heads;
   const int64_t n = layer.shape.num_tokens;

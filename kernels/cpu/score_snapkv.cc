@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "base/status_macros.h"
 #include "kernels/cpu/fast/window_prob_sums.h"
 #include "kernels/cpu/pooling.h"
 #include "kernels/cpu/scorers.h"
@@ -26,11 +25,8 @@ namespace {
 /// SnapKV in `fast` (FastWindowProbSums) or canonical numerics.
 absl::Status SnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadPool& pool,
                     bool fast, float* scores) {
-  const int64_t window = params.Int("window");
-  const int64_t kernel = params.Int("kernel");
-  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("snapkv", layer, window));
-  absl::StatusOr<PoolKind> kind = ResolvePooling("snapkv", params);
-  if (!kind.ok()) return kind.status();
+  const WindowPooling wp = ReadWindowPooling(params);
+  const int64_t window = wp.window, kernel = wp.kernel;
 
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
@@ -61,7 +57,7 @@ absl::Status SnapKV(const CpuLayer& layer, const ResolvedParams& params, ThreadP
       }
       for (int64_t j = 0; j < prefix; ++j) acc[j] = CmDiv(acc[j], denom);
     }
-    PoolPrefix(*kind, acc.data(), n, prefix, kernel, scores + h * n);
+    PoolPrefix(wp.pooling, acc.data(), n, prefix, kernel, scores + h * n);
   });
   return absl::OkStatus();
 }

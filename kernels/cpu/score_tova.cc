@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "base/status_macros.h"
 #include "kernels/cpu/fast/window_prob_sums.h"
 #include "kernels/cpu/scorers.h"
 #include "kernels/cpu/window_attention.h"
@@ -17,7 +16,6 @@ namespace {
 
 /// TOVA in `fast` (FastWindowProbSums) or canonical numerics.
 absl::Status Tova(const CpuLayer& layer, ThreadPool& pool, bool fast, float* scores) {
-  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow("tova", layer, 1));
   const int64_t n = layer.shape.num_tokens;
   const int64_t w = layer.shape.window_rows;
   const int64_t num_kv = layer.shape.num_kv_heads;

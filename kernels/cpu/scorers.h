@@ -4,6 +4,10 @@
 // Every function writes scores [H_kv, n] fp32 row-major into `scores` and must be
 // deterministic (the same inputs give the same bits, whatever the thread count).
 // Protection (sink/recent = +inf) is applied afterwards by the backend, not here.
+// Validated once: every function takes a layer and parameters that passed PolicyEngine::Validate
+// (the inputs the scorer requires are present, and its ScorerSpec::validate accepted the
+// parameters with the layer's shape: window <= rows sent, odd kernel) and does not check
+// them again; a direct caller (tests, the LU-KV profiler) runs the same validate first.
 #pragma once
 
 #include <cstdint>

@@ -3,38 +3,12 @@
 #include <algorithm>
 #include <limits>
 
-#include "absl/strings/str_cat.h"
-#include "base/status_macros.h"
 #include "kernels/scorer_params.h"
 
 namespace kvtrim {
 
 int64_t VisibleTokens(const CpuLayer& layer, int64_t t) {
   return std::clamp<int64_t>(layer.QueryPosition(t) + 1, 0, layer.shape.num_tokens);
-}
-
-absl::Status CheckQueryWindow(const char* scorer, const CpuLayer& layer, int64_t window) {
-  if (!layer.shape.has_queries || !layer.queries.present() || layer.shape.group_size() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(scorer, ": needs queries"));
-  }
-  if (window < 1 || window > layer.shape.window_rows) {
-    return absl::InvalidArgumentError(absl::StrCat(scorer, ": window ", window,
-                                                   " is outside [1, ", layer.shape.window_rows,
-                                                   "] (the query rows sent)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<WindowPooling> ResolveWindowPooling(const char* scorer, const CpuLayer& layer,
-                                                   const ResolvedParams& params) {
-  WindowPooling out;
-  out.window = params.Int("window");
-  out.kernel = params.Int("kernel");
-  KVTRIM_RETURN_IF_ERROR(CheckQueryWindow(scorer, layer, out.window));
-  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, params);
-  if (!kind.ok()) return kind.status();
-  out.pooling = *kind;
-  return out;
 }
 
 void TreeSumRows(float* x, int64_t m, int64_t width) {

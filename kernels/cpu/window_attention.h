@@ -5,8 +5,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "kernels/canonical_attention.h"
 #include "kernels/canonical_math.h"
 #include "kernels/cpu/cpu_layer.h"
@@ -19,21 +17,6 @@ namespace kvtrim {
 /// j <= n - w + t, i.e. clamp(n - w + t + 1, 0, n).
 int64_t VisibleTokens(const CpuLayer& layer, int64_t t);
 
-/// Checks that `layer` carries queries and that the last `window` rows exist
-/// (1 <= window <= w): INVALID_ARGUMENT naming `scorer` otherwise.
-absl::Status CheckQueryWindow(const char* scorer, const CpuLayer& layer, int64_t window);
-
-/// The window and pooling parameters of a windowed scorer (CriticalKV, LaProx).
-struct WindowPooling {
-  int64_t window = 0;  // window rows read per query head
-  int64_t kernel = 0;  // odd pooling kernel
-  PoolKind pooling = PoolKind::kMax;
-};
-
-/// `scorer`'s params "window", "kernel" and "pooling", checked against `layer`
-/// (CheckQueryWindow, ResolvePooling: their errors as they give them).
-absl::StatusOr<WindowPooling> ResolveWindowPooling(const char* scorer, const CpuLayer& layer,
-                                                   const ResolvedParams& params);
 
 /// The statistics of one canonical attention row (step 3).
 struct AttentionRowStats {

@@ -18,51 +18,46 @@ namespace kvtrim::gpu {
 
 namespace {
 
-/// Reads the pooling parameters ("pooling", "kernel") like the CPU's ResolvePooling.
-absl::Status ReadPooling(const char* scorer, const ResolvedParams& p, ScorerParams* out) {
-  const int64_t kernel = p.Int("kernel");
-  absl::StatusOr<PoolKind> kind = ResolvePooling(scorer, p);
-  if (!kind.ok()) return kind.status();
-  out->kernel = static_cast<int32_t>(kernel);
-  out->pool_max = *kind == PoolKind::kMax;
-  out->window = static_cast<int32_t>(p.Int("window"));
-  return absl::OkStatus();
+/// Copies the window and pooling parameters (ReadWindowPooling, as the CPU scorers read them).
+void ReadPooling(const ResolvedParams& p, ScorerParams* out) {
+  const WindowPooling wp = ReadWindowPooling(p);
+  out->window = static_cast<int32_t>(wp.window);
+  out->kernel = static_cast<int32_t>(wp.kernel);
+  out->pool_max = wp.pooling == PoolKind::kMax;
 }
 
-/// ScorerParams of `kind` from the resolved parameters (only the ones the scorer declares).
-absl::StatusOr<ScorerParams> ReadScorerParams(ScorerKind kind, const ResolvedParams& p,
-                                              DType dtype) {
+/// ScorerParams of `kind` from the resolved parameters (only the ones the scorer declares),
+/// read, not checked: the engine validated them with the layer (ScorerSpec::validate).
+ScorerParams ReadScorerParams(ScorerKind kind, const ResolvedParams& p, DType dtype) {
   ScorerParams out;
   switch (kind) {
     case ScorerKind::kTova:
     case ScorerKind::kTable:
       break;
     case ScorerKind::kSnapKV:
-      KVTRIM_RETURN_IF_ERROR(ReadPooling("snapkv", p, &out));
+      ReadPooling(p, &out);
       break;
     case ScorerKind::kH2O:
       out.causal_normalize = p.Bool("causal_normalize");
       break;
     case ScorerKind::kCriticalKV:
-      KVTRIM_RETURN_IF_ERROR(ReadPooling("criticalkv", p, &out));
+      ReadPooling(p, &out);
       out.eps = static_cast<float>(p.Number("eps"));
       out.norm_l2 = p.Enum<CriticalKVNorm>("norm") == CriticalKVNorm::kL2;
       break;
     case ScorerKind::kLaProx:
-      KVTRIM_RETURN_IF_ERROR(ReadPooling("laprox", p, &out));
+      ReadPooling(p, &out);
       out.gqa = p.Enum<LaProxGqa>("gqa");
       break;
     case ScorerKind::kExpectedAttention:
       out.eps = static_cast<float>(p.Number("eps"));
       out.use_vnorm = p.Bool("use_vnorm");
       break;
-    case ScorerKind::kDropKV: {
-      KVTRIM_RETURN_IF_ERROR(ReadPooling("dropkv", p, &out));
+    case ScorerKind::kDropKV:
+      ReadPooling(p, &out);
       out.eps = static_cast<float>(p.Number("eps"));
-      out.bf16_prob_round =
-          RoundsProbToBf16(p.Enum<Bf16ProbRound>("bf16_prob_round"), dtype);
+      out.bf16_prob_round = RoundsProbToBf16(p.Enum<Bf16ProbRound>("bf16_prob_round"), dtype);
       break;
-    }
   }
   return out;
 }
@@ -110,9 +105,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
           absl::StrCat("scorer '", plan.scorer_name, "' has no GPU implementation"));
     }
   }
-  absl::StatusOr<ScorerParams> params = ReadScorerParams(plan.scorer, policy.params, dtype);
-  if (!params.ok()) return params.status();
-  plan.params = *params;
+  plan.params = ReadScorerParams(plan.scorer, policy.params, dtype);
   if (plan.table_scorer != nullptr && plan.table_scorer->read_params != nullptr) {
     plan.table_scorer->read_params(policy.params, dtype, &plan.params);
   }

@@ -10,7 +10,6 @@
 #include "kernels/gpu/kernels/device_decide.h"
 #include "kernels/gpu/runtime/device_error.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
-#include "kernels/layer_error.h"
 
 namespace kvtrim::gpu {
 
@@ -58,19 +57,14 @@ absl::Status LayerRun::Plan() {
 }
 
 absl::Status LayerRun::PlanModelInputs() {
-  const LayerShape& shape = layer_.shape;
+  // The engine matched the layer's heads to the model's layout (PolicyEngine::Validate); the
+  // model pointer is checked because a caller that skipped AttachModel would dereference null.
   if (policy_.model == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "settings.model_digest: scorer '", plan_.scorer_name, "' needs a registered model"));
   }
   const RegisteredModel& model = *policy_.model;
-  if (model.layout.head_dim != shape.head_dim || model.layout.num_kv_heads != shape.num_kv_heads ||
-      (shape.has_queries && model.layout.num_query_heads != shape.num_query_heads)) {
-    return LayerFieldError(
-        "keys.shape", absl::StrCat("the layer's heads (H_kv=", shape.num_kv_heads, ", H_q=",
-                                   shape.num_query_heads, ", d=", shape.head_dim,
-                                   ") do not match the registered model's"));
-  }
+  const LayerShape& shape = layer_.shape;
   WorkerContext& context = context_;
   auto upload = [&context](void* dst, const void* src, size_t bytes) -> absl::Status {
     KVTRIM_RETURN_IF_ERROR(context.Upload(dst, src, bytes));
