@@ -362,6 +362,39 @@ TEST(GpuScorerTable, EveryTableScorerHasCpuAndGpuEntriesAndNothingElse) {
   EXPECT_DEATH(table.Register("none", none), "GPU scorer 'none'");
 }
 
+// Host only: a table scorer's own parameters round-trip through ScorerParams::table, and
+// the bytes the launch key reads tell different parameters apart (and not equal ones).
+TEST(GpuScorerTable, TableParamsKeepAScorersOwnParametersAsBytes) {
+  struct Wide {
+    double a;
+    uint64_t b, c, d;
+  };
+  struct Narrow {
+    float eps;
+    uint32_t flag;
+  };
+  TableParams table;
+  table.Store(Wide{1.5, 2, 3, 4});
+  EXPECT_EQ(table.Load<Wide>().a, 1.5);
+  EXPECT_EQ(table.Load<Wide>().d, 4u);
+  table.Store(Narrow{0.25f, 1});  // a smaller struct zeroes the bytes past it
+  EXPECT_EQ(table.Load<Narrow>().eps, 0.25f);
+  EXPECT_EQ(table.Load<Narrow>().flag, 1u);
+  for (size_t w = 1; w < TableParams::kWords; ++w) EXPECT_EQ(table.words()[w], 0u) << w;
+
+  // KeyDiff keeps its anchor and eps there: each parameter changes the key's bytes.
+  const GpuScorer* keydiff = GpuScorerTable::Builtin().Find("keydiff");
+  ASSERT_NE(keydiff, nullptr);
+  auto words = [&](const std::map<std::string, ParamValue>& overrides) {
+    ScorerParams params;
+    keydiff->read_params(ResolveScorerParams("keydiff", overrides), DType::kF32, &params);
+    return params.table.words();
+  };
+  EXPECT_EQ(words({}), words({}));
+  EXPECT_NE(words({}), words({{"anchor", ParamValue::Text("raw_mean")}}));
+  EXPECT_NE(words({}), words({{"eps", ParamValue::Number(0)}}));
+}
+
 TEST(KeyScorerParity, BitIdenticalAcrossSizesAndDtypes) {
   KVTRIM_SKIP_WITHOUT_GPU();
   int64_t tensors = 0;
@@ -839,8 +872,9 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
   layer.head_dim = 128;
   layer.num_tokens = n;
   layer.softmax_scale = 1.0f / std::sqrt(128.0f);
-  ScorerParams params;
-  params.eps = 1e-8f;
+  ScorerParams params;  // KeyDiff's defaults, as the plan reads them
+  GpuScorerTable::Builtin().Find("keydiff")->read_params(ResolveScorerParams("keydiff", {}),
+                                                        DType::kBF16, &params);
   const GpuScorerKernels& keydiff_exact = GpuScorerTable::Builtin().Find("keydiff")->exact;
   const size_t kd_bytes = keydiff_exact.ScratchBytes(layer, params);
   DeviceArray<uint8_t> kd_scratch(kd_bytes);

@@ -6,8 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "base/dtype.h"
 #include "kernels/policy_kind.h"
@@ -47,15 +50,48 @@ using kvtrim::ScorerKind;
 /// LaProx's GQA combination (params "gqa"; kernels/scorer_params.h).
 using kvtrim::LaProxGqa;
 
+/// A table scorer's own device parameters (ScorerKind::kTable): its GPU file's read_params
+/// (GpuScorer, gpu_scorer_table.h) stores the scorer's parameter struct here and its
+/// launchers load it back, so a parameter of a new kind is a field of that struct, in the
+/// scorer's file, not of ScorerParams. The struct is trivially copyable, at most kBytes and
+/// without padding, so equal parameters are equal bytes (the launch-graph key reads words()).
+class TableParams {
+ public:
+  static constexpr size_t kWords = 4;
+  static constexpr size_t kBytes = kWords * sizeof(uint64_t);
+
+  /// Stores `value` (the bytes past it zero).
+  template <typename T>
+  void Store(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kBytes,
+                  "a table scorer's device parameters: trivially copyable, at most kBytes");
+    words_ = {};
+    std::memcpy(words_.data(), &value, sizeof(T));
+  }
+  /// The value Store kept (a value-initialised T's bytes when nothing was stored).
+  template <typename T>
+  T Load() const {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kBytes,
+                  "a table scorer's device parameters: trivially copyable, at most kBytes");
+    T value;
+    std::memcpy(&value, words_.data(), sizeof(T));
+    return value;
+  }
+  /// The stored bytes as words (the launch-graph key).
+  const std::array<uint64_t, kWords>& words() const { return words_; }
+
+ private:
+  std::array<uint64_t, kWords> words_{};
+};
+
 /// Scorer parameters as plain values (built from ResolvedParams by the backend).
 struct ScorerParams {
   int32_t window = 0;            // snapkv, dropkv: the last `window` query rows
   int32_t kernel = 1;            // pooling kernel (odd)
   bool pool_max = true;          // max (true) or avg (false) pooling
-  float eps = 0;                 // dropkv: 1 - p + eps; keydiff: cosine guard
+  float eps = 0;                 // dropkv: 1 - p + eps
   bool bf16_prob_round = false;  // dropkv: p rounded to bf16 (resolved "auto")
   bool causal_normalize = false; // h2o
-  bool anchor_raw_mean = false;  // keydiff
   // Model-aware scorers (eps above is also CriticalKV's and Expected Attention's eps).
   bool norm_l2 = false;          // criticalkv: norm "l2" (Gram matrices) instead of "l1" (W_O)
   LaProxGqa gqa = LaProxGqa::kMean;  // laprox
@@ -64,6 +100,7 @@ struct ScorerParams {
   /// the scorers and shapes they take (FastAttentionSupported); the canonical kernels
   /// otherwise, and always when false.
   bool fast = false;
+  TableParams table;  // a table scorer's own parameters (its GpuScorer::read_params)
 };
 
 // ---- Lane-major vectors ------------------------------------------------------------------

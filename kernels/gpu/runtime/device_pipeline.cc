@@ -505,7 +505,7 @@ absl::Status EnqueuePerturbation(const LayerPlan& plan, const DeviceLayer& layer
 }
 
 // A field added to one of these structs must join the key below (then update the size).
-static_assert(sizeof(ScorerParams) == 28, "new ScorerParams field: add it to the launch key");
+static_assert(sizeof(ScorerParams) == 64, "new ScorerParams field: add it to the launch key");
 static_assert(sizeof(DeviceLayer) == 80, "new DeviceLayer field: add it to the launch key");
 static_assert(sizeof(PipelineBuffers) == 160, "new PipelineBuffers field: add it to the key");
 static_assert(sizeof(DeviceModelInputs) == 56, "new DeviceModelInputs field: add it to the key");
@@ -520,8 +520,9 @@ void AddEnqueueLayerKey(const LayerPlan& plan, const DeviceLayer& layer,
   key->Add(plan.critical);
   const ScorerParams& p = plan.params;
   key->Add(p.window).Add(p.kernel).Add(p.pool_max).Add(p.eps).Add(p.bf16_prob_round);
-  key->Add(p.causal_normalize).Add(p.anchor_raw_mean).Add(p.norm_l2).Add(p.gqa);
+  key->Add(p.causal_normalize).Add(p.norm_l2).Add(p.gqa);
   key->Add(p.use_vnorm).Add(p.fast);
+  for (uint64_t word : p.table.words()) key->Add(word);
   key->Add(plan.protection.sink).Add(plan.protection.recent);
   key->Add(plan.num_heads).Add(plan.num_tokens);
   key->Add(plan.adakv).Add(plan.adakv_k).Add(plan.adakv_safeguard);

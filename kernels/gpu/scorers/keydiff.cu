@@ -1,6 +1,6 @@
 // KeyDiff's device kernels (specs/keydiff.md §2.2; docs/policies.md): score[h, j] =
-// -cos(k_j, anchor), the anchor the mean (unit) key of the head (params.anchor_raw_mean,
-// params.eps), over keys [H_kv, n, d] of the layer's dtype, written as scores [H_kv, n] fp32.
+// -cos(k_j, anchor), the anchor the mean (unit) key of the head (KeyDiffDeviceParams: the
+// anchor and eps), over keys [H_kv, n, d] of the layer's dtype, written as scores [H_kv, n] fp32.
 // A table scorer (kernels/gpu/kernels/gpu_scorer_table.h): registered by
 // RegisterGpuScorer_keydiff, with its parameter reader.
 //
@@ -41,6 +41,16 @@ namespace kvtrim::gpu {
 
 namespace {
 
+/// KeyDiff's device parameters, kept in ScorerParams::table (TableParams) by ReadKeyDiffParams.
+struct KeyDiffDeviceParams {
+  float eps = 0;                 // cosine guard: the norms' product is max(|k| |a|, eps)
+  uint32_t anchor_raw_mean = 0;  // 1: anchor "raw_mean"; 0: "normalized_mean"
+};
+
+/// KeyDiff's parameters of `params` (stored by ReadKeyDiffParams).
+KeyDiffDeviceParams KeyDiffParamsOf(const ScorerParams& params) {
+  return params.table.Load<KeyDiffDeviceParams>();
+}
 
 constexpr int kThreads = kKeyThreads;                           // threads per block
 constexpr int kGroupChunks = 8;                                 // chunks per GroupSum block
@@ -285,7 +295,8 @@ cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const Score
     if (e != cudaSuccess) return e;
   }
   GroupSumKernel<Keys><<<dim3(static_cast<unsigned>(groups), heads), kThreads, group_smem,
-                         stream>>>(keys, n, d, params.anchor_raw_mean, s.norms, s.group_sum);
+                         stream>>>(keys, n, d, KeyDiffParamsOf(params).anchor_raw_mean != 0,
+                                   s.norms, s.group_sum);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
 
   int64_t span = kAnchorSegments;
@@ -297,7 +308,7 @@ cudaError_t LaunchKeyDiffStages(Keys keys, const DeviceLayer& layer, const Score
 
   CosineKernel<Keys><<<dim3(KeyBlocksPerHead(n * kCanonicalLanes), heads), kThreads,
                        sizeof(float) * static_cast<size_t>(d), stream>>>(
-      keys, n, d, params.eps, s.norms, s.anchor, scores);
+      keys, n, d, KeyDiffParamsOf(params).eps, s.norms, s.anchor, scores);
   return cudaGetLastError();
 }
 
@@ -323,10 +334,13 @@ cudaError_t LaunchKeyDiffExact(const DeviceLayer& layer, const ScorerParams& par
   });
 }
 
-/// ScorerParams from the resolved `anchor` and `eps` (GpuScorer::read_params).
+/// KeyDiffDeviceParams from the resolved `anchor` and `eps`, into out->table
+/// (GpuScorer::read_params).
 void ReadKeyDiffParams(const ResolvedParams& params, DType dtype, ScorerParams* out) {
-  out->anchor_raw_mean = params.Enum<KeyDiffAnchor>("anchor") == KeyDiffAnchor::kRawMean;
-  out->eps = static_cast<float>(params.Number("eps"));
+  KeyDiffDeviceParams kd{};
+  kd.eps = static_cast<float>(params.Number("eps"));
+  kd.anchor_raw_mean = params.Enum<KeyDiffAnchor>("anchor") == KeyDiffAnchor::kRawMean ? 1 : 0;
+  out->table.Store(kd);
 }
 
 }  // namespace
@@ -505,8 +519,9 @@ cudaError_t LaunchKeyDiffFast(const DeviceLayer& layer, const ScorerParams& para
   args.keys = layer.keys;
   args.n = n;
   args.d = layer.head_dim;
-  args.eps = params.eps;
-  args.raw_mean = params.anchor_raw_mean;
+  const KeyDiffDeviceParams kd = KeyDiffParamsOf(params);
+  args.eps = kd.eps;
+  args.raw_mean = kd.anchor_raw_mean != 0;
   args.scores = scores;
   const KeyDiffPlan plan = MakeKeyDiffPlan(layer);
   if (scratch == nullptr || scratch_bytes < plan.bytes) return cudaErrorInvalidValue;
