@@ -221,6 +221,47 @@ TEST_F(EngineTest, ChecksEveryScorersInputsAndWindowParametersOnce) {
   EXPECT_EQ(windowed, 4);  // snapkv, dropkv, criticalkv, laprox
 }
 
+// What AttachModel refuses, the backends and the decision code no longer check as a request
+// (they keep INTERNAL guards): each refusal names the request's field.
+TEST_F(EngineTest, AttachModelRefusesMissingModelsStatisticsAndProfiles) {
+  auto prepare = [&](const std::string& name, std::map<std::string, ParamValue> params) {
+    CompressionSettings s;
+    s.policy = name;
+    s.budget.keep_fraction = 0.25;
+    s.params = std::move(params);
+    absl::StatusOr<ResolvedPolicy> p = engine_.Prepare(s, "settings");
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  };
+  RandomModelOptions bare;  // no query statistics, no profile
+  bare.layers = 1;
+  bare.kv_heads = 3;
+  bare.query_heads = 6;
+  bare.head_dim = 16;
+  for (const char* name : {"criticalkv", "laprox", "expected_attention"}) {
+    ResolvedPolicy p = prepare(name, {});
+    const absl::Status st = engine_.AttachModel(&p, nullptr, "settings");
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << name;
+    EXPECT_NE(st.message().find(std::string("settings.model_digest: policy '") + name +
+                                "' needs a registered model"),
+              std::string::npos)
+        << st;
+  }
+  ResolvedPolicy stats =
+      prepare("expected_attention", {{"query_stats", ParamValue::Text("model")}});
+  absl::Status st = engine_.AttachModel(&stats, RandomModel(bare), "settings");
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("settings.model_digest: expected_attention with query_stats=model"),
+            std::string::npos)
+      << st;
+  ResolvedPolicy lukv = prepare("lukv", {});
+  st = engine_.AttachModel(&lukv, RandomModel(bare), "settings");
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(st.message().find("settings.model_digest: lukv over scorer 'snapkv' needs profile"),
+            std::string::npos)
+      << st;
+}
+
 TEST_F(EngineTest, DeviceReadTensorsNeedABackendThatReadsDeviceMemory) {
   const ResolvedPolicy knorm = Policy("knorm");
   for (MemorySpace space : {MemorySpace::kDevice, MemorySpace::kPinnedHost}) {

@@ -83,11 +83,11 @@ absl::StatusOr<ExpectedQueryStats> ComputeExpectedQueryStats(const RegisteredMod
   const std::vector<double> inv_freq = rope.InverseFrequencies(d);
   bool use_model = source == QueryStatsSource::kModel ||
                    (source == QueryStatsSource::kAuto && model.has_query_stats());
+  // PolicyEngine::AttachModel refused query_stats=model for a model without statistics:
+  // reaching here so is a caller that skipped the engine (INTERNAL, naming no request field).
   if (use_model && !model.has_query_stats()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "settings.model_digest: expected_attention with query_stats=model needs the model's "
-        "query statistics (layers.{l}.query_mean / query_cov); model ", model.digest,
-        " was registered without them"));
+    return absl::InternalError(absl::StrCat("expected_attention: query_stats=model on model ",
+                                            model.digest, ", registered without statistics"));
   }
   // Pre-RoPE mean [H_q, d] and covariance [H_q, d, d] in double.
   std::vector<double> mean(static_cast<size_t>(hq * d), 0.0);

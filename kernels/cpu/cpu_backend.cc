@@ -71,9 +71,11 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
   absl::Status st;
   const ScorerKind kind = policy.scorer->kind;
   if (IsModelScorer(kind)) {
+    // PolicyEngine::AttachModel refused such a policy without a model: a null one is a
+    // caller that skipped the engine (INTERNAL, naming no request field).
     if (policy.model == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("settings.model_digest: scorer '", name, "' needs a registered model"));
+      return absl::InternalError(
+          absl::StrCat("scorer '", name, "' reached the CPU backend without a model"));
     }
     const bool fast = numerics == Numerics::kFast;
     if (fast) *used = Numerics::kFast;

@@ -232,7 +232,9 @@ TEST(ExpectedAttentionScorerTest, WindowStatisticsUnRotateThePostRopeQueries) {
   ExpectClose(got, want, 1e-4);
 }
 
-TEST(ExpectedAttentionScorerTest, ModelStatisticsRequiredWhenAskedFor) {
+// The engine refuses query_stats=model for a model without statistics (AttachModel,
+// engine_test.cc); the scorer's own test is the INTERNAL guard of a caller that skipped it.
+TEST(ExpectedAttentionScorerTest, ModelStatisticsMissingIsAnInternalGuard) {
   const oracle::AttentionProblem pb = oracle::RandomProblem(2, 1, 2, 20, 8, 4, 1.0);
   auto model = RandomModel({1, 2, 1, 8, 16, 2});
   ThreadPool pool(1);
@@ -240,8 +242,9 @@ TEST(ExpectedAttentionScorerTest, ModelStatisticsRequiredWhenAskedFor) {
   const absl::Status st = ScoreExpectedAttention(
       MakeLayer(pb), Params("expected_attention", {{"query_stats", ParamValue::Text("model")}}),
       *model, pool, got.data());
-  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(st.message().find("query statistics"), std::string::npos) << st;
+  EXPECT_EQ(st.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(st.message().find("registered without statistics"), std::string::npos) << st;
+  EXPECT_EQ(st.message().find("settings."), std::string::npos) << st;  // no request field
 }
 
 }  // namespace

@@ -92,14 +92,17 @@ absl::StatusOr<std::vector<int64_t>> AllocateCounts(const ResolvedPolicy& policy
   if (allocator == AllocatorKind::kLukv) {
     const LukvProfile* profile =
         policy.model ? policy.model->FindProfile(policy.scorer->name) : nullptr;
+    // PolicyEngine::AttachModel refused a lukv policy without the scorer's profile, and
+    // Validate matched the layer to the model's layout: failing either is a caller that
+    // skipped the engine (INTERNAL, naming no request field).
     if (profile == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "settings.model_digest: lukv needs the model's profile.", policy.scorer->name));
+      return absl::InternalError(absl::StrCat("lukv: no LU-KV profile for scorer '",
+                                              policy.scorer->name, "' reached the decision"));
     }
     const ModelLayout& m = policy.model->layout;
     if (layer.layer_id >= m.num_layers || heads != m.num_kv_heads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer: layer_id ", layer.layer_id, " / H_kv ", heads,
+      return absl::InternalError(absl::StrCat(
+          "lukv: layer_id ", layer.layer_id, " / H_kv ", heads,
           " do not fit the profile's [99, L=", m.num_layers, ", H_kv=", m.num_kv_heads, "]"));
     }
     return LukvHeadBudgets(*profile, m.num_layers, m.num_kv_heads, layer.layer_id, n,
@@ -197,10 +200,11 @@ absl::Status DecideLayer(const ResolvedPolicy& policy, const LayerScores& layer,
 absl::StatusOr<LaProxPlan> PlanLaProx(const ResolvedPolicy& policy) {
   const OutputShape shape = policy.settings.output_shape;
   const bool equal = shape == OutputShape::kEqualCount;
+  // Prepare refused laprox with a SHARED or BLOCK_ALIGNED output: reaching here with one is
+  // a caller that skipped the engine (INTERNAL, naming no request field).
   if (shape != OutputShape::kPerHead && !equal) {
-    return absl::InvalidArgumentError(
-        "settings.output_shape: laprox answers PER_HEAD (ragged) or EQUAL_COUNT lists; "
-        "SHARED and BLOCK_ALIGNED are not defined for it");
+    return absl::InternalError(
+        "laprox: planned for an output shape other than PER_HEAD or EQUAL_COUNT");
   }
   const LaProxMode mode = policy.params.Enum<LaProxMode>("mode");
   LaProxPlan plan;

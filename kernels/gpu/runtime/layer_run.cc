@@ -57,11 +57,12 @@ absl::Status LayerRun::Plan() {
 }
 
 absl::Status LayerRun::PlanModelInputs() {
-  // The engine matched the layer's heads to the model's layout (PolicyEngine::Validate); the
-  // model pointer is checked because a caller that skipped AttachModel would dereference null.
+  // PolicyEngine::AttachModel refused a model scorer's policy without a model, and Validate
+  // matched the layer's heads to the model's layout: a null model is a caller that skipped the
+  // engine (INTERNAL, naming no request field), not a request to report.
   if (policy_.model == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "settings.model_digest: scorer '", plan_.scorer_name, "' needs a registered model"));
+    return absl::InternalError(absl::StrCat("scorer '", plan_.scorer_name,
+                                            "' reached the GPU backend without a model"));
   }
   const RegisteredModel& model = *policy_.model;
   const LayerShape& shape = layer_.shape;
