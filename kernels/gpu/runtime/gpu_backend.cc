@@ -337,7 +337,6 @@ absl::Status GpuBackend::RunLayer(WorkerContext& context, const ResolvedPolicy& 
     KVTRIM_RETURN_IF_ERROR(WriteHostDecision(context, layer.output, outputs.decision));
   }
   const double fetch = since(step);
-  last_request_bytes_.store(run.arena_bytes());
   if (outputs.decision != nullptr && policy.settings.profile) {
     // Fetch wrote the decision: its profile starts from the device stages.
     LayerProfile& profile = outputs.decision->profile;

@@ -139,9 +139,6 @@ class GpuBackend final : public Backend {
   const std::string& device_description() const { return description_; }
   /// The options the backend runs with.
   const GpuBackendOptions& options() const { return options_; }
-  /// Device bytes the working set of the last successful layer needed (inputs, scores,
-  /// indices, scratch): the arena size one worker must hold for it.
-  size_t last_request_bytes() const { return last_request_bytes_.load(); }
 
  private:
   explicit GpuBackend(const GpuBackendOptions& options) : options_(options) {}
@@ -179,7 +176,6 @@ class GpuBackend final : public Backend {
   std::unique_ptr<DeviceModelCache> model_cache_;
   std::shared_ptr<DeviceScoreStore> score_store_;  // shared with the buffers it made
   std::atomic<bool> healthy_{true};
-  std::atomic<size_t> last_request_bytes_{0};
   mutable std::mutex failure_mutex_;
   std::string failure_;  // guarded by failure_mutex_
 };

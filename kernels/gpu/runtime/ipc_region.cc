@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<IpcMemoryMapping>> IpcMemoryMapping::Open(
         "namespace (shareProcessNamespace, or hostPID for both)"));
   }
   auto mapping = std::unique_ptr<IpcMemoryMapping>(
-      new IpcMemoryMapping(device, static_cast<char*>(base), 0));
+      new IpcMemoryMapping(device, static_cast<char*>(base)));
   GetAddressRangeFn range = AddressRangeFunction();
   if (range == nullptr) {
     return absl::InternalError("cuMemGetAddressRange is unavailable from the CUDA driver");
@@ -75,7 +75,6 @@ absl::StatusOr<std::unique_ptr<IpcMemoryMapping>> IpcMemoryMapping::Open(
   }
   const uint64_t available =
       static_cast<uint64_t>(bytes) - (reinterpret_cast<CUdeviceptr>(base) - start);
-  mapping->allocation_bytes_ = available;
   if (size_bytes > available) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".size_bytes: ", size_bytes,
                                                    " exceeds the shared allocation's ",

@@ -32,15 +32,11 @@ class IpcMemoryMapping {
 
   /// Device address of the allocation's first byte in this process.
   const char* base() const { return base_; }
-  /// Bytes of the allocation (>= the registered size).
-  uint64_t allocation_bytes() const { return allocation_bytes_; }
 
  private:
-  IpcMemoryMapping(int device, char* base, uint64_t bytes)
-      : device_(device), base_(base), allocation_bytes_(bytes) {}
+  IpcMemoryMapping(int device, char* base) : device_(device), base_(base) {}
   int device_;
   char* base_;
-  uint64_t allocation_bytes_;
 };
 
 /// A worker's interprocess event (cudaIpcOpenEventHandle); destroyed with the object.

@@ -78,8 +78,6 @@ class LayerRun {
 
   /// The plan (after Plan).
   const LayerPlan& plan() const { return plan_; }
-  /// The device layer the kernels read (after Stage).
-  const DeviceLayer& device_layer() const { return device_layer_; }
   /// Device bytes of the layer's working set (after Stage).
   size_t arena_bytes() const { return layout_.total(); }
   /// With settings.profile on a decision: the device stages of the layer, timed by the
