@@ -68,7 +68,7 @@ class TableParams {
     words_ = {};
     std::memcpy(words_.data(), &value, sizeof(T));
   }
-  /// The value Store kept (a value-initialised T's bytes when nothing was stored).
+  /// The value Store kept (all-zero bytes when nothing was stored).
   template <typename T>
   T Load() const {
     static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kBytes,
