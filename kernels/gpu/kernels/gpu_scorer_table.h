@@ -66,6 +66,14 @@ struct GpuScorer {
   /// The kernels of one numerics: fast ones for `fast_numerics` (the plan sets it only where
   /// fast.Supports the layer, HasFastPath), exact ones otherwise.
   const GpuScorerKernels& For(bool fast_numerics) const { return fast_numerics ? fast : exact; }
+  /// A scorer whose exact kernels also serve fast numerics (nothing to gain from fast
+  /// arithmetic: positions, hashes).
+  static GpuScorer SameInBothNumerics(GpuScorerKernels kernels) {
+    GpuScorer scorer;
+    scorer.exact = kernels;
+    scorer.fast = kernels;
+    return scorer;
+  }
 
   static constexpr const char* kBackend = "GPU";  // names the backend in ScorerTable's messages
   /// True when the exact kernels are set (ScorerTable refuses an entry without them).

@@ -24,6 +24,12 @@ inline unsigned KeyBlocksPerHead(int64_t items) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 2048 ? 2048 : blocks));
 }
 
+/// The grid of an exact key kernel: KeyBlocksPerHead(items_per_head) blocks in x, one head
+/// per y (heads <= 65535: CheckTableLaunch).
+inline dim3 KeyGrid(int64_t items_per_head, int32_t heads) {
+  return dim3(KeyBlocksPerHead(items_per_head), static_cast<unsigned>(heads));
+}
+
 /// fp32 elements.
 struct F32Keys {
   const float* p;  // [count] fp32

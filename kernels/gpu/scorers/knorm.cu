@@ -72,7 +72,7 @@ cudaError_t LaunchKnormExact(const DeviceLayer& layer, const ScorerParams& param
   }
   const int64_t n = layer.num_tokens;
   const int d = layer.head_dim;
-  const dim3 grid(KeyBlocksPerHead(n * kCanonicalLanes), static_cast<unsigned>(layer.num_kv_heads));
+  const dim3 grid = KeyGrid(n * kCanonicalLanes, layer.num_kv_heads);
   return WithKeyReader(layer.dtype, layer.keys, [&](auto keys) {
     KnormKernel<<<grid, kKeyThreads, 0, stream>>>(keys, n, d, scores);
     return cudaGetLastError();

@@ -34,18 +34,16 @@ cudaError_t LaunchRandom(const DeviceLayer& layer, const ScorerParams& params, f
     return err;
   }
   const int64_t n = layer.num_tokens;
-  const dim3 grid(KeyBlocksPerHead(n), static_cast<unsigned>(layer.num_kv_heads));
-  RandomKernel<<<grid, kKeyThreads, 0, stream>>>(scores, n, layer.seed, layer.layer_id);
+  RandomKernel<<<KeyGrid(n, layer.num_kv_heads), kKeyThreads, 0, stream>>>(scores, n, layer.seed, layer.layer_id);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 void RegisterGpuScorer_random(GpuScorerTable& table) {
-  GpuScorer random;
-  random.exact.launch = &LaunchRandom;
-  random.fast.launch = &LaunchRandom;
-  table.Register("random", random);
+  GpuScorerKernels kernels;
+  kernels.launch = &LaunchRandom;
+  table.Register("random", GpuScorer::SameInBothNumerics(kernels));
 }
 
 }  // namespace kvtrim::gpu

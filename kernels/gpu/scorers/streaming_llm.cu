@@ -31,18 +31,16 @@ cudaError_t LaunchPositions(const DeviceLayer& layer, const ScorerParams& params
     return err;
   }
   const int64_t n = layer.num_tokens;
-  const dim3 grid(KeyBlocksPerHead(n), static_cast<unsigned>(layer.num_kv_heads));
-  PositionKernel<<<grid, kKeyThreads, 0, stream>>>(scores, n);
+  PositionKernel<<<KeyGrid(n, layer.num_kv_heads), kKeyThreads, 0, stream>>>(scores, n);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 void RegisterGpuScorer_streaming_llm(GpuScorerTable& table) {
-  GpuScorer streaming_llm;
-  streaming_llm.exact.launch = &LaunchPositions;
-  streaming_llm.fast.launch = &LaunchPositions;
-  table.Register("streaming_llm", streaming_llm);
+  GpuScorerKernels kernels;
+  kernels.launch = &LaunchPositions;
+  table.Register("streaming_llm", GpuScorer::SameInBothNumerics(kernels));
 }
 
 }  // namespace kvtrim::gpu
