@@ -129,7 +129,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "snapkv";
-  s.kind = ScorerKind::kSnapKV;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/snapkv.*
   s.description = "pooled attention of the observation window, GQA-mean; window protected";
   s.paper = "Li et al., SnapKV: LLM Knows What You are Looking for Before Generation, "
             "NeurIPS 2024";
@@ -143,7 +143,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "h2o";
-  s.kind = ScorerKind::kH2O;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/h2o.*
   s.description = "attention accumulated over every query row sent, GQA-mean";
   s.paper = "Zhang et al., H2O: Heavy-Hitter Oracle for Efficient Generative Inference of "
             "Large Language Models, NeurIPS 2023";
@@ -163,7 +163,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "tova";
-  s.kind = ScorerKind::kTova;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/tova.*
   s.description = "attention of the last query row averaged over every head of the layer; "
                   "the same tokens in every head";
   s.paper = "Oren et al., Transformers are Multi-State RNNs, 2024";
@@ -177,7 +177,7 @@ void AddScorers(PolicyRegistry* r) {
 
   s = {};
   s.name = "dropkv";
-  s.kind = ScorerKind::kDropKV;
+  s.kind = ScorerKind::kTable;  // kernels/{cpu,gpu}/scorers/dropkv.*
   s.description = "eviction cost sum_t (p/(1-p))^2 ||a_t - v_j||^2, GQA-mean, max-pooled; "
                   "window protected";
   s.paper = "Zhang et al., DropKV: Decoupling Residual-Output Perturbation for Near-Optimal "

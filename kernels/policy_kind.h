@@ -11,10 +11,10 @@ namespace kvtrim {
 /// a registered model), and kTable: a scorer no backend special-cases. Each backend finds a
 /// kTable scorer's implementation in its scorer table by the scorer's registered name
 /// (kernels/cpu/cpu_scorer_table.h, kernels/gpu/kernels/gpu_scorer_table.h), so adding one
-/// takes its registry entry, its CPU file and its GPU file (docs/architecture.md).
-enum class ScorerKind {
-  kSnapKV, kH2O, kTova, kDropKV, kCriticalKV, kLaProx, kExpectedAttention, kTable
-};
+/// takes its registry entry, its CPU file and its GPU file (docs/architecture.md). The
+/// window-attention scorers (SnapKV, H2O, TOVA, DropKV) are table scorers: their GPU files
+/// register the shared window-attention kernels with their traits.
+enum class ScorerKind { kCriticalKV, kLaProx, kExpectedAttention, kTable };
 
 /// Every built-in allocator.
 enum class AllocatorKind { kUniform, kPyramid, kAdaKV, kLukv };

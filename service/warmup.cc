@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -45,9 +47,10 @@ RawTensor SyntheticTensor(std::vector<int64_t> shape, uint64_t seed, float scale
 }
 
 /// A synthetic model of the warm-up layout (4 layers, H_q = 4, H_kv = 2, d = 8, D = 16) with
-/// query statistics (identity covariance) and a flat snapkv profile (window 32), so that the
-/// model-aware policies are exercised before SERVING too.
-std::shared_ptr<const RegisteredModel> SyntheticModel() {
+/// query statistics (identity covariance) and a flat LU-KV profile (window 32) for each scorer
+/// of `profiled` (the scorers the lukv presets wrap), so that the model-aware policies are
+/// exercised before SERVING too.
+std::shared_ptr<const RegisteredModel> SyntheticModel(const std::set<std::string>& profiled) {
   ModelInput in;
   in.layout = {"warm-up", 4, kQueryHeads, kKvHeads, kHeadDim, 16};
   for (int l = 0; l < 4; ++l) {
@@ -65,17 +68,19 @@ std::shared_ptr<const RegisteredModel> SyntheticModel() {
     }
     in.tensors[absl::StrCat("layers.", l, ".query_cov")] = std::move(cov);
   }
-  ProfileInput profile;
-  profile.metric = "snapkv";
-  profile.window = kWindow;
-  profile.ratios = SyntheticTensor({kLukvProfileRows, 4, kKvHeads}, 40, 0.0f);
-  float* ratios = reinterpret_cast<float*>(profile.ratios.bytes.data());
-  for (int64_t r = 0; r < kLukvProfileRows; ++r) {
-    for (int64_t i = 0; i < 4 * kKvHeads; ++i) {
-      ratios[r * 4 * kKvHeads + i] = static_cast<float>(r + 1) / 100.0f;
+  for (const std::string& metric : profiled) {
+    ProfileInput profile;
+    profile.metric = metric;
+    profile.window = kWindow;
+    profile.ratios = SyntheticTensor({kLukvProfileRows, 4, kKvHeads}, 40, 0.0f);
+    float* ratios = reinterpret_cast<float*>(profile.ratios.bytes.data());
+    for (int64_t r = 0; r < kLukvProfileRows; ++r) {
+      for (int64_t i = 0; i < 4 * kKvHeads; ++i) {
+        ratios[r * 4 * kKvHeads + i] = static_cast<float>(r + 1) / 100.0f;
+      }
     }
+    in.profiles[metric] = std::move(profile);
   }
-  in.profiles["snapkv"] = std::move(profile);
   auto model = BuildModel(std::move(in));
   if (!model.ok()) return nullptr;
   (*model)->digest = "sha256:warm-up";
@@ -94,7 +99,15 @@ absl::Status WarmUp(const PolicyEngine& engine, const Backend& backend, WarmUpRe
   layer.values = TensorView{values.data(), DType::kF32, {kKvHeads, kTokens, kHeadDim}};
   layer.queries = TensorView{queries.data(), DType::kF32, {kQueryHeads, kWindow, kHeadDim}};
 
-  const std::shared_ptr<const RegisteredModel> model = SyntheticModel();
+  // The scorers the presets' LU-KV allocators read a profile of (the preset's scorer).
+  std::set<std::string> profiled;
+  for (const PolicyPreset& preset : engine.registry().presets()) {
+    const AllocatorSpec* allocator = engine.registry().FindAllocator(preset.allocator);
+    if (allocator != nullptr && allocator->kind == AllocatorKind::kLukv) {
+      profiled.insert(preset.scorer);
+    }
+  }
+  const std::shared_ptr<const RegisteredModel> model = SyntheticModel(profiled);
   if (model == nullptr) return absl::InternalError("warm-up: the synthetic model is invalid");
   for (const PolicyPreset& preset : engine.registry().presets()) {
     const ScorerSpec* scorer = engine.registry().FindScorer(preset.scorer);

@@ -17,16 +17,7 @@
 
 namespace kvtrim {
 
-CpuBackend::CpuBackend(int num_threads)
-    : pool_(num_threads),
-      scorers_{{ScorerKind::kSnapKV, &ScoreSnapKV},
-               {ScorerKind::kH2O, &ScoreH2O},
-               {ScorerKind::kTova, &ScoreTova},
-               {ScorerKind::kDropKV, &ScoreDropKV}},
-      fast_scorers_{{ScorerKind::kSnapKV, &ScoreSnapKVFast},
-                    {ScorerKind::kH2O, &ScoreH2OFast},
-                    {ScorerKind::kTova, &ScoreTovaFast},
-                    {ScorerKind::kDropKV, &ScoreDropKVFast}} {}
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
 
 std::vector<Numerics> CpuBackend::NumericsModes(const ScorerSpec& scorer,
                                                 const AllocatorSpec& allocator) const {
@@ -90,7 +81,8 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
       st = (fast ? ScoreExpectedAttentionFast : ScoreExpectedAttention)(
           layer, policy.params, *policy.model, pool_, scores->data());
     }
-  } else if (kind == ScorerKind::kTable) {
+  } else {
+    // Table scorers: by name (kernels/cpu/cpu_scorer_table.h).
     const CpuScorer* table = CpuScorerTable::Builtin().Find(name);
     if (table == nullptr) {
       return absl::UnimplementedError(
@@ -98,20 +90,11 @@ absl::Status CpuBackend::ScoreRawIn(Numerics numerics, const ResolvedPolicy& pol
     }
     const bool fast = numerics == Numerics::kFast && table->fast != nullptr;
     if (fast) *used = Numerics::kFast;
-    st = (fast ? table->fast : table->exact)(layer, policy.params, pool_, scores->data());
-  } else if (auto fast = fast_scorers_.find(kind);
-             numerics == Numerics::kFast && fast != fast_scorers_.end()) {
-    *used = Numerics::kFast;
-    st = kind == ScorerKind::kDropKV && rows != nullptr
-             ? ScoreDropKVFastWithRows(layer, policy.params, pool_, scores->data(), rows)
-             : fast->second(layer, policy.params, pool_, scores->data());
-  } else {
-    auto it = scorers_.find(kind);
-    if (it == scorers_.end()) {
-      return absl::UnimplementedError(
-          absl::StrCat("scorer '", name, "' has no CPU implementation"));
+    if (fast && rows != nullptr && table->fast_with_rows != nullptr) {
+      st = table->fast_with_rows(layer, policy.params, pool_, scores->data(), rows);
+    } else {
+      st = (fast ? table->fast : table->exact)(layer, policy.params, pool_, scores->data());
     }
-    st = it->second(layer, policy.params, pool_, scores->data());
   }
   // Keys the engine did not scan: the kernels checked each tile they read; a flagged (or
   // failed) run gets the engine's own error for the first non-finite key.
@@ -137,11 +120,9 @@ bool CpuBackend::ChecksKeysFinite(const ResolvedPolicy& policy) const {
 }
 
 bool CpuBackend::HasFastPath(const ScorerSpec& scorer) const {
-  if (scorer.kind == ScorerKind::kTable) {
-    const CpuScorer* table = CpuScorerTable::Builtin().Find(scorer.name);
-    return table != nullptr && table->fast != nullptr;
-  }
-  return fast_scorers_.count(scorer.kind) != 0 || IsModelScorer(scorer.kind);
+  if (IsModelScorer(scorer.kind)) return true;
+  const CpuScorer* table = CpuScorerTable::Builtin().Find(scorer.name);
+  return table != nullptr && table->fast != nullptr;
 }
 
 bool CpuBackend::RunsFast(const ResolvedPolicy& policy) const {

@@ -1,7 +1,6 @@
 // The CPU backend: the readable, threaded reference the GPU backend is tested against.
 #pragma once
 
-#include <map>
 #include <string>
 
 #include "kernels/backend.h"
@@ -72,14 +71,11 @@ class CpuBackend final : public HostFallback {
   absl::Status ScoreForDecision(const ResolvedPolicy& policy, const CpuLayer& cpu,
                                 const LayerBudget& budget, LayerScores* scores,
                                 FastRowOutputs* rows);
-  /// True when `scorer` has fast CPU numerics (fast_scorers_, a table scorer's fast entry,
-  /// or the model-aware scorers).
+  /// True when `scorer` has fast CPU numerics (its scorer table entry's fast function, or a
+  /// model-aware scorer).
   bool HasFastPath(const ScorerSpec& scorer) const;
 
   ThreadPool pool_;
-  // The scorers known by kind that need no model; kTable scorers are CpuScorerTable's.
-  std::map<ScorerKind, CpuScoreFn> scorers_;
-  std::map<ScorerKind, CpuScoreFn> fast_scorers_;  // their fast numerics, where they have one
 };
 
 

@@ -5,6 +5,9 @@
 // (RegisterCpuScorerFiles, kernels/CMakeLists.txt), so a new file needs no other edit.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "kernels/cpu/cpu_layer.h"
 #include "kernels/params.h"
@@ -17,10 +20,24 @@ namespace kvtrim {
 /// protection, deterministic whatever the thread count.
 using CpuScoreFn = absl::Status (*)(const CpuLayer&, const ResolvedParams&, ThreadPool&, float*);
 
-/// One table scorer's CPU implementations.
+/// The full attention outputs of the window rows a fast scorer computed on the way (DropKV),
+/// kept for the perturbation statistic over the same rows.
+struct FastRowOutputs {
+  int64_t rows_per_head = 0;   // the last rows of each query head they cover (0: none)
+  std::vector<float> outputs;  // [H_kv, G * rows_per_head, d] (FastDropKVCost's layout)
+};
+
+/// A fast scorer that also keeps the outputs of the window rows it scored in *rows.
+using CpuScoreRowsFn = absl::Status (*)(const CpuLayer&, const ResolvedParams&, ThreadPool&,
+                                        float*, FastRowOutputs* rows);
+
+/// One scorer's CPU implementations.
 struct CpuScorer {
   CpuScoreFn exact = nullptr;  // the canonical arithmetic (kernels/canonical_math.h)
   CpuScoreFn fast = nullptr;   // fast numerics (docs/numerics.md); nullptr: exact only
+  /// `fast` that also returns its rows' outputs (a scorer with WindowTerm::kEvictionCost);
+  /// nullptr: the backend computes the perturbation statistic's rows itself.
+  CpuScoreRowsFn fast_with_rows = nullptr;
 
   static constexpr const char* kBackend = "CPU";  // names the backend in ScorerTable's messages
   /// True when the exact scorer is set (ScorerTable refuses an entry without it).

@@ -46,7 +46,11 @@ TEST(CpuScorerTable, EveryTableScorerOfTheRegistryIsHereAndNothingElse) {
     const CpuScorer* cpu = CpuScorerTable::Builtin().Find(spec->name);
     ASSERT_NE(cpu, nullptr) << spec->name << ": no file in kernels/cpu/scorers/ registers it";
     EXPECT_NE(cpu->exact, nullptr) << spec->name;
+    // The rows' outputs come from a fast scorer (CpuBackend calls it in fast numerics only).
+    if (cpu->fast_with_rows != nullptr) EXPECT_NE(cpu->fast, nullptr) << spec->name;
   }
+  // The window-attention scorers are table scorers too (kernels/cpu/scorers/snapkv.cc, ...).
+  EXPECT_GE(table_scorers.size(), 8u);
   for (const std::string& name : CpuScorerTable::Builtin().Names()) {
     EXPECT_EQ(table_scorers.count(name), 1u)
         << name << ": registered on the CPU but not a table scorer of the registry";

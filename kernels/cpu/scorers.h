@@ -1,6 +1,7 @@
-// CPU scorers known to the backend by kind: one retention score per (KV head, token),
-// higher = keep. The table scorers (ScorerKind::kTable) are in kernels/cpu/scorers/ instead,
-// one file each (kernels/cpu/cpu_scorer_table.h).
+// The CPU scorers' functions: one retention score per (KV head, token), higher = keep. The
+// window-attention scorers are table scorers (kernels/cpu/scorers/, one file each, reached
+// through kernels/cpu/cpu_scorer_table.h), declared here for the tests and tools that call
+// them directly; the model scorers follow.
 // Every function writes scores [H_kv, n] fp32 row-major into `scores` and must be
 // deterministic (the same inputs give the same bits, whatever the thread count).
 // Protection (sink/recent = +inf) is applied afterwards by the backend, not here.
@@ -15,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/cpu/cpu_layer.h"
+#include "kernels/cpu/cpu_scorer_table.h"  // FastRowOutputs
 #include "kernels/thread_pool.h"
 #include "kernels/model.h"
 #include "kernels/params.h"
@@ -47,11 +49,6 @@ absl::Status ScoreDropKV(const CpuLayer& layer, const ResolvedParams& params, Th
 /// then the same group mean and pooling.
 absl::Status ScoreDropKVFast(const CpuLayer& layer, const ResolvedParams& params,
                              ThreadPool& pool, float* scores);
-/// The full attention outputs of the window rows a fast scorer computed on the way.
-struct FastRowOutputs {
-  int64_t rows_per_head = 0;   // the last rows of each query head they cover (0: none)
-  std::vector<float> outputs;  // [H_kv, G * rows_per_head, d] (FastDropKVCost's layout)
-};
 /// ScoreDropKVFast that also keeps its window rows' outputs in *rows (for the perturbation
 /// statistic over the same rows).
 absl::Status ScoreDropKVFastWithRows(const CpuLayer& layer, const ResolvedParams& params,

@@ -28,6 +28,7 @@
 #include "kernels/gpu/kernels/pooling.cuh"
 #include "tests/gpu/device_test_util.h"
 #include "tests/gpu/test_device.h"
+#include "tests/gpu/window_traits.h"
 
 namespace kvtrim::gpu {
 namespace {
@@ -40,20 +41,35 @@ namespace {
 
 using testing::DeviceBuffer;
 
-/// The name of an attention scorer's kind, for case descriptions and test names ("SnapKV").
-const char* KindName(ScorerKind kind) {
+/// The window-attention scorers under test (the order keeps the cases' seeds).
+enum class Attn { kSnapKV, kH2O, kTova, kDropKV };
+
+/// The name of a scorer under test, for case descriptions and test names ("SnapKV").
+const char* KindName(Attn kind) {
   switch (kind) {
-    case ScorerKind::kSnapKV: return "SnapKV";
-    case ScorerKind::kH2O: return "H2O";
-    case ScorerKind::kTova: return "Tova";
-    case ScorerKind::kDropKV: return "DropKV";
-    default: return "OtherScorer";
+    case Attn::kSnapKV: return "SnapKV";
+    case Attn::kH2O: return "H2O";
+    case Attn::kTova: return "Tova";
+    case Attn::kDropKV: return "DropKV";
   }
+  return "?";
+}
+
+/// The traits a scorer under test registers on the GPU (what its table entry passes
+/// LaunchScore).
+const WindowAttentionTraits& Traits(Attn kind) {
+  switch (kind) {
+    case Attn::kSnapKV: return testing::WindowTraitsOf("snapkv");
+    case Attn::kH2O: return testing::WindowTraitsOf("h2o");
+    case Attn::kTova: return testing::WindowTraitsOf("tova");
+    case Attn::kDropKV: return testing::WindowTraitsOf("dropkv");
+  }
+  return testing::WindowTraitsOf("?");
 }
 
 /// One scorer invocation to compare.
 struct Case {
-  ScorerKind kind = ScorerKind::kSnapKV;
+  Attn kind = Attn::kSnapKV;
   DType dtype = DType::kF32;
   int64_t h_kv = 2, group = 1, n = 1, d = 64, w = 1;
   int64_t window = 1;     // snapkv / dropkv
@@ -130,19 +146,19 @@ ResolvedParams CpuParams(const Case& c) {
   std::vector<ParamSpec> specs;
   std::map<std::string, ParamValue> values;
   switch (c.kind) {
-    case ScorerKind::kSnapKV:
+    case Attn::kSnapKV:
       specs = {ParamSpec::Int("window", 32, 1, 4096, ""), ParamSpec::Int("kernel", 7, 1, 1023, ""),
                ParamSpec::Enum("pooling", "max", {"max", "avg"}, "")};
       values = {{"window", ParamValue::Number(c.window)},
                 {"kernel", ParamValue::Number(c.kernel)},
                 {"pooling", ParamValue::Text(c.max_pool ? "max" : "avg")}};
       break;
-    case ScorerKind::kH2O:
+    case Attn::kH2O:
       specs = {ParamSpec::Float("recent_fraction", 0, 0, 1, ""),
                ParamSpec::Bool("causal_normalize", false, "")};
       values = {{"causal_normalize", ParamValue::Number(c.causal_normalize ? 1 : 0)}};
       break;
-    case ScorerKind::kDropKV:
+    case Attn::kDropKV:
       specs = {ParamSpec::Int("window", 8, 1, 4096, ""), ParamSpec::Int("kernel", 11, 1, 1023, ""),
                ParamSpec::Enum("pooling", "max", {"max", "avg"}, ""),
                ParamSpec::Float("eps", 1e-6, 0, 1, ""),
@@ -175,10 +191,10 @@ ScorerParams GpuParams(const Case& c) {
 absl::Status CpuScore(const Case& c, const CpuLayer& layer, ThreadPool& pool, float* out) {
   const ResolvedParams params = CpuParams(c);
   switch (c.kind) {
-    case ScorerKind::kSnapKV: return ScoreSnapKV(layer, params, pool, out);
-    case ScorerKind::kH2O: return ScoreH2O(layer, params, pool, out);
-    case ScorerKind::kTova: return ScoreTova(layer, params, pool, out);
-    case ScorerKind::kDropKV: return ScoreDropKV(layer, params, pool, out);
+    case Attn::kSnapKV: return ScoreSnapKV(layer, params, pool, out);
+    case Attn::kH2O: return ScoreH2O(layer, params, pool, out);
+    case Attn::kTova: return ScoreTova(layer, params, pool, out);
+    case Attn::kDropKV: return ScoreDropKV(layer, params, pool, out);
     default: return absl::InvalidArgumentError("not an attention scorer");
   }
 }
@@ -219,11 +235,11 @@ void GpuScore(const Case& c, const DeviceInputs& dev, std::vector<float>* gpu) {
   const size_t count = static_cast<size_t>(c.h_kv * c.n);
   DeviceBuffer scores(count * sizeof(float));
   CUDA_OK(cudaMemset(scores.get(), 0xFF, count * sizeof(float)));  // NaN poison
-  const size_t scratch_bytes = ScoreScratchBytes(c.kind, dev.layer, params);
+  const size_t scratch_bytes = ScoreScratchBytes(Traits(c.kind), dev.layer, params);
   DeviceBuffer scratch(scratch_bytes);
   CUDA_OK(cudaMemset(scratch.get(), 0xFF, std::max<size_t>(scratch_bytes, 1)));
-  CUDA_OK(LaunchScore(c.kind, dev.layer, params, scores.as<float>(), scratch.get(), scratch_bytes,
-                      nullptr));
+  CUDA_OK(LaunchScore(Traits(c.kind), dev.layer, params, scores.as<float>(), scratch.get(),
+                      scratch_bytes, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   gpu->assign(count, 0.0f);
   CUDA_OK(cudaMemcpy(gpu->data(), scores.get(), count * sizeof(float), cudaMemcpyDeviceToHost));
@@ -262,7 +278,7 @@ void CheckCase(const Case& c, uint64_t seed) {
 
 /// The base cases of one scorer over the brief's grid n x d x G (fp32 gets the full grid;
 /// f16/bf16 the full grid below n = 40000 and one Llama-like case at 40000).
-std::vector<Case> GridCases(ScorerKind kind, DType dtype) {
+std::vector<Case> GridCases(Attn kind, DType dtype) {
   std::vector<Case> cases;
   for (int64_t n : {1, 7, 99, 1000, 40000}) {
     for (int64_t d : {64, 128}) {
@@ -276,20 +292,20 @@ std::vector<Case> GridCases(ScorerKind kind, DType dtype) {
         c.group = g;
         c.h_kv = n == 40000 ? 4 : 2;
         switch (kind) {
-          case ScorerKind::kSnapKV:
+          case Attn::kSnapKV:
             c.w = 32;  // the default observation window
             c.window = n == 7 ? 5 : 32;
             c.kernel = 7;
             c.max_pool = (n + d + g) % 2 == 0;  // both pooling kinds across the grid
             break;
-          case ScorerKind::kH2O:
+          case Attn::kH2O:
             c.w = n >= 1000 ? 32 : 9;
             c.causal_normalize = g != 4;
             break;
-          case ScorerKind::kTova:
+          case Attn::kTova:
             c.w = 3;
             break;
-          case ScorerKind::kDropKV:
+          case Attn::kDropKV:
             c.w = 8;
             c.window = n == 7 ? 3 : 8;
             c.kernel = 11;
@@ -305,7 +321,7 @@ std::vector<Case> GridCases(ScorerKind kind, DType dtype) {
   return cases;
 }
 
-class AttentionParityTest : public ::testing::TestWithParam<std::tuple<ScorerKind, DType>> {};
+class AttentionParityTest : public ::testing::TestWithParam<std::tuple<Attn, DType>> {};
 
 TEST_P(AttentionParityTest, BitIdenticalToCpuOnTheGrid) {
   KVTRIM_SKIP_WITHOUT_GPU();
@@ -358,15 +374,15 @@ std::string ParamName(const ::testing::TestParamInfo<AttentionParityTest::ParamT
 
 INSTANTIATE_TEST_SUITE_P(
     Scorers, AttentionParityTest,
-    ::testing::Combine(::testing::Values(ScorerKind::kSnapKV, ScorerKind::kH2O, ScorerKind::kTova,
-                                         ScorerKind::kDropKV),
+    ::testing::Combine(::testing::Values(Attn::kSnapKV, Attn::kH2O, Attn::kTova,
+                                         Attn::kDropKV),
                        ::testing::Values(DType::kF32, DType::kF16, DType::kBF16)),
     ParamName);
 
 TEST(AttentionLaunchTest, RejectsInvalidLaunches) {
   KVTRIM_SKIP_WITHOUT_GPU();
   Case c;
-  c.kind = ScorerKind::kDropKV;
+  c.kind = Attn::kDropKV;
   c.h_kv = 1;
   c.group = 2;
   c.n = 50;
@@ -379,12 +395,13 @@ TEST(AttentionLaunchTest, RejectsInvalidLaunches) {
   ASSERT_NO_FATAL_FAILURE(Upload(c, in, &dev));
   DeviceBuffer scores(50 * sizeof(float));
   const ScorerParams ok = GpuParams(c);
-  const size_t bytes = ScoreScratchBytes(c.kind, dev.layer, ok);
+  const size_t bytes = ScoreScratchBytes(Traits(c.kind), dev.layer, ok);
   ASSERT_GT(bytes, 0u);
   DeviceBuffer scratch(bytes);
-  auto launch = [&](ScorerKind kind, const DeviceLayer& layer, const ScorerParams& p,
+  auto launch = [&](Attn kind, const DeviceLayer& layer, const ScorerParams& p,
                     size_t scratch_bytes) {
-    return LaunchScore(kind, layer, p, scores.as<float>(), scratch.get(), scratch_bytes, nullptr);
+    return LaunchScore(Traits(kind), layer, p, scores.as<float>(), scratch.get(), scratch_bytes,
+                       nullptr);
   };
   EXPECT_EQ(launch(c.kind, dev.layer, ok, bytes), cudaSuccess);
   EXPECT_EQ(launch(c.kind, dev.layer, ok, bytes - 1), cudaErrorInvalidValue);
@@ -396,15 +413,15 @@ TEST(AttentionLaunchTest, RejectsInvalidLaunches) {
   EXPECT_EQ(launch(c.kind, dev.layer, bad, bytes), cudaErrorInvalidValue);
   DeviceLayer no_values = dev.layer;
   no_values.values = nullptr;
-  EXPECT_EQ(launch(ScorerKind::kDropKV, no_values, ok, bytes), cudaErrorInvalidValue);
-  EXPECT_EQ(launch(ScorerKind::kSnapKV, no_values, ok, bytes), cudaSuccess);  // values unused
+  EXPECT_EQ(launch(Attn::kDropKV, no_values, ok, bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(Attn::kSnapKV, no_values, ok, bytes), cudaSuccess);  // values unused
   DeviceLayer no_queries = dev.layer;
   no_queries.queries = nullptr;
-  EXPECT_EQ(launch(ScorerKind::kH2O, no_queries, ok, bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(Attn::kH2O, no_queries, ok, bytes), cudaErrorInvalidValue);
   DeviceLayer wide = dev.layer;
   wide.head_dim = 512;  // above the GPU attention limit (256)
-  EXPECT_EQ(ScoreScratchBytes(ScorerKind::kSnapKV, wide, ok), 0u);
-  EXPECT_EQ(launch(ScorerKind::kSnapKV, wide, ok, bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(ScoreScratchBytes(Traits(Attn::kSnapKV), wide, ok), 0u);
+  EXPECT_EQ(launch(Attn::kSnapKV, wide, ok, bytes), cudaErrorInvalidValue);
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
@@ -525,8 +542,8 @@ TEST(AttentionTimingTest, Llama32KParityAndTimings) {
   KVTRIM_SKIP_WITHOUT_GPU();
   std::vector<std::string> lines;
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (ScorerKind kind :
-         {ScorerKind::kSnapKV, ScorerKind::kH2O, ScorerKind::kTova, ScorerKind::kDropKV}) {
+    for (Attn kind :
+         {Attn::kSnapKV, Attn::kH2O, Attn::kTova, Attn::kDropKV}) {
       Case c;
       c.kind = kind;
       c.dtype = dtype;
@@ -535,8 +552,8 @@ TEST(AttentionTimingTest, Llama32KParityAndTimings) {
       c.n = 32768;
       c.d = 128;
       c.w = 32;
-      c.window = kind == ScorerKind::kDropKV ? 8 : 32;
-      c.kernel = kind == ScorerKind::kDropKV ? 11 : 7;
+      c.window = kind == Attn::kDropKV ? 8 : 32;
+      c.kernel = kind == Attn::kDropKV ? 11 : 7;
       SCOPED_TRACE(c.Describe());
       const Inputs in = MakeInputs(c, 777 + static_cast<uint64_t>(kind));
       DeviceInputs dev;
@@ -544,15 +561,15 @@ TEST(AttentionTimingTest, Llama32KParityAndTimings) {
       const ScorerParams params = GpuParams(c);
       const size_t count = static_cast<size_t>(c.h_kv * c.n);
       DeviceBuffer scores(count * sizeof(float));
-      const size_t bytes = ScoreScratchBytes(kind, dev.layer, params);
+      const size_t bytes = ScoreScratchBytes(Traits(kind), dev.layer, params);
       DeviceBuffer scratch(bytes);
       attn::AttentionPlan plan;
-      CUDA_OK(attn::MakeAttentionPlan(kind, dev.layer, params, &plan));
+      CUDA_OK(attn::MakeAttentionPlan(Traits(kind), dev.layer, params, &plan));
       float* pre = plan.pooled ? reinterpret_cast<float*>(scratch.as<char>() + plan.pre_pool_offset)
                                : scores.as<float>();
       const float total = MedianMs([&] {
-        return LaunchScore(kind, dev.layer, params, scores.as<float>(), scratch.get(), bytes,
-                           nullptr);
+        return LaunchScore(Traits(kind), dev.layer, params, scores.as<float>(), scratch.get(),
+                           bytes, nullptr);
       });
       const float stats =
           MedianMs([&] { return attn::LaunchAttentionStats(plan, dev.layer, scratch.get(), nullptr); });
@@ -561,7 +578,7 @@ TEST(AttentionTimingTest, Llama32KParityAndTimings) {
       });
       // The pooling stage of LaunchScore: SnapKV pools the prefix and fills the window.
       const float pool = plan.pooled ? MedianMs([&] {
-        if (kind == ScorerKind::kSnapKV) {
+        if (kind == Attn::kSnapKV) {
           return LaunchPoolPrefix(pre, plan.num_kv_heads, plan.num_tokens, c.n - c.window,
                                   params.kernel, params.pool_max, scores.as<float>(), nullptr);
         }

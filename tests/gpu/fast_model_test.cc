@@ -387,8 +387,7 @@ TEST(FastModelLauncher, WhichScorersAndShapesAreFast) {
       }
     }
   }
-  EXPECT_FALSE(FastModelSupported(ScorerKind::kSnapKV, DType::kBF16, 128));
-  EXPECT_FALSE(FastModelSupported(ScorerKind::kTova, DType::kBF16, 128));
+  EXPECT_FALSE(FastModelSupported(ScorerKind::kTable, DType::kBF16, 128));
 }
 
 TEST(FastModelLauncher, EdgesAndErrors) {
@@ -490,7 +489,7 @@ TEST(FastModelLauncher, EdgesAndErrors) {
               cudaErrorInvalidValue);
   }
   // Not a model scorer; Expected Attention without its statistics; an even pooling kernel.
-  EXPECT_EQ(FastModelScoreScratchBytes(ScorerKind::kSnapKV, layer, params, model, fast_inputs), 0u);
+  EXPECT_EQ(FastModelScoreScratchBytes(ScorerKind::kTable, layer, params, model, fast_inputs), 0u);
   {
     DeviceModelInputs no_stats = model;
     no_stats.ea_cov = nullptr;

@@ -26,6 +26,7 @@
 #include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/shared_backends.h"
 #include "tests/gpu/test_device.h"
+#include "tests/gpu/window_traits.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
@@ -128,19 +129,20 @@ class DeviceCase {
     return host;
   }
   /// Runs the fast DropKV scorer with `params` and keeps a copy of its row outputs for the
-  /// statistic over `rows` rows (FastDropKVRowsBytes); false when they are not the
+  /// statistic over `rows` rows (FastScorerRowsBytes); false when they are not the
   /// statistic's.
   bool ScoreAndKeepRows(const ScorerParams& params, int32_t rows) {
+    const WindowAttentionTraits& dropkv = WindowTraitsOf("dropkv");
     size_t from = 0;
-    const size_t bytes = FastDropKVRowsBytes(layer_, params, rows, &from);
+    const size_t bytes = FastScorerRowsBytes(dropkv, layer_, params, rows, &from);
     if (bytes == 0) return false;
     DeviceBuffer scores, scratch;
-    const size_t scratch_bytes = ScoreScratchBytes(ScorerKind::kDropKV, layer_, params);
+    const size_t scratch_bytes = ScoreScratchBytes(dropkv, layer_, params);
     EXPECT_TRUE(scores.Allocate(static_cast<size_t>(c_.heads * c_.n) * sizeof(float)));
     EXPECT_TRUE(scratch.Allocate(scratch_bytes));
     EXPECT_TRUE(full_rows_.Allocate(bytes));
-    EXPECT_EQ(LaunchScore(ScorerKind::kDropKV, layer_, params, scores.as<float>(), scratch.get(),
-                          scratch_bytes, nullptr),
+    EXPECT_EQ(LaunchScore(dropkv, layer_, params, scores.as<float>(), scratch.get(), scratch_bytes,
+                          nullptr),
               cudaSuccess);
     EXPECT_EQ(cudaMemcpy(full_rows_.get(), static_cast<char*>(scratch.get()) + from, bytes,
                          cudaMemcpyDeviceToDevice),
@@ -300,7 +302,8 @@ TEST(FastPerturbation, ABoundOnTheListsAndTheScorersRowsGiveTheSameStatistic) {
         }
         // Another window: the scorer's rows are not the statistic's.
         params.window = 4;
-        EXPECT_EQ(FastDropKVRowsBytes(device.layer(), params, kSampledPerturbationRows, nullptr),
+        EXPECT_EQ(FastScorerRowsBytes(WindowTraitsOf("dropkv"), device.layer(), params,
+                                      kSampledPerturbationRows, nullptr),
                   0u);
       }
     }

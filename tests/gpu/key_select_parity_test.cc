@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -41,6 +42,7 @@
 #include "tests/gpu/parity_rule.h"
 #include "tests/gpu/policy_test_setup.h"
 #include "tests/gpu/test_device.h"
+#include "tests/gpu/window_traits.h"
 
 namespace kvtrim::gpu::testing {
 namespace {
@@ -311,10 +313,15 @@ void CheckKeyScorersOn(int64_t heads, int64_t n, int64_t d, DType dtype, uint64_
   KVTRIM_CUDA_ASSERT(keys.status());
   KVTRIM_CUDA_ASSERT(keys.Upload(bytes.data()));
   std::vector<KeyCase> cases;
-  // Every table scorer, with its default parameters (a new one is tested with no edit here).
+  // Every table scorer that reads keys alone, with its default parameters (a new one is
+  // tested with no edit here); the window-attention ones: attention_parity_test.cu.
   for (const std::string& name : GpuScorerTable::Builtin().Names()) {
+    const ScorerSpec* spec = BuiltinRegistry().FindScorer(name);
+    ASSERT_NE(spec, nullptr) << name;
+    if (spec->required_inputs != kInputKeys) continue;
     cases.push_back({name, {}, dtype, heads, n, d});
   }
+  ASSERT_GE(cases.size(), 4u);  // streaming_llm, random, knorm, keydiff at least
   cases.push_back({"keydiff", {{"anchor", ParamValue::Text("raw_mean")}}, dtype, heads, n, d});
   if (all_kinds) cases.push_back({"keydiff", {{"eps", ParamValue::Number(0)}}, dtype, heads, n, d});
   const int32_t layer_id = static_cast<int32_t>(seed % 7);
@@ -393,6 +400,45 @@ TEST(GpuScorerTable, TableParamsKeepAScorersOwnParametersAsBytes) {
   EXPECT_EQ(words({}), words({}));
   EXPECT_NE(words({}), words({{"anchor", ParamValue::Text("raw_mean")}}));
   EXPECT_NE(words({}), words({{"eps", ParamValue::Number(0)}}));
+}
+
+/// The kind of `spec`'s parameter `name`, or nullopt when it declares none.
+std::optional<ParamSpec::Kind> ParamKindOf(const ScorerSpec& spec, const std::string& name) {
+  for (const ParamSpec& p : spec.params) {
+    if (p.name == name) return p.kind;
+  }
+  return std::nullopt;
+}
+
+// Host only: a window-attention scorer's traits (its GPU file) say which parameters and inputs
+// the shared kernels read (ReadWindowAttentionParams); its registry entry declares each.
+TEST(GpuScorerTable, WindowAttentionTraitsAgreeWithTheRegistryEntry) {
+  using Kind = ParamSpec::Kind;
+  int checked = 0;
+  for (const std::string& name : GpuScorerTable::Builtin().Names()) {
+    const WindowAttentionTraits* t = GpuScorerTable::Builtin().Find(name)->window_attention;
+    if (t == nullptr) continue;
+    ++checked;
+    SCOPED_TRACE(name);
+    const ScorerSpec* spec = BuiltinRegistry().FindScorer(name);
+    ASSERT_NE(spec, nullptr);
+    EXPECT_TRUE(spec->required_inputs & kInputQueries);
+    const bool window_pooling = t->ReadsWindowPooling();
+    EXPECT_EQ(ParamKindOf(*spec, "window") == Kind::kInt, window_pooling);
+    EXPECT_EQ(ParamKindOf(*spec, "kernel") == Kind::kInt, window_pooling);
+    EXPECT_EQ(ParamKindOf(*spec, "pooling") == Kind::kEnum, window_pooling);
+    EXPECT_EQ(static_cast<bool>(spec->required_inputs & kInputValues), t->ReadsValues());
+    EXPECT_EQ(ParamKindOf(*spec, "eps") == Kind::kFloat, t->ReadsValues());
+    EXPECT_EQ(ParamKindOf(*spec, "bf16_prob_round") == Kind::kEnum, t->ReadsValues());
+    EXPECT_EQ(ParamKindOf(*spec, "causal_normalize") == Kind::kBool, t->causal_normalize_param);
+    // One score for every KV head is a layer-wide decision.
+    EXPECT_EQ(t->SharedByEveryHead(), spec->scope == DecisionScope::kLayer);
+    // The CPU twin forms the rows' outputs exactly when the GPU kernels do.
+    const CpuScorer* cpu = CpuScorerTable::Builtin().Find(name);
+    ASSERT_NE(cpu, nullptr);
+    EXPECT_EQ(cpu->fast_with_rows != nullptr, t->ReadsValues());
+  }
+  EXPECT_EQ(checked, 4);  // snapkv, h2o, tova, dropkv
 }
 
 TEST(KeyScorerParity, BitIdenticalAcrossSizesAndDtypes) {
@@ -916,7 +962,8 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
   dropkv.kernel = 11;
   dropkv.pool_max = true;
   dropkv.eps = 1e-6f;
-  const size_t dk_bytes = ScoreScratchBytes(ScorerKind::kDropKV, layer, dropkv);
+  const WindowAttentionTraits& dropkv_traits = WindowTraitsOf("dropkv");
+  const size_t dk_bytes = ScoreScratchBytes(dropkv_traits, layer, dropkv);
   DeviceArray<uint8_t> dk_scratch(dk_bytes);
   cudaError_t dk_err = dk_bytes == 0 ? cudaErrorInvalidValue : cudaSuccess;
   float dk = -1.0f;
@@ -927,8 +974,8 @@ TEST(SelectTiming, TopKAt128KTokens8Heads) {
   for (int rep = 0; rep < 6 && dk_err == cudaSuccess; ++rep) {
     dk_err = cudaEventRecord(start, nullptr);
     if (dk_err == cudaSuccess) {
-      dk_err = LaunchScore(ScorerKind::kDropKV, layer, dropkv, scores.get(), dk_scratch.get(),
-                           dk_bytes, nullptr);
+      dk_err = LaunchScore(dropkv_traits, layer, dropkv, scores.get(), dk_scratch.get(), dk_bytes,
+                           nullptr);
     }
     if (dk_err == cudaSuccess) dk_err = cudaEventRecord(stop, nullptr);
     if (dk_err == cudaSuccess) dk_err = cudaEventSynchronize(stop);

@@ -495,11 +495,9 @@ TEST(ModelScoreLauncherTest, RefusesInvalidArguments) {
   EXPECT_EQ(LaunchModelScore(ScorerKind::kExpectedAttention, layer, params, model, nullptr,
                              nullptr, nullptr, 0, nullptr),
             cudaErrorInvalidValue);
-  // Not a model scorer; LaunchScore refuses model scorers.
-  EXPECT_EQ(LaunchModelScore(ScorerKind::kSnapKV, layer, params, model, nullptr, nullptr,
+  // Not a model scorer (LaunchScore takes window-attention traits, never a model scorer).
+  EXPECT_EQ(LaunchModelScore(ScorerKind::kTable, layer, params, model, nullptr, nullptr,
                              nullptr, 0, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchScore(ScorerKind::kLaProx, layer, params, nullptr, nullptr, 0, nullptr),
             cudaErrorInvalidValue);
   // Expected Attention with everything but enough scratch.
   model.ea_mean = model.ea_cov = &kDummy;

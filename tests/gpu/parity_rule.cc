@@ -237,15 +237,25 @@ Outcome CompareDecisions(const CaseSpec& c, const ResolvedPolicy& policy,
   return out;
 }
 
+namespace {
+
+/// True for a scorer whose term is DropKV's eviction cost (p / (1 - p))^2 ||a - v||^2: the
+/// one that declares bf16_prob_round, the rounding of that p.
+bool ScoresEvictionCost(const ResolvedPolicy& policy) {
+  return policy.params.Has("bf16_prob_round");
+}
+
+}  // namespace
+
 double FastTau(const ResolvedPolicy& policy, DType dtype) {
-  if (policy.scorer->kind != ScorerKind::kDropKV) return kFastTau;
+  if (!ScoresEvictionCost(policy)) return kFastTau;
   const std::string& round = policy.params.Text("bf16_prob_round");
   const bool rounds = round == "on" || (round == "auto" && dtype == DType::kBF16);
   return rounds ? kFastTauBf16Rounding : kFastTau;
 }
 
 int64_t FastScoreCheckedTokens(const ResolvedPolicy& policy, int64_t n) {
-  if (policy.scorer->kind != ScorerKind::kDropKV) return n;
+  if (!ScoresEvictionCost(policy)) return n;
   return std::max<int64_t>(0, n - policy.params.Int("window") - policy.params.Int("kernel") / 2);
 }
 

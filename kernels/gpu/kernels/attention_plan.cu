@@ -4,44 +4,32 @@
 
 namespace kvtrim::gpu::attn {
 
-bool IsAttentionScorer(ScorerKind kind) {
-  return kind == ScorerKind::kSnapKV || kind == ScorerKind::kH2O || kind == ScorerKind::kTova ||
-         kind == ScorerKind::kDropKV;
-}
-
-bool ScoredWindowRows(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
-                      int32_t* rows_per_qhead, int32_t* first_row) {
-  switch (kind) {
-    case ScorerKind::kSnapKV:
-    case ScorerKind::kDropKV:
+bool ScoredWindowRows(const WindowAttentionTraits& traits, const DeviceLayer& layer,
+                      const ScorerParams& params, int32_t* rows_per_qhead, int32_t* first_row) {
+  if (traits.ReadsWindowPooling() && (params.kernel < 1 || params.kernel % 2 == 0)) {
+    return false;
+  }
+  switch (traits.rows) {
+    case WindowRowSpan::kLastWindow:
       if (params.window < 1 || params.window > layer.window_rows) return false;
-      if (params.kernel < 1 || params.kernel % 2 == 0) return false;
       *rows_per_qhead = params.window;
       *first_row = layer.window_rows - params.window;
       return true;
-    case ScorerKind::kH2O:
+    case WindowRowSpan::kAllRows:
       *rows_per_qhead = layer.window_rows;
       *first_row = 0;
       return true;
-    default:  // TOVA: the last row
+    case WindowRowSpan::kLastRow:
       *rows_per_qhead = 1;
       *first_row = layer.window_rows - 1;
       return true;
   }
+  return false;
 }
 
-Finish FinishOf(ScorerKind kind, const ScorerParams& params) {
-  switch (kind) {
-    case ScorerKind::kSnapKV: return Finish::kSnapKV;
-    case ScorerKind::kH2O: return params.causal_normalize ? Finish::kH2ONormalized : Finish::kH2O;
-    case ScorerKind::kTova: return Finish::kTova;
-    default: return Finish::kDropKV;
-  }
-}
-
-cudaError_t MakeAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
+cudaError_t MakeAttentionPlan(const WindowAttentionTraits& traits, const DeviceLayer& layer,
                               const ScorerParams& params, AttentionPlan* plan) {
-  if (!IsAttentionScorer(kind) || plan == nullptr) return cudaErrorInvalidValue;
+  if (plan == nullptr) return cudaErrorInvalidValue;
   if (layer.num_kv_heads < 0 || layer.num_tokens < 0 || layer.head_dim < 1 ||
       layer.head_dim > kMaxHeadDim || layer.window_rows < 1 || layer.num_kv_heads == 0 ||
       layer.num_query_heads < layer.num_kv_heads ||
@@ -50,18 +38,21 @@ cudaError_t MakeAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
     return cudaErrorInvalidValue;
   }
   AttentionPlan p;
-  p.kind = kind;
+  p.finish = traits.NormalizeWith(params.causal_normalize);
+  p.all_heads = p.finish == WindowNormalize::kEveryHeadMean;
   p.num_kv_heads = layer.num_kv_heads;
   p.group = layer.num_query_heads / layer.num_kv_heads;
   p.head_dim = layer.head_dim;
   p.window_rows = layer.window_rows;
   p.num_tokens = layer.num_tokens;
-  if (!ScoredWindowRows(kind, layer, params, &p.rows_per_qhead, &p.first_row)) {
+  if (!ScoredWindowRows(traits, layer, params, &p.rows_per_qhead, &p.first_row)) {
     return cudaErrorInvalidValue;
   }
-  p.pooled = (kind == ScorerKind::kSnapKV || kind == ScorerKind::kDropKV) && params.kernel > 1;
-  p.with_output = kind == ScorerKind::kDropKV;
+  p.pooled = traits.pooling != PoolingSpan::kNone && params.kernel > 1;
+  p.with_output = traits.ReadsValues();
   if (p.with_output && layer.values == nullptr) return cudaErrorInvalidValue;
+  // The score kernel's variants (attention_score.cu): no eviction cost shared by every head.
+  if (p.with_output && p.all_heads) return cudaErrorInvalidValue;
   p.rows_per_head = p.group * p.rows_per_qhead;
   p.padded_rows = (p.rows_per_head + 7) / 8 * 8;
   p.num_segments = (p.num_tokens + kAttnSegment - 1) / kAttnSegment;

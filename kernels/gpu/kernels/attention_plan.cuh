@@ -1,6 +1,7 @@
-// Host-side plan of one attention-scorer launch (SnapKV, H2O, TOVA, DropKV): which window
-// rows are scored, how the device scratch is carved up, and the kernel variant. Shared by
-// score_dispatch.cu and the attention kernels so that sizing and launching always agree.
+// Host-side plan of one window-attention launch (the scorers with ScorerKind::kWindowAttention,
+// as their WindowAttentionTraits describe them, and the model scorers' window rows): which
+// window rows are scored, how the device scratch is carved up, and the kernel variant. Shared
+// by score_dispatch.cu and the attention kernels so that sizing and launching always agree.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +12,7 @@
 #include "kernels/canonical_attention.h"
 #include "kernels/gpu/kernels/attention_common.cuh"
 #include "kernels/gpu/kernels/launchers.h"
+#include "kernels/gpu/kernels/window_attention_traits.h"
 
 namespace kvtrim::gpu::attn {
 
@@ -33,7 +35,9 @@ enum class Reduce : int { kSum, kPerQMean, kPerQSq, kGroupSq };
 
 /// Everything the attention kernels need to know about one launch.
 struct AttentionPlan {
-  ScorerKind kind = ScorerKind::kSnapKV;
+  /// How the kSum reduction's sum becomes a score (WindowAttentionTraits::NormalizeWith).
+  WindowNormalize finish = WindowNormalize::kRowMean;
+  bool all_heads = false;  // one score over every KV head (kEveryHeadMean)
   int32_t num_kv_heads = 0;     // H_kv
   int32_t group = 0;            // G = H_q / H_kv
   int32_t head_dim = 0;         // d
@@ -45,8 +49,8 @@ struct AttentionPlan {
   int32_t padded_rows = 0;      // R rounded up to a multiple of 8
   int64_t num_segments = 0;     // ceil(n / kAttnSegment)
   int lane_elems = 0;           // E: 8, 16 or 32 (d <= 8E)
-  bool with_output = false;     // DropKV: the combine also forms a and |a|^2
-  bool pooled = false;          // SnapKV/DropKV with kernel > 1: scores go through pooling
+  bool with_output = false;     // WindowTerm::kEvictionCost: the combine also forms a, |a|^2
+  bool pooled = false;          // pooling with kernel > 1: scores go through pooling
   Reduce reduce = Reduce::kSum; // LaunchAttentionScores' per-token reduction
 
   // Scratch regions (byte offsets from the scratch base, each 256-byte aligned).
@@ -59,27 +63,18 @@ struct AttentionPlan {
   size_t scratch_bytes = 0;     // total
 };
 
-/// True for the scorers this module implements (kSnapKV, kH2O, kTova, kDropKV).
-bool IsAttentionScorer(ScorerKind kind);
-
-/// The window rows an attention scorer reads, the same in both numerics modes: T rows per
-/// query head starting at row t0 (SnapKV / DropKV the last `window`, H2O all w, TOVA the
-/// last). False when the parameters are not valid for `kind` (window outside [1, w], even or
-/// non-positive kernel for the pooled scorers).
-bool ScoredWindowRows(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
-                      int32_t* rows_per_qhead, int32_t* first_row);
-
-/// How a token's sum over the rows becomes its score (attention_score.cu's canonical finish,
-/// fast_attention.cu's plain fp32 one).
-enum class Finish : int { kSnapKV, kH2O, kH2ONormalized, kTova, kDropKV };
-
-/// The finish of an attention scorer.
-Finish FinishOf(ScorerKind kind, const ScorerParams& params);
+/// The window rows a scorer of `traits` reads, the same in both numerics modes: T rows per
+/// query head starting at row t0 (kLastWindow the last `window`, kAllRows all w, kLastRow the
+/// last). False when the parameters are not valid (window outside [1, w], or an even or
+/// non-positive kernel for a scorer that reads window and pooling).
+bool ScoredWindowRows(const WindowAttentionTraits& traits, const DeviceLayer& layer,
+                      const ScorerParams& params, int32_t* rows_per_qhead, int32_t* first_row);
 
 /// Builds the plan, or returns cudaErrorInvalidValue when the layer or the parameters are
-/// not valid for `kind` (no queries, G < 1, window outside [1, w], no values for DropKV,
-/// even or non-positive kernel, d outside [1, kMaxHeadDim], negative sizes).
-cudaError_t MakeAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
+/// not valid for `traits` (no queries, G < 1, window outside [1, w], no values for a scorer
+/// that reads them, even or non-positive kernel, d outside [1, kMaxHeadDim], negative sizes),
+/// or when the kernels have no variant for the traits (kEvictionCost with kEveryHeadMean).
+cudaError_t MakeAttentionPlan(const WindowAttentionTraits& traits, const DeviceLayer& layer,
                               const ScorerParams& params, AttentionPlan* plan);
 
 }  // namespace kvtrim::gpu::attn

@@ -28,7 +28,7 @@ struct ScoreArgs {
   float scale;
   float eps;            // DropKV
   bool bf16_round;      // DropKV
-  Finish finish;
+  WindowNormalize finish;
   Reduce reduce;              // kSum unless a model-aware scorer (plain variant only)
   const RowStats* row_stats;  // [H_kv, R]
   const float* row_out;       // [H_kv, R, d] (DropKV)
@@ -44,18 +44,16 @@ constexpr size_t ScoreSmemBytes() {
 /// The score of a token from its row sum (canonical step 5).
 __device__ __forceinline__ float FinishScore(const ScoreArgs& a, float acc, int64_t j) {
   switch (a.finish) {
-    case Finish::kSnapKV:
+    case WindowNormalize::kRowMean:
       return CmDiv(acc, static_cast<float>(static_cast<int64_t>(a.group) * a.rows_per_qhead));
-    case Finish::kH2O:
-      return CmDiv(acc, static_cast<float>(a.group));
-    case Finish::kH2ONormalized: {
+    case WindowNormalize::kVisibleRowMean: {
       const int64_t first = max(static_cast<int64_t>(0), j - (a.n - a.w));
       const int64_t rows = max(static_cast<int64_t>(0), static_cast<int64_t>(a.w) - first);
       return rows > 0 ? CmDiv(acc, static_cast<float>(a.group * rows)) : 0.0f;
     }
-    case Finish::kTova:
+    case WindowNormalize::kEveryHeadMean:
       return CmDiv(acc, static_cast<float>(static_cast<int64_t>(a.group) * a.num_kv_heads));
-    case Finish::kDropKV:
+    case WindowNormalize::kGroupMean:
     default:
       return CmDiv(acc, static_cast<float>(a.group));
   }
@@ -274,11 +272,9 @@ cudaError_t LaunchVariant(const AttentionPlan& plan, const ScoreArgs& args, cuda
 template <typename T, int E>
 cudaError_t LaunchForE(const AttentionPlan& plan, const ScoreArgs& args, cudaStream_t stream) {
   if (plan.reduce != Reduce::kSum) return LaunchVariant<T, E, false, false>(plan, args, stream);
-  switch (plan.kind) {
-    case ScorerKind::kDropKV: return LaunchVariant<T, E, true, false>(plan, args, stream);
-    case ScorerKind::kTova: return LaunchVariant<T, E, false, true>(plan, args, stream);
-    default: return LaunchVariant<T, E, false, false>(plan, args, stream);
-  }
+  if (plan.with_output) return LaunchVariant<T, E, true, false>(plan, args, stream);
+  if (plan.all_heads) return LaunchVariant<T, E, false, true>(plan, args, stream);
+  return LaunchVariant<T, E, false, false>(plan, args, stream);
 }
 
 /// Picks E for element type T.
@@ -316,7 +312,7 @@ cudaError_t LaunchAttentionScores(const AttentionPlan& plan, const DeviceLayer& 
   args.scale = layer.softmax_scale;
   args.eps = params.eps;
   args.bf16_round = params.bf16_prob_round;
-  args.finish = FinishOf(plan.kind, params);
+  args.finish = plan.finish;
   args.reduce = plan.reduce;
   args.row_stats = reinterpret_cast<const RowStats*>(base + plan.row_stats_offset);
   args.row_out = reinterpret_cast<const float*>(base + plan.row_out_offset);

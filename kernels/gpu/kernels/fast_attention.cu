@@ -40,8 +40,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNegInf = -INFINITY;
 
-using attn::Finish;
-
 /// Kernel arguments (device pointers into the layer and the scratch).
 struct FastArgs {
   const void* keys;     // [H, n, d] T
@@ -56,7 +54,7 @@ struct FastArgs {
   float eps;            // DropKV
   bool bf16_round;      // DropKV
   bool direct_finish;
-  Finish finish;
+  WindowNormalize finish;
   float* part_max;      // [H, rows_total, parts]
   float* part_sum;      // [H, rows_total, parts]
   float* part_out;      // [H, rows_total, parts, DP]
@@ -165,17 +163,16 @@ struct SmemLayout {
 /// The score of a token from its sum over rows (the exact path's FinishScore, plain fp32).
 __device__ __forceinline__ float FinishFast(const FastArgs& a, float sum, int64_t j) {
   switch (a.finish) {
-    case Finish::kSnapKV:
+    case WindowNormalize::kRowMean:
       return sum / static_cast<float>(static_cast<int64_t>(a.group) * a.rows_per_qhead);
-    case Finish::kH2ONormalized: {
+    case WindowNormalize::kVisibleRowMean: {
       const int64_t first = max(static_cast<int64_t>(0), j - (a.n - a.w));
       const int64_t rows = max(static_cast<int64_t>(0), static_cast<int64_t>(a.w) - first);
       return rows > 0 ? sum / static_cast<float>(a.group * rows) : 0.0f;
     }
-    case Finish::kTova:
+    case WindowNormalize::kEveryHeadMean:
       return sum / static_cast<float>(static_cast<int64_t>(a.group) * a.num_kv_heads);
-    case Finish::kH2O:
-    case Finish::kDropKV:
+    case WindowNormalize::kGroupMean:
     default:
       return sum / static_cast<float>(a.group);
   }
@@ -1145,11 +1142,12 @@ __global__ void __launch_bounds__(kCombineThreads) CombineKernel(FastArgs a) {
   if (threadIdx.x == 0) a.row_info[row] = RowInfo{m, inv, aa, 0.0f};
 }
 
-/// Sums the chunks' partial row sums (and, for TOVA, every head) in order and finishes.
+/// Sums the chunks' partial row sums (and, for kEveryHeadMean, every head) in order and
+/// finishes.
 __global__ void FinishKernel(FastArgs a, int32_t chunks) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= a.n) return;
-  const bool all_heads = a.finish == Finish::kTova;
+  const bool all_heads = a.finish == WindowNormalize::kEveryHeadMean;
   const int h_lo = all_heads ? 0 : blockIdx.y;
   const int h_hi = all_heads ? a.num_kv_heads : h_lo + 1;
   float sum = 0.0f;
@@ -1229,7 +1227,7 @@ cudaError_t LaunchAll(const FastAttentionPlan& plan, const FastArgs& args, cudaS
     return cudaGetLastError();
   }
   const dim3 finish_grid(static_cast<unsigned>((plan.num_tokens + 255) / 256),
-                         plan.kind == ScorerKind::kTova ? 1u
+                         plan.all_heads ? 1u
                                                         : static_cast<unsigned>(plan.num_kv_heads));
   FinishKernel<<<finish_grid, 256, 0, stream>>>(args, plan.num_chunks);
   return cudaGetLastError();
@@ -1337,7 +1335,7 @@ FastArgs ArgsOf(const FastAttentionPlan& plan, const DeviceLayer& layer,
   args.eps = params.eps;
   args.bf16_round = params.bf16_prob_round;
   args.direct_finish = plan.direct_finish;
-  args.finish = attn::FinishOf(plan.kind, params);
+  args.finish = plan.finish;
   args.reduce = plan.reduce;
   args.seg_log2 = plan.seg_log2;
   args.block_rows = plan.block_rows;

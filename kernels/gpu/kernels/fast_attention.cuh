@@ -28,6 +28,7 @@
 #include <cstdint>
 
 #include "kernels/gpu/kernels/launchers.h"
+#include "kernels/gpu/kernels/window_attention_traits.h"
 
 namespace kvtrim::gpu::fast {
 
@@ -55,7 +56,9 @@ struct RowInfo {
 
 /// Everything the fast launches of one layer need.
 struct FastAttentionPlan {
-  ScorerKind kind = ScorerKind::kSnapKV;
+  /// How the kSum reduction's sum becomes a score (WindowAttentionTraits::NormalizeWith).
+  WindowNormalize finish = WindowNormalize::kRowMean;
+  bool all_heads = false;     // one score over every KV head (kEveryHeadMean)
   DType dtype = DType::kBF16;
   int32_t num_kv_heads = 0;   // H_kv
   int32_t group = 0;          // G
@@ -87,8 +90,8 @@ struct FastAttentionPlan {
   int32_t tiles_per_split = 0;
   int32_t num_splits = 0;     // S
   int32_t parts = 0;          // S * slices partial statistics per row
-  bool with_values = false;   // DropKV
-  /// Pass B writes finished scores: kSum one chunk and not TOVA; kGroupSq one chunk; kPerQ*
+  bool with_values = false;   // WindowTerm::kEvictionCost (DropKV)
+  /// Pass B writes finished scores: kSum one chunk and not all_heads; kGroupSq one chunk; kPerQ*
   /// a segment within a chunk (S <= RC). Else partial row sums and the finish kernel.
   bool direct_finish = false;
   // Scratch regions (byte offsets, 256-byte aligned).
@@ -104,15 +107,15 @@ struct FastAttentionPlan {
   size_t part_bytes_any_n = 0;
 };
 
-/// True when the fast kernels take this scorer, dtype and head dimension: SnapKV, H2O, TOVA
-/// and DropKV, d a multiple of 8 (16-byte rows), d <= 256 (f16 / bf16) or d <= 128 (f32).
-bool FastAttentionSupported(ScorerKind kind, DType dtype, int32_t head_dim);
+/// True when the fast kernels take this dtype and head dimension (any window-attention
+/// traits): d a multiple of 8 (16-byte rows), d <= 256 (f16 / bf16) or d <= 128 (f32).
+bool FastAttentionSupported(DType dtype, int32_t head_dim);
 
-/// Builds the plan (validation as attn::MakeAttentionPlan); cudaErrorInvalidValue when the
-/// layer, the parameters or the shape are not valid or not supported. `reduce` other than
-/// kSum: only for kind kSnapKV (its rows; nothing is pooled, params.kernel is only
-/// validated), d <= 128, and for kGroupSq G <= 32.
-cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
+/// Builds the plan of a scorer of `traits` (validation as attn::MakeAttentionPlan);
+/// cudaErrorInvalidValue when the layer, the parameters or the shape are not valid or not
+/// supported. `reduce` other than kSum: only for kLastWindowProbabilities (nothing is pooled,
+/// params.kernel is only validated), d <= 128, and for kGroupSq G <= 32.
+cudaError_t MakeFastAttentionPlan(const WindowAttentionTraits& traits, const DeviceLayer& layer,
                                   const ScorerParams& params, FastAttentionPlan* plan,
                                   Reduce reduce = Reduce::kSum);
 

@@ -49,23 +49,24 @@ bool PlanSegments(FastAttentionPlan* p) {
 
 }  // namespace
 
-bool FastAttentionSupported(ScorerKind kind, DType dtype, int32_t head_dim) {
-  const bool scorer = kind == ScorerKind::kSnapKV || kind == ScorerKind::kH2O ||
-                      kind == ScorerKind::kTova || kind == ScorerKind::kDropKV;
+bool FastAttentionSupported(DType dtype, int32_t head_dim) {
   // f32 runs as bf16 hi + lo planes (twice the shared memory: d <= 128); f16 and bf16 as
   // they arrive (d <= 256).
   const int32_t max_dim = dtype == DType::kF32 ? 128 : 256;
-  return scorer && head_dim >= 8 && head_dim <= max_dim && head_dim % 8 == 0;
+  return head_dim >= 8 && head_dim <= max_dim && head_dim % 8 == 0;
 }
 
-cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
+cudaError_t MakeFastAttentionPlan(const WindowAttentionTraits& traits, const DeviceLayer& layer,
                                   const ScorerParams& params, FastAttentionPlan* plan,
                                   Reduce reduce) {
-  if (plan == nullptr || !FastAttentionSupported(kind, layer.dtype, layer.head_dim)) {
+  if (plan == nullptr || !FastAttentionSupported(layer.dtype, layer.head_dim)) {
     return cudaErrorInvalidValue;
   }
-  // The model-aware reductions: SnapKV's rows, pass B instantiated for DP <= 128 only.
-  if (reduce != Reduce::kSum && (kind != ScorerKind::kSnapKV || layer.head_dim > 128)) {
+  // The model-aware reductions: the last window's probabilities, pass B instantiated for
+  // DP <= 128 only.
+  if (reduce != Reduce::kSum &&
+      (traits.rows != WindowRowSpan::kLastWindow || traits.ReadsValues() ||
+       layer.head_dim > 128)) {
     return cudaErrorInvalidValue;
   }
   if (layer.num_kv_heads < 1 || layer.num_tokens < 0 || layer.window_rows < 1 ||
@@ -75,7 +76,8 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
     return cudaErrorInvalidValue;
   }
   FastAttentionPlan p;
-  p.kind = kind;
+  p.finish = traits.NormalizeWith(params.causal_normalize);
+  p.all_heads = p.finish == WindowNormalize::kEveryHeadMean;
   p.dtype = layer.dtype;
   p.num_kv_heads = layer.num_kv_heads;
   p.group = layer.num_query_heads / layer.num_kv_heads;
@@ -83,11 +85,13 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   p.padded_dim = layer.head_dim <= 64 ? 64 : (layer.head_dim <= 128 ? 128 : 256);
   p.window_rows = layer.window_rows;
   p.num_tokens = layer.num_tokens;
-  if (!attn::ScoredWindowRows(kind, layer, params, &p.rows_per_qhead, &p.first_row)) {
+  if (!attn::ScoredWindowRows(traits, layer, params, &p.rows_per_qhead, &p.first_row)) {
     return cudaErrorInvalidValue;
   }
-  p.with_values = kind == ScorerKind::kDropKV;
+  p.with_values = traits.ReadsValues();
   if (p.with_values && layer.values == nullptr) return cudaErrorInvalidValue;
+  // The kernels' variants (fast_attention.cu): no eviction cost shared by every head.
+  if (p.with_values && p.all_heads) return cudaErrorInvalidValue;
   p.reduce = reduce;
   if (reduce == Reduce::kSum) {
     p.rows = p.group * p.rows_per_qhead;
@@ -113,7 +117,7 @@ cudaError_t MakeFastAttentionPlan(ScorerKind kind, const DeviceLayer& layer,
   p.num_splits = static_cast<int32_t>(splits);
   p.parts = p.num_splits * p.slices;
   if (reduce == Reduce::kSum) {
-    p.direct_finish = p.num_chunks == 1 && kind != ScorerKind::kTova;
+    p.direct_finish = p.num_chunks == 1 && !p.all_heads;
   } else if (reduce == Reduce::kGroupSq) {
     p.direct_finish = p.num_chunks == 1;
   } else {

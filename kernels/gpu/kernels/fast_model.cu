@@ -398,9 +398,8 @@ cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
   ScorerParams rows = params;
   rows.kernel = 1;
   rows.fast = false;
-  cudaError_t err = attn::MakeAttentionPlan(ScorerKind::kSnapKV, layer, rows, &p.attn);
+  cudaError_t err = attn::MakeAttentionPlan(kLastWindowProbabilities, layer, rows, &p.attn);
   if (err != cudaSuccess) return err;
-  p.attn.kind = kind;
   p.num_query_heads = layer.num_query_heads;
   p.group = p.attn.group;
   p.prefix = p.n - params.window;
@@ -431,8 +430,8 @@ cudaError_t MakeFastModelPlan(ScorerKind kind, const DeviceLayer& layer,
   const fast::Reduce reduce = p.attn.reduce == attn::Reduce::kPerQMean ? fast::Reduce::kPerQMean
                               : p.attn.reduce == attn::Reduce::kPerQSq ? fast::Reduce::kPerQSq
                                                                         : fast::Reduce::kGroupSq;
-  p.fast_attention = fast::MakeFastAttentionPlan(ScorerKind::kSnapKV, layer, rows, &p.fast_attn,
-                                                 reduce) == cudaSuccess;
+  p.fast_attention = fast::MakeFastAttentionPlan(kLastWindowProbabilities, layer, rows,
+                                                 &p.fast_attn, reduce) == cudaSuccess;
   add(p.fast_attention ? p.fast_attn.scratch_bytes : p.attn.scratch_bytes);
   if (kind == ScorerKind::kCriticalKV) {
     if (!p.l1) add_mats(p.num_query_heads, false);

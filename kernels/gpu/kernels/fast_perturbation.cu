@@ -1,4 +1,4 @@
-// FastPerturbationScratchBytes / LaunchFastPerturbation / FastDropKVRowsBytes (launchers.h):
+// FastPerturbationScratchBytes / LaunchFastPerturbation / FastScorerRowsBytes (launchers.h):
 // the relative output perturbation of kernels/cpu/perturbation.h in fast numerics, over every
 // window row or (the sampled statistic) the last few of every query head. The full and the
 // kept attention outputs of every window row come from the fast DropKV pass A and its combine
@@ -6,7 +6,7 @@
 // online softmax, fp32 accumulation):
 //  - the full outputs from a run over every token, or from the DropKV scorer itself when its
 //    rows are the statistic's (the sampled statistic of DropKV's default window: the scorer's
-//    pass A already computed them, and the pipeline keeps a copy, FastDropKVRowsBytes);
+//    pass A already computed them, and the pipeline keeps a copy, FastScorerRowsBytes);
 //  - the kept outputs from a run over the kept tokens only, gathered from K and V list
 //    position by list position, so each softmax has its own maximum as in the CPU's
 //    definition and the run costs the kept fraction of a full one.
@@ -58,17 +58,17 @@ bool MakeFastPerturbPlan(const DeviceLayer& layer, int32_t rows, int64_t kept_bo
     return false;
   }
   ScorerParams params;
-  params.window = rows;  // DropKV's rows: the last `rows` of the window
+  params.window = rows;  // the last `rows` of the window, with their outputs
   params.kernel = 1;
   params.fast = true;
   FastPerturbPlan p;
-  if (fast::MakeFastAttentionPlan(ScorerKind::kDropKV, layer, params, &p.attn) != cudaSuccess ||
+  if (fast::MakeFastAttentionPlan(kLastWindowOutputs, layer, params, &p.attn) != cudaSuccess ||
       !p.attn.with_values) {
     return false;
   }
   DeviceLayer kept_layer = layer;
   if (kept_bound >= 0 && kept_bound < layer.num_tokens) kept_layer.num_tokens = kept_bound;
-  if (fast::MakeFastAttentionPlan(ScorerKind::kDropKV, kept_layer, params, &p.kept) !=
+  if (fast::MakeFastAttentionPlan(kLastWindowOutputs, kept_layer, params, &p.kept) !=
       cudaSuccess) {
     return false;
   }
@@ -147,12 +147,12 @@ size_t FastPerturbationScratchBytes(const DeviceLayer& layer, int32_t rows) {
   return MakeFastPerturbPlan(layer, rows, -1, &plan) ? plan.bytes : 0;
 }
 
-size_t FastDropKVRowsBytes(const DeviceLayer& layer, const ScorerParams& params, int32_t rows,
-                           size_t* scratch_offset) {
+size_t FastScorerRowsBytes(const WindowAttentionTraits& traits, const DeviceLayer& layer,
+                           const ScorerParams& params, int32_t rows, size_t* scratch_offset) {
   fast::FastAttentionPlan scorer;
   FastPerturbPlan plan;
-  if (!params.fast ||
-      fast::MakeFastAttentionPlan(ScorerKind::kDropKV, layer, params, &scorer) != cudaSuccess ||
+  if (!params.fast || !traits.ReadsValues() ||
+      fast::MakeFastAttentionPlan(traits, layer, params, &scorer) != cudaSuccess ||
       !MakeFastPerturbPlan(layer, rows, -1, &plan)) {
     return 0;
   }

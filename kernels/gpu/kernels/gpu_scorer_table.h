@@ -62,6 +62,11 @@ struct GpuScorer {
   /// Fills the ScorerParams fields the launchers read from the policy's resolved parameters
   /// (read as the CPU scorer reads them, with the layer's input `dtype`); nullptr: none.
   void (*read_params)(const ResolvedParams& params, DType dtype, ScorerParams* out) = nullptr;
+  /// A window-attention scorer's traits (window_attention_scorer.h): its kernels are the
+  /// shared LaunchScore's, whose fast pass A also checks K (and V) for NaN / Inf and leaves
+  /// the rows' outputs the perturbation statistic can reuse (device_pipeline.h). nullptr for
+  /// a scorer with kernels of its own.
+  const WindowAttentionTraits* window_attention = nullptr;
 
   /// The kernels of one numerics: fast ones for `fast_numerics` (the plan sets it only where
   /// fast.Supports the layer, HasFastPath), exact ones otherwise.

@@ -15,6 +15,7 @@
 #include "base/dtype.h"
 #include "kernels/policy_kind.h"
 #include "kernels/scorer_params.h"
+#include "kernels/gpu/kernels/window_attention_traits.h"
 
 namespace kvtrim::gpu {
 
@@ -42,10 +43,14 @@ struct DeviceLayer {
   unsigned int* finite_flag = nullptr;
 };
 
-/// The scorer kinds (kernels/policy_kind.h); the last three read a registered model
-/// (DeviceModelInputs) and run through LaunchModelScore; LaunchScore refuses them.
+/// The scorer kinds (kernels/policy_kind.h): the model scorers (which read a registered model,
+/// DeviceModelInputs) run through LaunchModelScore, the table scorers through their GpuScorer
+/// (gpu_scorer_table.h); the window-attention ones among them through LaunchScore, with the
+/// traits their GPU file declares (window_attention_traits.h).
 using kvtrim::IsModelScorer;
 using kvtrim::ScorerKind;
+using kvtrim::WindowAttentionTraits;
+using kvtrim::WindowNormalize;
 
 /// LaProx's GQA combination (params "gqa"; kernels/scorer_params.h).
 using kvtrim::LaProxGqa;
@@ -150,12 +155,15 @@ struct DeviceModelInputs {
   float half_scale2 = 0;         // expected_attention: 0.5 * scale^2 as the stats rounded it
 };
 
-/// Device scratch bytes LaunchScore needs for this layer.
-size_t ScoreScratchBytes(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params);
+/// Device scratch bytes LaunchScore needs for this layer (0 when it refuses the layer).
+size_t ScoreScratchBytes(const WindowAttentionTraits& traits, const DeviceLayer& layer,
+                         const ScorerParams& params);
 
-/// Writes scores [H_kv, n] fp32 (device) for the scorer, without protection.
-cudaError_t LaunchScore(ScorerKind kind, const DeviceLayer& layer, const ScorerParams& params,
-                        float* scores, void* scratch, size_t scratch_bytes, cudaStream_t stream);
+/// Writes scores [H_kv, n] fp32 (device) of the window-attention scorer of `traits` (its
+/// registry entry's ScorerSpec::window_attention), without protection.
+cudaError_t LaunchScore(const WindowAttentionTraits& traits, const DeviceLayer& layer,
+                        const ScorerParams& params, float* scores, void* scratch,
+                        size_t scratch_bytes, cudaStream_t stream);
 
 /// Device scratch bytes LaunchModelScore needs (0 when the layer, parameters or model inputs
 /// are not valid for `kind`).
@@ -248,18 +256,19 @@ struct FastPerturbationHints {
   /// positions. < 0: n.
   int64_t kept_bound = -1;
   /// The full outputs of the rows, as the fast DropKV scorer left them in its scratch
-  /// (FastDropKVRowsBytes bytes from its offset there, copied before anything reuses that
+  /// (FastScorerRowsBytes bytes from its offset there, copied before anything reuses that
   /// scratch); null: LaunchFastPerturbation computes them.
   const void* full_rows = nullptr;
 };
 
-/// Bytes of the fast DropKV scorer's row statistics and outputs (LaunchScore with `params`,
-/// fast numerics) that LaunchFastPerturbation over `rows` rows can take as its full outputs
+/// Bytes of the row statistics and outputs a fast scorer of `traits` that forms them
+/// (WindowTerm::kEvictionCost, DropKV; LaunchScore with `params`, fast numerics) leaves in its
+/// scratch, which LaunchFastPerturbation over `rows` rows can take as its full outputs
 /// (FastPerturbationHints::full_rows), and their byte offset in the scorer's scratch; 0 when
-/// the scorer's rows are not the statistic's (its window differs) or the fast kernels do not
-/// take the layer.
-size_t FastDropKVRowsBytes(const DeviceLayer& layer, const ScorerParams& params, int32_t rows,
-                           size_t* scratch_offset);
+/// the scorer forms none, its rows are not the statistic's (its window differs) or the fast
+/// kernels do not take the layer.
+size_t FastScorerRowsBytes(const WindowAttentionTraits& traits, const DeviceLayer& layer,
+                           const ScorerParams& params, int32_t rows, size_t* scratch_offset);
 
 /// LaunchPerturbation's statistic in fast numerics (fast_perturbation.cu): the full and the
 /// kept attention output of every window row on tensor cores (the fast DropKV pass A, fp32

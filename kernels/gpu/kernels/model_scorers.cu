@@ -539,9 +539,8 @@ cudaError_t MakeModelPlan(ScorerKind kind, const DeviceLayer& layer, const Score
   }
   ScorerParams rows = params;
   rows.kernel = 1;
-  cudaError_t err = attn::MakeAttentionPlan(ScorerKind::kSnapKV, layer, rows, &p.attn);
+  cudaError_t err = attn::MakeAttentionPlan(kLastWindowProbabilities, layer, rows, &p.attn);
   if (err != cudaSuccess) return err;
-  p.attn.kind = kind;
   p.num_query_heads = layer.num_query_heads;
   p.group = p.attn.group;
   p.prefix = p.n - params.window;

@@ -26,19 +26,13 @@ void ReadPooling(const ResolvedParams& p, ScorerParams* out) {
   out->pool_max = wp.pooling == PoolKind::kMax;
 }
 
-/// ScorerParams of `kind` from the resolved parameters (only the ones the scorer declares),
-/// read, not checked: the engine validated them with the layer (ScorerSpec::validate).
-ScorerParams ReadScorerParams(ScorerKind kind, const ResolvedParams& p, DType dtype) {
+/// ScorerParams of a model scorer of `kind` from the resolved parameters (only the ones the
+/// scorer declares; a table scorer's come from its GpuScorer::read_params), read, not
+/// checked: the engine validated them with the layer (ScorerSpec::validate).
+ScorerParams ReadScorerParams(ScorerKind kind, const ResolvedParams& p) {
   ScorerParams out;
   switch (kind) {
-    case ScorerKind::kTova:
     case ScorerKind::kTable:
-      break;
-    case ScorerKind::kSnapKV:
-      ReadPooling(p, &out);
-      break;
-    case ScorerKind::kH2O:
-      out.causal_normalize = p.Bool("causal_normalize");
       break;
     case ScorerKind::kCriticalKV:
       ReadPooling(p, &out);
@@ -53,11 +47,6 @@ ScorerParams ReadScorerParams(ScorerKind kind, const ResolvedParams& p, DType dt
       out.eps = static_cast<float>(p.Number("eps"));
       out.use_vnorm = p.Bool("use_vnorm");
       break;
-    case ScorerKind::kDropKV:
-      ReadPooling(p, &out);
-      out.eps = static_cast<float>(p.Number("eps"));
-      out.bf16_prob_round = RoundsProbToBf16(p.Enum<Bf16ProbRound>("bf16_prob_round"), dtype);
-      break;
   }
   return out;
 }
@@ -68,7 +57,7 @@ bool HasFastPathFor(ScorerKind kind, const GpuScorer* table, DType dtype, int64_
   if (head_dim > 256) return false;
   const int32_t d = static_cast<int32_t>(head_dim);
   if (kind == ScorerKind::kTable) return table != nullptr && table->fast.Supports(dtype, d);
-  return fast::FastAttentionSupported(kind, dtype, d) || FastModelSupported(kind, dtype, d);
+  return FastModelSupported(kind, dtype, d);
 }
 
 }  // namespace
@@ -81,12 +70,11 @@ bool HasFastPath(const ScorerSpec& scorer, DType dtype, int64_t head_dim) {
 }
 
 uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer) {
-  if (!plan.params.fast || plan.model_scorer || plan.table_scorer != nullptr ||
-      layer.dtype == DType::kF32) {
-    return 0;
-  }
+  const WindowAttentionTraits* traits =
+      plan.table_scorer != nullptr ? plan.table_scorer->window_attention : nullptr;
+  if (!plan.params.fast || traits == nullptr || layer.dtype == DType::kF32) return 0;
   fast::FastAttentionPlan fast_plan;  // the plan LaunchScore takes
-  if (fast::MakeFastAttentionPlan(plan.scorer, layer, plan.params, &fast_plan) != cudaSuccess) {
+  if (fast::MakeFastAttentionPlan(*traits, layer, plan.params, &fast_plan) != cudaSuccess) {
     return 0;
   }
   return 1u | (fast_plan.with_values ? 2u : 0u);
@@ -105,7 +93,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const ResolvedPolicy& policy, const LayerSha
           absl::StrCat("scorer '", plan.scorer_name, "' has no GPU implementation"));
     }
   }
-  plan.params = ReadScorerParams(plan.scorer, policy.params, dtype);
+  plan.params = ReadScorerParams(plan.scorer, policy.params);
   if (plan.table_scorer != nullptr && plan.table_scorer->read_params != nullptr) {
     plan.table_scorer->read_params(policy.params, dtype, &plan.params);
   }
@@ -305,14 +293,14 @@ PipelineRegions AddPipelineRegions(const LayerPlan& plan, const DeviceLayer& lay
     }
   } else if (plan.table_scorer != nullptr) {
     score_scratch = plan.table_scorer->For(plan.params.fast).ScratchBytes(layer, plan.params);
-  } else {
-    score_scratch = ScoreScratchBytes(plan.scorer, layer, plan.params);
   }
   r.scratch_bytes = std::max(score_scratch, SelectionScratchBytes(plan));
   if (plan.perturbation) r.scratch_bytes = std::max(r.scratch_bytes, PerturbationBytes(plan, layer));
-  if (plan.perturbation && plan.params.fast && plan.scorer == ScorerKind::kDropKV) {
-    r.full_rows_bytes =
-        FastDropKVRowsBytes(layer, plan.params, plan.perturbation_rows, &r.full_rows_from);
+  if (plan.perturbation && plan.params.fast && plan.table_scorer != nullptr &&
+      plan.table_scorer->window_attention != nullptr) {
+    r.full_rows_bytes = FastScorerRowsBytes(*plan.table_scorer->window_attention, layer,
+                                            plan.params, plan.perturbation_rows,
+                                            &r.full_rows_from);
   }
   r.scores = layout->Add(heads * n * sizeof(float));
   // Meta: counts, offsets, then the first-NaN slot (uploaded with them, see MetaInit).
@@ -370,9 +358,9 @@ std::vector<int64_t> MetaInit(const LayerPlan& plan) {
 
 namespace {
 
-/// Enqueues the scorer alone (LaunchScore, or LaunchModelScore / LaunchFastModelScore with
-/// buffers.model and buffers.fast_model): raw scores
-/// [H_kv, n] in buffers.scores (and CriticalKV's stage-2 scores in buffers.critical).
+/// Enqueues the scorer alone (its table entry's launch, or LaunchModelScore /
+/// LaunchFastModelScore with buffers.model and buffers.fast_model): raw scores [H_kv, n] in
+/// buffers.scores (and CriticalKV's stage-2 scores in buffers.critical).
 absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
                            const PipelineBuffers& b, cudaStream_t stream) {
   if (plan.model_scorer && plan.params.fast) {
@@ -385,14 +373,10 @@ absl::Status EnqueueScorer(const LayerPlan& plan, const DeviceLayer& layer,
         LaunchModelScore(plan.scorer, layer, plan.params, b.model, b.scores, b.critical,
                          b.scratch, b.scratch_bytes, stream),
         absl::StrCat("LaunchModelScore(", plan.scorer_name, ")"));
-  } else if (plan.table_scorer != nullptr) {
+  } else {
     KVTRIM_CUDA_RETURN_IF_ERROR(
         plan.table_scorer->For(plan.params.fast)
             .launch(layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
-        absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
-  } else {
-    KVTRIM_CUDA_RETURN_IF_ERROR(
-        LaunchScore(plan.scorer, layer, plan.params, b.scores, b.scratch, b.scratch_bytes, stream),
         absl::StrCat("LaunchScore(", plan.scorer_name, ")"));
   }
   if (b.full_rows != nullptr && plan.num_tokens > 0) {

@@ -113,9 +113,10 @@ void PlanScoresOnly(const ResolvedPolicy& policy, const LayerShape& shape, Layer
 void PlanPerturbationSearch(LayerPlan* plan);
 
 /// Bits of the inputs (1 keys, 2 values) that the layer's scorer launch checks for NaN / Inf
-/// itself when DeviceLayer::finite_flag is set: the fast attention scorers (SnapKV, H2O,
-/// TOVA, DropKV on LaunchScore's fast plan) on 16-bit inputs read every element of K in
-/// their pass A, DropKV every element of V too. 0 for every other plan.
+/// itself when DeviceLayer::finite_flag is set: the window-attention table scorers
+/// (GpuScorer::window_attention) on LaunchScore's fast plan, on 16-bit inputs, read every
+/// element of K in their pass A, and those that read values (DropKV) every element of V too.
+/// 0 for every other plan.
 uint32_t FusedFiniteInputs(const LayerPlan& plan, const DeviceLayer& layer);
 
 /// A DeviceLayer over device tensors (V and Q only when the plan reads them; nullptr
@@ -138,7 +139,7 @@ struct PipelineRegions {
   size_t scratch = 0;       // scratch_bytes
   size_t scratch_bytes = 0; // max of the launchers' *ScratchBytes queries
   /// The fast DropKV scorer's row outputs kept for the perturbation statistic when its rows
-  /// are the statistic's (FastDropKVRowsBytes; 0 bytes otherwise), copied from this offset
+  /// are the statistic's (FastScorerRowsBytes; 0 bytes otherwise), copied from this offset
   /// in the scratch right after the scorer.
   size_t full_rows = 0;
   size_t full_rows_bytes = 0;

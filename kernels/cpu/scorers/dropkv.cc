@@ -118,4 +118,9 @@ absl::Status ScoreDropKVFastWithRows(const CpuLayer& layer, const ResolvedParams
   return absl::OkStatus();
 }
 
+/// Adds the scorer to the CPU scorer table (its GPU twin: kernels/gpu/scorers/dropkv.cu).
+void RegisterCpuScorer_dropkv(CpuScorerTable& table) {
+  table.Register("dropkv", {&ScoreDropKV, &ScoreDropKVFast, &ScoreDropKVFastWithRows});
+}
+
 }  // namespace kvtrim

@@ -62,4 +62,9 @@ absl::Status ScoreTovaFast(const CpuLayer& layer, const ResolvedParams& params, 
   return Tova(layer, pool, /*fast=*/true, scores);
 }
 
+/// Adds the scorer to the CPU scorer table (its GPU twin: kernels/gpu/scorers/tova.cu).
+void RegisterCpuScorer_tova(CpuScorerTable& table) {
+  table.Register("tova", {&ScoreTova, &ScoreTovaFast});
+}
+
 }  // namespace kvtrim

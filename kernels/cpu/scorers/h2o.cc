@@ -63,4 +63,9 @@ absl::Status ScoreH2OFast(const CpuLayer& layer, const ResolvedParams& params, T
   return H2O(layer, params, pool, /*fast=*/true, scores);
 }
 
+/// Adds the scorer to the CPU scorer table (its GPU twin: kernels/gpu/scorers/h2o.cu).
+void RegisterCpuScorer_h2o(CpuScorerTable& table) {
+  table.Register("h2o", {&ScoreH2O, &ScoreH2OFast});
+}
+
 }  // namespace kvtrim

@@ -74,4 +74,9 @@ absl::Status ScoreSnapKVFast(const CpuLayer& layer, const ResolvedParams& params
   return SnapKV(layer, params, pool, /*fast=*/true, scores);
 }
 
+/// Adds the scorer to the CPU scorer table (its GPU twin: kernels/gpu/scorers/snapkv.cu).
+void RegisterCpuScorer_snapkv(CpuScorerTable& table) {
+  table.Register("snapkv", {&ScoreSnapKV, &ScoreSnapKVFast});
+}
+
 }  // namespace kvtrim
