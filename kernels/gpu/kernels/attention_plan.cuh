@@ -1,5 +1,5 @@
-// Host-side plan of one window-attention launch (the scorers with ScorerKind::kWindowAttention,
-// as their WindowAttentionTraits describe them, and the model scorers' window rows): which
+// Host-side plan of one window-attention launch (the window-attention scorers, as their
+// WindowAttentionTraits describe them, and the model scorers' window rows): which
 // window rows are scored, how the device scratch is carved up, and the kernel variant. Shared
 // by score_dispatch.cu and the attention kernels so that sizing and launching always agree.
 #pragma once

@@ -159,8 +159,8 @@ struct DeviceModelInputs {
 size_t ScoreScratchBytes(const WindowAttentionTraits& traits, const DeviceLayer& layer,
                          const ScorerParams& params);
 
-/// Writes scores [H_kv, n] fp32 (device) of the window-attention scorer of `traits` (its
-/// registry entry's ScorerSpec::window_attention), without protection.
+/// Writes scores [H_kv, n] fp32 (device) of the window-attention scorer of `traits` (the
+/// traits its GPU file registers, window_attention_scorer.h), without protection.
 cudaError_t LaunchScore(const WindowAttentionTraits& traits, const DeviceLayer& layer,
                         const ScorerParams& params, float* scores, void* scratch,
                         size_t scratch_bytes, cudaStream_t stream);

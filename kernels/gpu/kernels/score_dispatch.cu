@@ -1,6 +1,7 @@
 // ScoreScratchBytes / LaunchScore (launchers.h) of the window-attention scorers (SnapKV, H2O,
-// TOVA, DropKV), as their WindowAttentionTraits describe them (the key-only scorers are table
-// scorers, kernels/gpu/scorers/; the model scorers run through LaunchModelScore). With
+// TOVA, DropKV), as their WindowAttentionTraits describe them: the launchers their GPU files
+// register (kernels/gpu/scorers/<name>.cu, window_attention_scorer.h). The key-only table
+// scorers have kernels of their own; the model scorers run through LaunchModelScore. With
 // ScorerParams::fast they run the tensor-core passes of fast_attention.cuh (where
 // FastAttentionSupported), then the same pooling stage as below. Otherwise they run the
 // canonical window attention of kernels/cpu/window_attention.h in three stages:
