@@ -79,7 +79,9 @@ class TableParams {
     static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= kBytes,
                   "a table scorer's device parameters: trivially copyable, at most kBytes");
     T value;
-    std::memcpy(&value, words_.data(), sizeof(T));
+    // Trivially copyable (asserted), so bytes make the value even when T has default member
+    // initialisers (the void* says so to -Wclass-memaccess).
+    std::memcpy(static_cast<void*>(&value), words_.data(), sizeof(T));
     return value;
   }
   /// The stored bytes as words (the launch-graph key).
