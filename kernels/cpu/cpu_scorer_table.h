@@ -35,7 +35,7 @@ using CpuScoreRowsFn = absl::Status (*)(const CpuLayer&, const ResolvedParams&, 
 struct CpuScorer {
   CpuScoreFn exact = nullptr;  // the canonical arithmetic (kernels/canonical_math.h)
   CpuScoreFn fast = nullptr;   // fast numerics (docs/numerics.md); nullptr: exact only
-  /// `fast` that also returns its rows' outputs (a scorer with WindowTerm::kEvictionCost);
+  /// `fast` that also returns its window rows' outputs (a scorer that forms them, DropKV);
   /// nullptr: the backend computes the perturbation statistic's rows itself.
   CpuScoreRowsFn fast_with_rows = nullptr;
 
