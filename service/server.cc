@@ -278,13 +278,8 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
   watcher_ = std::thread([this] { WatchForFatalErrors(); });
   health->SetServingStatus("", true);
   health->SetServingStatus(kHealthServiceName, true);
-  // The port file is the readiness signal of scripts and tests: whoever sees it finds the
-  // server SERVING. A failure to write it fails the start-up (the caller drains).
-  if (!config_.port_file.empty()) {
-    KVTRIM_RETURN_IF_ERROR(WritePortFile(config_.port_file, {address_, metrics_host_port}));
-    port_file_written_ = true;
-  }
-
+  // The serving line goes out (flushed) before the port file, so whoever sees the port file
+  // also finds the line in the log.
   const std::string metrics_address = metrics_host_port.empty()
                                           ? std::string("disabled")
                                           : absl::StrCat("http://", metrics_host_port, "/metrics");
@@ -304,6 +299,13 @@ absl::Status Server::Init(std::ostream& log, std::unique_ptr<Backend> backend) {
       << (auth_tenants_ == 0 ? std::string("none")
                              : absl::StrCat("tokens (", auth_tenants_, " tenants)"))
       << std::endl;
+  // The port file is the readiness signal of scripts and tests: whoever sees it finds the
+  // server SERVING and the line above logged. A failure to write it fails the start-up (the
+  // caller drains).
+  if (!config_.port_file.empty()) {
+    KVTRIM_RETURN_IF_ERROR(WritePortFile(config_.port_file, {address_, metrics_host_port}));
+    port_file_written_ = true;
+  }
   return absl::OkStatus();
 }
 
