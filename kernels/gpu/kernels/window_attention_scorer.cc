@@ -1,4 +1,5 @@
-// ReadWindowAttentionParams and WindowAttentionFastSupports (window_attention_scorer.h).
+// CopyWindowPooling, ReadWindowAttentionParams and WindowAttentionFastSupports
+// (window_attention_scorer.h).
 #include "kernels/gpu/kernels/window_attention_scorer.h"
 
 #include "kernels/gpu/kernels/fast_attention.cuh"
@@ -6,14 +7,16 @@
 
 namespace kvtrim::gpu {
 
+void CopyWindowPooling(const ResolvedParams& params, ScorerParams* out) {
+  const WindowPooling wp = ReadWindowPooling(params);
+  out->window = static_cast<int32_t>(wp.window);
+  out->kernel = static_cast<int32_t>(wp.kernel);
+  out->pool_max = wp.pooling == PoolKind::kMax;
+}
+
 void ReadWindowAttentionParams(const WindowAttentionTraits& traits, const ResolvedParams& params,
                                DType dtype, ScorerParams* out) {
-  if (traits.ReadsWindowPooling()) {
-    const WindowPooling wp = ReadWindowPooling(params);  // as the CPU scorers read them
-    out->window = static_cast<int32_t>(wp.window);
-    out->kernel = static_cast<int32_t>(wp.kernel);
-    out->pool_max = wp.pooling == PoolKind::kMax;
-  }
+  if (traits.ReadsWindowPooling()) CopyWindowPooling(params, out);
   if (traits.causal_normalize_param) out->causal_normalize = params.Bool("causal_normalize");
   if (traits.ReadsValues()) {
     out->eps = static_cast<float>(params.Number("eps"));

@@ -18,6 +18,10 @@
 
 namespace kvtrim::gpu {
 
+/// Copies a scorer's `window`, `kernel` and `pooling` into `out` (ReadWindowPooling, as the
+/// CPU scorers read them; the window-attention and the window-reading model scorers).
+void CopyWindowPooling(const ResolvedParams& params, ScorerParams* out);
+
 /// Reads the parameters a scorer of `traits` declares into `out` (read, not checked: the
 /// engine validated them): window, kernel and pooling (ReadsWindowPooling), causal_normalize
 /// (causal_normalize_param), eps and bf16_prob_round resolved for the input `dtype`

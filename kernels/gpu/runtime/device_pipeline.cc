@@ -11,20 +11,13 @@
 #include "kernels/gpu/runtime/stage_events.h"
 #include "kernels/gpu/kernels/device_nan_probe.h"
 #include "kernels/gpu/kernels/fast_attention.cuh"
+#include "kernels/gpu/kernels/window_attention_scorer.h"
 #include "kernels/layer_error.h"
 #include "kernels/scorer_params.h"
 
 namespace kvtrim::gpu {
 
 namespace {
-
-/// Copies the window and pooling parameters (ReadWindowPooling, as the CPU scorers read them).
-void ReadPooling(const ResolvedParams& p, ScorerParams* out) {
-  const WindowPooling wp = ReadWindowPooling(p);
-  out->window = static_cast<int32_t>(wp.window);
-  out->kernel = static_cast<int32_t>(wp.kernel);
-  out->pool_max = wp.pooling == PoolKind::kMax;
-}
 
 /// ScorerParams of a model scorer of `kind` from the resolved parameters (only the ones the
 /// scorer declares; a table scorer's come from its GpuScorer::read_params), read, not
@@ -35,12 +28,12 @@ ScorerParams ReadScorerParams(ScorerKind kind, const ResolvedParams& p) {
     case ScorerKind::kTable:
       break;
     case ScorerKind::kCriticalKV:
-      ReadPooling(p, &out);
+      CopyWindowPooling(p, &out);
       out.eps = static_cast<float>(p.Number("eps"));
       out.norm_l2 = p.Enum<CriticalKVNorm>("norm") == CriticalKVNorm::kL2;
       break;
     case ScorerKind::kLaProx:
-      ReadPooling(p, &out);
+      CopyWindowPooling(p, &out);
       out.gqa = p.Enum<LaProxGqa>("gqa");
       break;
     case ScorerKind::kExpectedAttention:
